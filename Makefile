@@ -1,0 +1,27 @@
+# Two commands for a fresh machine (see README):  make demo   and   make test
+PY ?= python3
+BUILD ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: setup lib demo test test-gpu clean
+
+setup:
+	@# torch: the CPU wheel is enough for the CPU pipeline; an existing torch (CUDA or not) is kept.
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements.txt
+
+lib:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: setup
+	$(PY) -m fdpp_rewrite demo
+
+test: setup lib
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-gpu: lib
+	$(PY) -m pytest -q -m gpu tests/gpu
+
+clean:
+	rm -rf $(BUILD)

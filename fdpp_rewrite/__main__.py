@@ -1,0 +1,3 @@
+from fdpp_rewrite.cli import main
+
+raise SystemExit(main())

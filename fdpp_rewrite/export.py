@@ -1,0 +1,194 @@
+"""`python -m fdpp_rewrite export <preset | checkpoint dir | file.gguf> -o model.onnx`
+
+Writes three files beside each other:
+    model.onnx         the graph (standard ops, opset 17); weights live in
+    model.onnx.data    one external data file, streamed layer by layer (tensors 4096-byte aligned)
+    model.fdpp.json    what the graph was made from: source, preset, dtype, cache length, config, origin,
+                       and the tokenizer (model.tokenizer.json) when the source has one
+"""
+
+import datetime
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.models import PRESETS, load_model
+from fdpp_rewrite.onnx_builder import build_decoder
+from fdpp_rewrite.onnx_graph import ExternalDataWriter
+
+METADATA_SCHEMA = "fdpp-export/1"
+DEFAULT_MAX_CACHE = 2048
+
+
+def add_arguments(parser):
+    parser.add_argument("source", help=f"a preset ({', '.join(PRESETS)}), a Hugging Face checkpoint directory "
+                                       "(config.json + *.safetensors) or a llama .gguf file")
+    parser.add_argument("-o", "--output", type=Path,
+                        help="the .onnx file to write (default: engines/<name>/model.onnx)")
+    parser.add_argument("--dtype", choices=["float16", "float32"], default="float16",
+                        help="weight and activation dtype (default: float16, the GPU target; float32 for the CPU)")
+    parser.add_argument("--max-cache", type=int, default=None,
+                        help=f"KV cache length, a static input dimension (default: {DEFAULT_MAX_CACHE} or the model's "
+                             "position limit if smaller; 0: a dynamic dimension)")
+    parser.add_argument("--layers", type=int, help="keep only the first N layers (for tests)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random init (presets without weights)")
+    parser.add_argument("--random-init", action="store_true",
+                        help="random weights even for a preset whose trained weights are installed (smollm2-135m)")
+    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+
+
+@dataclass
+class ExportResult:
+    onnx_path: Path
+    data_path: Path
+    metadata_path: Path
+    num_params: int
+    total_bytes: int
+    origin: str
+    seconds: float
+
+
+def companion_paths(onnx_path: Path) -> tuple[Path, Path, Path]:
+    """(external data, metadata, tokenizer) file paths that belong to an exported model."""
+    onnx_path = Path(onnx_path)
+    stem = onnx_path.name[:-5] if onnx_path.name.endswith(".onnx") else onnx_path.name
+    return (onnx_path.with_name(onnx_path.name + ".data"), onnx_path.with_name(stem + ".fdpp.json"),
+            onnx_path.with_name(stem + ".tokenizer.json"))
+
+
+def default_output(source: str) -> Path:
+    name = Path(source).stem if Path(source).suffix else Path(source).name
+    return Path("engines") / (name or "model") / "model.onnx"
+
+
+def export_model(source: str, output: Path, *, dtype: str = "float16", max_cache: int | None = None,
+                 num_layers: int | None = None, seed: int = 0, random_init: bool = False, force: bool = False,
+                 progress: bool = True, command: str | None = None) -> ExportResult:
+    """Export `source` to `output` (see the module docstring). max_cache: the static cache length; None: 2048
+    or the model's position limit if smaller; 0: a symbolic (dynamic) cache length."""
+    started = time.perf_counter()
+    output = Path(output)
+    if output.suffix != ".onnx":
+        raise FdppError(f"output {output} must end in .onnx")
+    data_path, metadata_path, tokenizer_path = companion_paths(output)
+    existing = [p for p in (output, data_path, metadata_path, tokenizer_path) if p.exists()]
+    if existing and not force:
+        raise FdppError(f"{existing[0]} already exists; pass --force to overwrite it or choose another -o")
+    if max_cache is not None and max_cache < 0:
+        raise FdppError(f"--max-cache must be positive (or 0 for a dynamic length), got {max_cache}")
+
+    model = load_model(source, dtype=dtype, num_layers=num_layers, seed=seed, random_init=random_init)
+    config = model.config
+    if max_cache is None:
+        max_cache = min(DEFAULT_MAX_CACHE, config.max_position)
+    if max_cache and max_cache > config.max_position:
+        raise FdppError(f"--max-cache {max_cache} exceeds the {config.max_position} positions this model supports; "
+                        f"pass --max-cache {config.max_position} or less")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    _check_disk_space(output.parent, config, dtype)
+    for path in existing:
+        path.unlink()
+
+    external = ExternalDataWriter(data_path)
+    written = [data_path]
+    try:
+        proto, num_params = build_decoder(config, model.weights, dtype, max_cache or None, external, progress)
+        external.close()
+        _add_metadata_props(proto, model, dtype, max_cache)
+        written.append(output)
+        onnx.save_model(proto, str(output))
+        tokenizer_fields = None
+        if model.tokenizer is not None:
+            written.append(tokenizer_path)
+            tokenizer_fields = model.tokenizer.save(tokenizer_path)
+        metadata = {
+            "schema": METADATA_SCHEMA, "source": model.source, "preset": model.preset, "dtype": dtype,
+            "max_cache": max_cache or None, "num_layers": config.num_layers, "origin": model.origin,
+            "parameters": num_params, "data_file": data_path.name, "tokenizer": tokenizer_fields,
+            "config": config.to_dict(), "created": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": command,
+        }
+        written.append(metadata_path)
+        metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
+    except BaseException:
+        external.close()
+        for path in written:  # no half-written model is left behind to be mistaken for a good one
+            path.unlink(missing_ok=True)
+        raise
+    total = output.stat().st_size + data_path.stat().st_size
+    return ExportResult(output, data_path, metadata_path, num_params, total, model.origin,
+                        time.perf_counter() - started)
+
+
+def _add_metadata_props(proto, model, dtype, max_cache):
+    props = {"fdpp.config": json.dumps(model.config.to_dict()), "fdpp.source": model.source,
+             "fdpp.origin": model.origin, "fdpp.dtype": dtype, "fdpp.max_cache": str(max_cache or "dynamic")}
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+def _check_disk_space(directory: Path, config, dtype: str):
+    from fdpp_rewrite.models.names import parameter_count
+
+    itemsize = 2 if dtype == "float16" else 4
+    extra = config.vocab_size * config.hidden_size if config.tie_embeddings else 0  # the lm_head copy
+    needed = (parameter_count(config) + extra) * itemsize
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise FdppError(f"the export needs {needed / 1e9:.1f} GB and {directory} has {free / 1e9:.1f} GB free; "
+                        "free space or choose another -o")
+
+
+def read_metadata(onnx_path: Path) -> dict:
+    """The model.fdpp.json written beside an exported model. For a rewritten model (model.fdpp.onnx) that has
+    none of its own, the metadata of the model it was rewritten from (model.onnx) is used."""
+    onnx_path = Path(onnx_path)
+    _, metadata_path, _ = companion_paths(onnx_path)
+    if not metadata_path.is_file() and onnx_path.name.endswith(".fdpp.onnx"):
+        _, original, _ = companion_paths(onnx_path.with_name(onnx_path.name[: -len(".fdpp.onnx")] + ".onnx"))
+        metadata_path = original if original.is_file() else metadata_path
+    if not metadata_path.is_file():
+        raise FdppError(f"{metadata_path} is missing: {onnx_path} was not written by `fdpp_rewrite export` "
+                        "(pass --tokenizer to name the tokenizer source)")
+    try:
+        metadata = json.loads(metadata_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FdppError(f"{metadata_path} is not valid JSON ({exc}); re-export the model") from None
+    if metadata.get("schema") != METADATA_SCHEMA:
+        raise FdppError(f"{metadata_path} has schema {metadata.get('schema')!r}, expected {METADATA_SCHEMA}")
+    metadata["_directory"] = str(metadata_path.parent)
+    return metadata
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def _command_line(args, output: Path) -> str:
+    parts = ["python -m fdpp_rewrite export", args.source, "-o", str(output), "--dtype", args.dtype,
+             "--seed", str(args.seed)]
+    if args.max_cache is not None:
+        parts += ["--max-cache", str(args.max_cache)]
+    if args.layers:
+        parts += ["--layers", str(args.layers)]
+    if args.random_init:
+        parts.append("--random-init")
+    return " ".join(parts)
+
+
+def run(args) -> int:
+    output = args.output or default_output(args.source)
+    result = export_model(args.source, output, dtype=args.dtype, max_cache=args.max_cache, num_layers=args.layers,
+                          seed=args.seed, random_init=args.random_init, force=args.force,
+                          command=_command_line(args, output))
+    print(f"wrote {result.onnx_path} + {result.data_path.name} ({_size(result.total_bytes)}, "
+          f"{result.num_params:,} parameters, {args.dtype}) in {result.seconds:.1f} s")
+    print(f"weights: {result.origin}")
+    print(f"metadata: {result.metadata_path}")
+    return 0

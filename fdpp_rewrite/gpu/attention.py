@@ -1,0 +1,317 @@
+"""ctypes bindings of the attention C ABI (plugins/capi/attention_capi.h) and torch-facing functions.
+
+    from fdpp_rewrite.gpu.attention import attention, rope_append, Counters
+    out = attention(q, k_cache, v_cache, past_len, scale=d ** -0.5, phi=phi)   # [B, Hq, S, D]
+
+`attention` is fdpp::AsyncSoftmaxAttention: FlashDecoding++'s asynchronized softmax with a unified max `phi`
+and an exact fallback for rows whose scores leave [phi + guard_lo, phi + guard_hi]; `softmax="synchronized"`
+runs the online-max baseline of the same kernels. Launches are asynchronous on torch's current stream and CUDA-graph
+capturable (pass `workspace=` to reuse one buffer; past_len and bias must already be on the GPU then).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.gpu import lib as fdpp_lib
+
+MASK_MODES = {"past_len": 0, "bias": 1, "none": 2}
+SOFTMAX_MODES = {"unified": 0, "synchronized": 1}
+KERNELS = {"auto": 0, "decode": 1, "prefill": 2, "rowwise": 3}
+KERNEL_NAMES = {v: k for k, v in KERNELS.items()}
+SUPPORTED_HEAD_DIMS = (64, 128)
+
+_i32, _i64, _f32, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class AttentionArgs(ctypes.Structure):
+    """Mirror of fdpp_attention_args (field order and types must match the C header)."""
+
+    _fields_ = [
+        ("dtype", _i32), ("batch", _i32), ("num_heads", _i32), ("num_kv_heads", _i32), ("seq", _i32),
+        ("head_dim", _i32), ("kv_capacity", _i32), ("max_kv_len", _i32), ("mask_mode", _i32),
+        ("softmax_mode", _i32), ("kernel", _i32), ("num_splits", _i32),
+        ("scale", _f32), ("phi", _f32), ("guard_lo", _f32), ("guard_hi", _f32),
+        ("query", _ptr), ("q_stride_b", _i64), ("q_stride_h", _i64), ("q_stride_s", _i64),
+        ("key", _ptr), ("k_stride_b", _i64), ("k_stride_h", _i64), ("k_stride_s", _i64),
+        ("value", _ptr), ("v_stride_b", _i64), ("v_stride_h", _i64), ("v_stride_s", _i64),
+        ("output", _ptr), ("o_stride_b", _i64), ("o_stride_h", _i64), ("o_stride_s", _i64),
+        ("past_len", _ptr),
+        ("bias", _ptr), ("bias_stride_b", _i64), ("bias_stride_s", _i64), ("bias_stride_l", _i64),
+        ("counters", _ptr),
+    ]
+
+
+class RopeAppendArgs(ctypes.Structure):
+    """Mirror of fdpp_rope_append_args."""
+
+    _fields_ = [
+        ("dtype", _i32), ("batch", _i32), ("num_heads", _i32), ("num_kv_heads", _i32), ("seq", _i32),
+        ("head_dim", _i32), ("kv_capacity", _i32), ("rope_interleaved", _i32), ("rope_theta", _f32),
+        ("q_in", _ptr), ("q_out", _ptr), ("q_stride_b", _i64), ("q_stride_h", _i64), ("q_stride_s", _i64),
+        ("k_new", _ptr), ("kn_stride_b", _i64), ("kn_stride_h", _i64), ("kn_stride_s", _i64),
+        ("v_new", _ptr), ("vn_stride_b", _i64), ("vn_stride_h", _i64), ("vn_stride_s", _i64),
+        ("k_cache", _ptr), ("kc_stride_b", _i64), ("kc_stride_h", _i64), ("kc_stride_s", _i64),
+        ("v_cache", _ptr), ("vc_stride_b", _i64), ("vc_stride_h", _i64), ("vc_stride_s", _i64),
+        ("past_len", _ptr), ("counters", _ptr),
+    ]
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    """The plugin library with the attention functions' signatures declared."""
+    lib = fdpp_lib.load()
+    args_p, size_p = ctypes.POINTER(AttentionArgs), ctypes.POINTER(ctypes.c_size_t)
+    for name, argtypes in {
+        "fdpp_attention_workspace_bytes": [args_p, size_p],
+        "fdpp_attention_forward": [args_p, _ptr, ctypes.c_size_t, _ptr],
+        "fdpp_attention_plan": [args_p, ctypes.POINTER(_i32), ctypes.POINTER(_i32)],
+        "fdpp_attention_read_counters": [ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_ulonglong),
+                                         ctypes.c_int],
+        "fdpp_rope_append": [ctypes.POINTER(RopeAppendArgs), _ptr],
+        "fdpp_attention_decode_splits": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
+    }.items():
+        try:
+            function = getattr(lib, name)
+        except AttributeError as exc:
+            raise FdppError(f"{fdpp_lib.library_path()} has no {name}; rebuild the library from this checkout") from exc
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int
+    for name in ("fdpp_attention_args_size", "fdpp_rope_append_args_size"):
+        getattr(lib, name).restype = ctypes.c_int
+    for name, mirror in (("fdpp_attention_args_size", AttentionArgs), ("fdpp_rope_append_args_size", RopeAppendArgs)):
+        if getattr(lib, name)() != ctypes.sizeof(mirror):
+            raise FdppError(f"{fdpp_lib.library_path()} was built from another version of attention_capi.h "
+                            f"({name} mismatch); rebuild the library from this checkout")
+    return lib
+
+
+def decode_splits(units: int, tiles: int, slots: int) -> int:
+    """The decode kernel's split-count heuristic (pure host code in the library)."""
+    return int(library().fdpp_attention_decode_splits(units, tiles, slots))
+
+
+def _dtype_code(tensor) -> int:
+    name = str(tensor.dtype).replace("torch.", "")
+    if name not in fdpp_lib.DTYPE_CODES:
+        raise FdppError(f"attention takes float16, bfloat16 or float32 tensors, not {name}; cast the inputs")
+    return fdpp_lib.DTYPE_CODES[name]
+
+
+def _check_4d(name: str, tensor, device) -> None:
+    if tensor.dim() != 4:
+        raise FdppError(f"attention: {name} must be 4-D [batch, heads, seq, head_dim], got shape {tuple(tensor.shape)}")
+    if tensor.device != device:
+        raise FdppError(f"attention: {name} is on {tensor.device} but query is on {device}; put all inputs on one GPU")
+    if tensor.stride(-1) != 1:
+        raise FdppError(f"attention: {name}'s last dimension must be contiguous (call .contiguous())")
+
+
+class Counters:
+    """A pair of device counters the kernels add to: rows that took the exact fallback, and rows whose kv length
+    was clamped to the cache. Pass `counters=` to attention(); read with .fallback_rows / .clamped_rows (these
+    synchronize)."""
+
+    def __init__(self, device=None):
+        import torch
+
+        self.tensor = torch.zeros(2, dtype=torch.int64, device=device or "cuda")
+
+    def reset(self) -> None:
+        self.tensor.zero_()
+
+    @property
+    def fallback_rows(self) -> int:
+        return int(self.tensor[0].item())
+
+    @property
+    def clamped_rows(self) -> int:
+        return int(self.tensor[1].item())
+
+
+def read_library_counters(reset: bool = False) -> tuple[int, int]:
+    """(fallback rows, clamped rows) of the library's own counters on the current device (used when no
+    Counters is passed). Synchronizes."""
+    fallback, clamped = ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)
+    fdpp_lib.check(library().fdpp_attention_read_counters(ctypes.byref(fallback), ctypes.byref(clamped), int(reset)),
+                   "reading the attention counters")
+    return fallback.value, clamped.value
+
+
+def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard_hi, mask_mode, softmax, kernel,
+          num_splits, max_kv_len, counters) -> AttentionArgs:
+    device = query.device
+    if device.type != "cuda":
+        raise FdppError(f"attention runs on a CUDA GPU; query is on {device}")
+    for name, tensor in (("query", query), ("key", key), ("value", value), ("out", out)):
+        _check_4d(name, tensor, device)
+        if tensor.dtype != query.dtype:
+            raise FdppError(f"attention: {name} is {tensor.dtype} but query is {query.dtype}; use one dtype")
+    batch, heads, seq, dim = query.shape
+    kv_heads, kv_capacity = key.shape[1], key.shape[2]
+    if dim not in SUPPORTED_HEAD_DIMS:
+        raise FdppError(f"attention: head_dim {dim} is not supported (the kernels are built for 64 and 128)")
+    if key.shape != value.shape or key.shape[0] != batch or key.shape[3] != dim:
+        raise FdppError(f"attention: key {tuple(key.shape)} and value {tuple(value.shape)} must both be "
+                        f"[{batch}, kv_heads, kv_len, {dim}]")
+    if heads % kv_heads:
+        raise FdppError(f"attention: {heads} query heads is not a multiple of {kv_heads} KV heads")
+    if tuple(out.shape) != tuple(query.shape):
+        raise FdppError(f"attention: out must have the query's shape {tuple(query.shape)}, got {tuple(out.shape)}")
+    if mask_mode not in MASK_MODES:
+        raise FdppError(f"attention: unknown mask_mode {mask_mode!r} (choose from {', '.join(MASK_MODES)})")
+    if softmax not in SOFTMAX_MODES:
+        raise FdppError(f"attention: unknown softmax {softmax!r} (choose from {', '.join(SOFTMAX_MODES)})")
+    if kernel not in KERNELS:
+        raise FdppError(f"attention: unknown kernel {kernel!r} (choose from {', '.join(KERNELS)})")
+
+    past_ptr = None
+    if mask_mode == "past_len":
+        if past_len is None:
+            raise FdppError("attention: mask_mode past_len needs past_len (int64 [batch])")
+        if past_len.dtype.is_floating_point or past_len.numel() != batch:
+            raise FdppError(f"attention: past_len must be an integer tensor of {batch} values")
+        if past_len.device.type == "cpu":  # checkable here; on the GPU the kernels clamp and count instead
+            longest = int(past_len.max()) + seq
+            if int(past_len.min()) < 0 or longest > kv_capacity:
+                raise FdppError(f"attention: past_len + seq reaches {longest} keys but the KV cache holds "
+                                f"{kv_capacity}; grow the cache or shorten the sequence")
+            if max_kv_len is None:
+                max_kv_len = longest
+        past_len = past_len.to(device=device, dtype=_torch().int64).contiguous()
+        past_ptr = past_len.data_ptr()
+    bias_strides = (0, 0, 0)
+    bias_ptr = None
+    if mask_mode == "bias":
+        if bias is None:
+            raise FdppError("attention: mask_mode bias needs bias (broadcastable to [batch, 1, seq, kv_len])")
+        if bias.dtype != query.dtype or bias.device != device:
+            raise FdppError("attention: bias must have the query's dtype and device")
+        try:
+            expanded = bias.expand(batch, 1, seq, kv_capacity)
+        except RuntimeError as exc:
+            raise FdppError(f"attention: bias of shape {tuple(bias.shape)} does not broadcast to "
+                            f"[{batch}, 1, {seq}, {kv_capacity}]") from exc
+        bias_strides = (expanded.stride(0), expanded.stride(2), expanded.stride(3))
+        bias_ptr = expanded.data_ptr()
+
+    args = AttentionArgs()
+    args.dtype = _dtype_code(query)
+    args.batch, args.num_heads, args.num_kv_heads, args.seq, args.head_dim = batch, heads, kv_heads, seq, dim
+    args.kv_capacity = kv_capacity
+    args.max_kv_len = int(max_kv_len or 0)
+    args.mask_mode, args.softmax_mode, args.kernel = MASK_MODES[mask_mode], SOFTMAX_MODES[softmax], KERNELS[kernel]
+    args.num_splits = int(num_splits)
+    args.scale = float(dim ** -0.5 if scale is None else scale)
+    args.phi, args.guard_lo, args.guard_hi = float(phi), float(guard_lo), float(guard_hi)
+    args.query, (args.q_stride_b, args.q_stride_h, args.q_stride_s) = query.data_ptr(), query.stride()[:3]
+    args.key, (args.k_stride_b, args.k_stride_h, args.k_stride_s) = key.data_ptr(), key.stride()[:3]
+    args.value, (args.v_stride_b, args.v_stride_h, args.v_stride_s) = value.data_ptr(), value.stride()[:3]
+    args.output, (args.o_stride_b, args.o_stride_h, args.o_stride_s) = out.data_ptr(), out.stride()[:3]
+    args.past_len = past_ptr
+    args.bias = bias_ptr
+    args.bias_stride_b, args.bias_stride_s, args.bias_stride_l = bias_strides
+    args.counters = counters.tensor.data_ptr() if counters is not None else None
+    # keep the tensors the pointers came from alive for the call
+    args._keep = (past_len, bias)
+    return args
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def workspace_bytes(args: AttentionArgs) -> int:
+    size = ctypes.c_size_t(0)
+    fdpp_lib.check(library().fdpp_attention_workspace_bytes(ctypes.byref(args), ctypes.byref(size)),
+                   "attention workspace query")
+    return size.value
+
+
+def plan(query, key, value, past_len=None, bias=None, **kwargs) -> tuple[str, int]:
+    """(kernel name, decode split count) that attention() would use for these inputs on the current device."""
+    out = _torch().empty_like(query)
+    args = _args(query, key, value, out, past_len, bias, **_defaults(kwargs))
+    kernel, splits = _i32(0), _i32(0)
+    fdpp_lib.check(library().fdpp_attention_plan(ctypes.byref(args), ctypes.byref(kernel), ctypes.byref(splits)),
+                   "attention plan")
+    return KERNEL_NAMES[kernel.value], splits.value
+
+
+def _defaults(kwargs: dict) -> dict:
+    options = dict(scale=None, phi=0.0, guard_lo=-60.0, guard_hi=10.0, mask_mode="past_len", softmax="unified",
+                   kernel="auto", num_splits=0, max_kv_len=None, counters=None)
+    unknown = set(kwargs) - set(options)
+    if unknown:
+        raise FdppError(f"attention: unknown option(s) {', '.join(sorted(unknown))}")
+    options.update(kwargs)
+    return options
+
+
+def attention(query, key, value, past_len=None, bias=None, *, out=None, workspace=None, stream=None, **kwargs):
+    """softmax(scale * q k^T + mask) v for query [B, Hq, S, D] against key/value [B, Hkv, L, D] (the caches).
+
+    Options: scale (default D^-0.5), phi, guard_lo, guard_hi (the unified max and its guard window, natural-log
+    units), mask_mode ("past_len": key j visible to query i iff j <= past_len[b] + i; "bias"; "none"),
+    softmax ("unified" | "synchronized"), kernel ("auto" | "decode" | "prefill" | "rowwise"), num_splits (decode;
+    0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
+    or exact when past_len is on the CPU), counters (a Counters to add fallback counts to).
+    """
+    torch = _torch()
+    out = torch.empty_like(query) if out is None else out
+    args = _args(query, key, value, out, past_len, bias, **_defaults(kwargs))
+    need = workspace_bytes(args)
+    if need and (workspace is None or workspace.numel() * workspace.element_size() < need):
+        if workspace is not None:
+            raise FdppError(f"attention: the workspace holds {workspace.numel() * workspace.element_size()} bytes, "
+                            f"this call needs {need}")
+        workspace = torch.empty(need, dtype=torch.uint8, device=query.device)
+    ws_ptr = workspace.data_ptr() if need else None
+    fdpp_lib.check(library().fdpp_attention_forward(ctypes.byref(args), ws_ptr, need,
+                                                    fdpp_lib.stream_handle(stream)), "attention")
+    return out
+
+
+def rope_append(query, k_new, v_new, k_cache, v_cache, past_len, *, rope_theta: float = 10000.0,
+                interleaved: bool = False, q_out=None, counters: Counters | None = None, stream=None):
+    """RoPE on query (into q_out; in place by default) and on k_new, then k_new and v_new written into the caches
+    at positions past_len[b] + s. Returns the rotated query."""
+    torch = _torch()
+    device = query.device
+    q_out = query if q_out is None else q_out
+    for name, tensor in (("query", query), ("q_out", q_out), ("k_new", k_new), ("v_new", v_new),
+                         ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_4d(name, tensor, device)
+        if tensor.dtype != query.dtype:
+            raise FdppError(f"rope_append: {name} is {tensor.dtype} but query is {query.dtype}")
+    if q_out.stride() != query.stride():
+        raise FdppError("rope_append: q_out must have the query's strides")
+    batch, heads, seq, dim = query.shape
+    if dim not in SUPPORTED_HEAD_DIMS:
+        raise FdppError(f"rope_append: head_dim {dim} is not supported (64 or 128)")
+    if k_new.shape != v_new.shape or k_new.shape[0] != batch or k_new.shape[2] != seq or k_new.shape[3] != dim:
+        raise FdppError(f"rope_append: k_new/v_new must be [{batch}, kv_heads, {seq}, {dim}]")
+    if k_cache.shape != v_cache.shape or k_cache.shape[:2] != k_new.shape[:2] or k_cache.shape[3] != dim:
+        raise FdppError("rope_append: k_cache/v_cache must be [batch, kv_heads, capacity, head_dim]")
+    if past_len.device.type == "cpu" and int(past_len.max()) + seq > k_cache.shape[2]:
+        raise FdppError(f"rope_append: positions reach {int(past_len.max()) + seq} but the cache holds "
+                        f"{k_cache.shape[2]}; grow the cache")
+    past_len = past_len.to(device=device, dtype=torch.int64).contiguous()
+    a = RopeAppendArgs()
+    a.dtype = _dtype_code(query)
+    a.batch, a.num_heads, a.num_kv_heads, a.seq, a.head_dim = batch, heads, k_new.shape[1], seq, dim
+    a.kv_capacity, a.rope_interleaved, a.rope_theta = k_cache.shape[2], int(interleaved), float(rope_theta)
+    a.q_in, a.q_out = query.data_ptr(), q_out.data_ptr()
+    a.q_stride_b, a.q_stride_h, a.q_stride_s = query.stride()[:3]
+    a.k_new, (a.kn_stride_b, a.kn_stride_h, a.kn_stride_s) = k_new.data_ptr(), k_new.stride()[:3]
+    a.v_new, (a.vn_stride_b, a.vn_stride_h, a.vn_stride_s) = v_new.data_ptr(), v_new.stride()[:3]
+    a.k_cache, (a.kc_stride_b, a.kc_stride_h, a.kc_stride_s) = k_cache.data_ptr(), k_cache.stride()[:3]
+    a.v_cache, (a.vc_stride_b, a.vc_stride_h, a.vc_stride_s) = v_cache.data_ptr(), v_cache.stride()[:3]
+    a.past_len = past_len.data_ptr()
+    a.counters = counters.tensor.data_ptr() if counters is not None else None
+    fdpp_lib.check(library().fdpp_rope_append(ctypes.byref(a), fdpp_lib.stream_handle(stream)), "rope_append")
+    return q_out

@@ -1,0 +1,86 @@
+"""Timing GEMMs on the GPU for the profiler and the benchmark.
+
+Two ways, both with CUDA events:
+- `flushed`: each launch alone, L2 flushed before it by reading a buffer four times the L2 (reads leave clean
+  lines, so the kernel does not pay for writing back a flush's dirty data); median over repetitions. This is
+  what the profiler uses: one GEMM as it runs after unrelated work.
+- `graph`: `iters` launches back to back inside one CUDA graph, cycling over enough copies of the weight that
+  none is in L2 when it is read again; time per launch = replay time / iters. This is a decode step's situation
+  (layer after layer of different weights) without launch gaps.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from fdpp_rewrite.errors import FdppError
+
+
+class Timer:
+    def __init__(self, reps: int = 20, warmup: int = 3, flush_bytes: int | None = None):
+        import torch
+
+        self.torch = torch
+        self.reps, self.warmup = reps, warmup
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        l2 = getattr(props, "L2_cache_size", 64 << 20) or (64 << 20)
+        flush_bytes = flush_bytes or 4 * l2
+        # Random data, not zeros: reading zeros can be faster than real data on some parts.
+        self.flush_buf = torch.rand(flush_bytes // 4, device="cuda", dtype=torch.float32)
+        self.flush_out = torch.empty((), device="cuda", dtype=torch.float32)
+        self.l2_bytes = l2
+
+    def flush(self) -> None:
+        self.torch.sum(self.flush_buf, dim=0, out=self.flush_out)
+
+    def flushed_us(self, fn) -> float:
+        """Median microseconds of fn() with L2 flushed before each launch."""
+        torch = self.torch
+        for _ in range(self.warmup):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
+        for i in range(self.reps):
+            self.flush()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+
+    def graph_us(self, fns: list, iters: int = 60, replays: int = 10) -> float:
+        """Microseconds per launch of fns[i % len(fns)], i < iters, replayed as one CUDA graph (median of
+        replays). Each fn must be capturable (no allocation, no sync)."""
+        torch = self.torch
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for fn in fns:  # warm-up outside capture (cuBLAS plans, lazy module loads)
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(iters):
+                fns[i % len(fns)]()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(replays):
+            self.flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0 / iters)
+        del graph
+        return statistics.median(times)
+
+
+def safe_time(timer_call, *args, **kwargs) -> float | None:
+    """timer_call(*args) or None when the implementation rejects the problem (FdppError)."""
+    try:
+        return timer_call(*args, **kwargs)
+    except FdppError:
+        return None

@@ -1,0 +1,53 @@
+"""Loads libfdpp_plugins.so and turns its status codes into FdppError.
+
+The library is looked up in $FDPP_PLUGIN_LIB, then build/ under the repository root."""
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+from fdpp_rewrite import REPO_ROOT
+from fdpp_rewrite.errors import FdppError
+
+EXPECTED_ABI_VERSION = 1
+STATUS_NAMES = {1: "invalid argument", 2: "unsupported", 3: "CUDA error", 4: "internal error"}
+DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
+
+
+def library_path() -> Path:
+    env = os.environ.get("FDPP_PLUGIN_LIB")
+    return Path(env) if env else REPO_ROOT / "build" / "libfdpp_plugins.so"
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> ctypes.CDLL:
+    path = library_path()
+    if not path.exists():
+        raise FdppError(f"plugin library {path} not found; build it with `cmake -B build && cmake --build build -j` "
+                        "or set FDPP_PLUGIN_LIB")
+    lib = ctypes.CDLL(str(path))
+    lib.fdpp_abi_version.restype = ctypes.c_int
+    lib.fdpp_last_error.restype = ctypes.c_char_p
+    lib.fdpp_axpy_f32.argtypes = [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.fdpp_axpy_f32.restype = ctypes.c_int
+    found = lib.fdpp_abi_version()
+    if found != EXPECTED_ABI_VERSION:
+        raise FdppError(f"{path} has C ABI version {found}, this package expects {EXPECTED_ABI_VERSION}; "
+                        "rebuild the library from this checkout")
+    return lib
+
+
+def check(status: int, what: str) -> None:
+    """Raise FdppError with the library's message unless status is FDPP_OK."""
+    if status != 0:
+        message = load().fdpp_last_error().decode(errors="replace")
+        raise FdppError(f"{what} failed ({STATUS_NAMES.get(status, status)}): {message}")
+
+
+def stream_handle(stream=None) -> int:
+    """The raw cudaStream_t of a torch stream (the current one by default)."""
+    import torch
+
+    stream = stream or torch.cuda.current_stream()
+    return stream.cuda_stream

@@ -1,0 +1,102 @@
+"""ModelConfig: everything the reference model and the exporter need to know about an architecture.
+
+Three families share one decoder-only layout (embedding, N x [norm, attention, residual, norm, MLP, residual],
+final norm, lm_head) and differ only in the switches below:
+
+    family   norm       MLP                 positions            biases
+    llama    RMSNorm    SwiGLU (gate, up)   RoPE, rotate-half    none (qkv_bias optional)
+    opt      LayerNorm  ReLU (up = fc1)     learned, offset 2    every linear and norm
+    chatglm  RMSNorm    SwiGLU (gate, up)   RoPE on half of each head, interleaved pairs   qkv only
+"""
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from fdpp_rewrite.errors import FdppError
+
+FAMILIES = ("llama", "opt", "chatglm")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str                 # "llama" | "opt" | "chatglm"
+    hidden_size: int
+    intermediate_size: int      # MLP width (per branch for SwiGLU)
+    num_layers: int
+    num_heads: int              # query heads
+    num_kv_heads: int           # key/value heads (== num_heads for MHA, 1 or a divisor for MQA/GQA)
+    head_dim: int
+    vocab_size: int
+    max_position: int           # longest sequence the position encoding supports
+    norm_eps: float
+    rope_theta: float = 10000.0  # RoPE base (unused with learned positions)
+    rotary_dim: int = 0          # channels of each head that RoPE rotates; 0 means head_dim
+    rope_interleaved: bool = False  # pairs (x[2i], x[2i+1]) (chatglm) instead of (x[i], x[i+D/2]) (HF llama)
+    tie_embeddings: bool = False  # lm_head shares the token embedding matrix
+    qkv_bias: bool = False       # bias on the q, k, v projections
+    linear_bias: bool = False    # bias on the attention output and MLP projections
+    norm: str = "rmsnorm"        # "rmsnorm" | "layernorm" (layernorm has a bias)
+    activation: str = "swiglu"   # "swiglu" (silu(gate) * up) | "relu" (relu(up))
+    learned_positions: bool = False  # OPT: a position embedding table added to the token embedding
+    position_offset: int = 0     # OPT stores position p at row p + 2
+
+    def __post_init__(self):
+        problems = []
+        if self.family not in FAMILIES:
+            problems.append(f"family {self.family!r} is not one of {', '.join(FAMILIES)}")
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "vocab_size", "max_position"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads:
+            problems.append(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim or self.head_dim % 2:
+            problems.append(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            problems.append(f"norm {self.norm!r} is not rmsnorm or layernorm")
+        if self.activation not in ("swiglu", "relu"):
+            problems.append(f"activation {self.activation!r} is not swiglu or relu")
+        if problems:
+            raise FdppError("invalid model config: " + "; ".join(problems))
+
+    @property
+    def rope_dim(self) -> int:
+        """Channels per head that RoPE rotates (0 when positions are learned)."""
+        if self.learned_positions:
+            return 0
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (G in the attention chain)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.activation == "swiglu"
+
+    def with_layers(self, num_layers: int | None) -> "ModelConfig":
+        """The same architecture with fewer (or more) layers; None keeps the count."""
+        if num_layers is None:
+            return self
+        if num_layers <= 0:
+            raise FdppError(f"--layers must be positive, got {num_layers}")
+        return replace(self, num_layers=num_layers)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise FdppError(f"unknown model config keys {sorted(unknown)}; was the file written by another version?")
+        return cls(**data)

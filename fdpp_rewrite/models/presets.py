@@ -1,0 +1,69 @@
+"""Named architectures. The real ones carry the dimensions of the published checkpoints (their Hugging Face
+config.json files); the tiny ones keep each family's quirks at a size that exports and runs in a second.
+
+Tiny sizes are deliberately odd (vocab 397, ffn 344) so that shape bugs cannot hide behind powers of two,
+while head_dim stays 64 or 128, the sizes the attention plugin is built for."""
+
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.models.config import ModelConfig
+
+
+def _llama(**kw) -> ModelConfig:
+    return ModelConfig(family="llama", **kw)
+
+
+def _opt(**kw) -> ModelConfig:
+    # OPT: pre-LayerNorm, ReLU MLP, biases everywhere, learned positions stored with an offset of 2,
+    # lm_head tied to the token embedding.
+    return ModelConfig(family="opt", norm="layernorm", activation="relu", qkv_bias=True, linear_bias=True,
+                       learned_positions=True, position_offset=2, tie_embeddings=True, **kw)
+
+
+def _chatglm(**kw) -> ModelConfig:
+    # ChatGLM2: RMSNorm, SwiGLU, bias on the fused query_key_value only, multi-query attention with a few KV
+    # groups, RoPE on the first half of each head's channels in interleaved pairs.
+    return ModelConfig(family="chatglm", qkv_bias=True, rope_interleaved=True, **kw)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # meta-llama/Llama-2-7b-hf
+    "llama2-7b": _llama(hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32, num_kv_heads=32,
+                        head_dim=128, vocab_size=32000, max_position=4096, norm_eps=1e-5, rope_theta=10000.0),
+    # meta-llama/Llama-2-13b-hf
+    "llama2-13b": _llama(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40, num_kv_heads=40,
+                         head_dim=128, vocab_size=32000, max_position=4096, norm_eps=1e-5, rope_theta=10000.0),
+    # facebook/opt-6.7b
+    "opt-6.7b": _opt(hidden_size=4096, intermediate_size=16384, num_layers=32, num_heads=32, num_kv_heads=32,
+                     head_dim=128, vocab_size=50272, max_position=2048, norm_eps=1e-5),
+    # THUDM/chatglm2-6b (padded_vocab_size 65024, kv_channels 128, multi_query_group_num 2, seq_length 32768)
+    "chatglm2-6b": _chatglm(hidden_size=4096, intermediate_size=13696, num_layers=28, num_heads=32, num_kv_heads=2,
+                            head_dim=128, rotary_dim=64, vocab_size=65024, max_position=32768, norm_eps=1e-5,
+                            rope_theta=10000.0),
+    # HuggingFaceTB/SmolLM2-135M(-Instruct)
+    "smollm2-135m": _llama(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+                           head_dim=64, vocab_size=49152, max_position=8192, norm_eps=1e-5, rope_theta=100000.0,
+                           tie_embeddings=True),
+    # tiny variants for tests
+    "tiny-llama": _llama(hidden_size=192, intermediate_size=344, num_layers=2, num_heads=3, num_kv_heads=3,
+                         head_dim=64, vocab_size=397, max_position=512, norm_eps=1e-5, rope_theta=10000.0),
+    "tiny-smollm2": _llama(hidden_size=192, intermediate_size=320, num_layers=3, num_heads=3, num_kv_heads=1,
+                           head_dim=64, vocab_size=271, max_position=512, norm_eps=1e-5, rope_theta=100000.0,
+                           tie_embeddings=True),
+    "tiny-opt": _opt(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=2, num_kv_heads=2,
+                     head_dim=64, vocab_size=313, max_position=512, norm_eps=1e-5),
+    "tiny-chatglm": _chatglm(hidden_size=512, intermediate_size=344, num_layers=2, num_heads=4, num_kv_heads=2,
+                             head_dim=128, rotary_dim=64, vocab_size=389, max_position=512, norm_eps=1e-5,
+                             rope_theta=10000.0),
+}
+
+
+def unknown_preset(name: str) -> FdppError:
+    return FdppError(f"unknown preset {name!r} (known: {', '.join(PRESETS)}); "
+                     "pass a preset name, a Hugging Face checkpoint directory or a .gguf file")
+
+
+def get_config(name: str) -> ModelConfig:
+    """The config of a named preset; FdppError listing the known names otherwise."""
+    if name not in PRESETS:
+        raise unknown_preset(name)
+    return PRESETS[name]

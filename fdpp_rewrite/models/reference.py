@@ -1,0 +1,133 @@
+"""A small, readable torch model for every family: the ground truth the exported ONNX graph is checked against.
+
+It computes exactly what the exported graph computes, in the same order: the KV cache is a preallocated
+[batch, kv_heads, max_cache, head_dim] tensor per layer, written in place at positions past_len[b] + i, and
+every query attends to the keys at positions <= its own. Norms, RoPE angles and softmax run in float32."""
+
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.models.config import ModelConfig
+from fdpp_rewrite.models.names import weight_shapes
+
+# score_hook(layer, scores, mask): scores [B, Hq, S, L] scaled q.k before the mask, mask [B, 1, S, L] additive
+ScoreHook = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """theta^(-2i/R) for i < R/2, R = the rotated channels per head."""
+    r = config.rope_dim
+    return 1.0 / config.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+
+
+class ReferenceModel:
+    def __init__(self, config: ModelConfig, weights: Mapping):
+        self.config = config
+        missing = [name for name in weight_shapes(config) if name not in weights]
+        if missing:
+            raise FdppError(f"weights lack {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+        self.w = {name: weights[name] for name in weight_shapes(config)}
+        self.dtype = self.w["embed.weight"].dtype
+        self.inv_freq = rope_inv_freq(config) if config.rope_dim else None
+
+    def new_caches(self, batch: int, max_cache: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        c = self.config
+        shape = (batch, c.num_kv_heads, max_cache, c.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+                for _ in range(c.num_layers)]
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, past_len: torch.Tensor, caches, score_hook: ScoreHook | None = None):
+        """logits [B, S, vocab] for input_ids [B, S] at positions past_len[b] + (0..S-1); caches updated in place."""
+        c = self.config
+        batch, seq = input_ids.shape
+        max_cache = caches[0][0].shape[2]
+        positions = past_len.long()[:, None] + torch.arange(seq)[None, :]  # [B, S]
+        if int(positions.max()) >= max_cache:
+            raise FdppError(f"positions up to {int(positions.max())} do not fit a cache of {max_cache}")
+
+        x = self.w["embed.weight"][input_ids]
+        if c.learned_positions:
+            x = x + self.w["pos_embed.weight"][positions + c.position_offset]
+
+        visible = torch.arange(max_cache)[None, None, :] <= positions[:, :, None]  # [B, S, L]
+        mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill(~visible, -math.inf)[:, None]
+        angles = positions.float()[..., None] * self.inv_freq if self.inv_freq is not None else None  # [B, S, R/2]
+
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            x = x + self._attention(i, self._norm(x, p + "attn_norm"), positions, angles, mask, caches[i],
+                                    score_hook)
+            x = x + self._mlp(p, self._norm(x, p + "mlp_norm"))
+        x = self._norm(x, "final_norm")
+        head = self.w["embed.weight" if c.tie_embeddings else "lm_head.weight"]
+        return x @ head.T
+
+    __call__ = forward
+
+    # -- pieces ---------------------------------------------------------------------------------------------
+
+    def _linear(self, x, name):
+        y = x @ self.w[name + ".weight"].T
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else y + bias
+
+    def _norm(self, x, name):
+        weight = self.w[name + ".weight"]
+        x32 = x.float()
+        if self.config.norm == "layernorm":
+            y = F.layer_norm(x32, (x.shape[-1],), weight.float(), self.w[name + ".bias"].float(), self.config.norm_eps)
+            return y.to(x.dtype)
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)
+        return y.to(x.dtype) * weight
+
+    def _rotate(self, x, angles):
+        """RoPE on the first rope_dim channels of x [B, H, S, D]; angles [B, S, R/2]."""
+        r = self.config.rope_dim
+        x_rot, x_pass = x[..., :r].float(), x[..., r:]
+        cos, sin = angles.cos()[:, None], angles.sin()[:, None]  # [B, 1, S, R/2]
+        if self.config.rope_interleaved:  # pairs (2j, 2j + 1)
+            x0, x1 = x_rot[..., 0::2], x_rot[..., 1::2]
+            rotated = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2)
+        else:  # pairs (j, j + R/2)
+            x0, x1 = x_rot[..., : r // 2], x_rot[..., r // 2:]
+            rotated = torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
+        return torch.cat((rotated.to(x.dtype), x_pass), dim=-1)
+
+    def _attention(self, i, h, positions, angles, mask, cache, score_hook):
+        c = self.config
+        p = f"layers.{i}.attn."
+        batch, seq, _ = h.shape
+        q = self._linear(h, p + "q").view(batch, seq, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self._linear(h, p + "k").view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self._linear(h, p + "v").view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        if angles is not None:
+            q, k = self._rotate(q, angles), self._rotate(k, angles)
+
+        k_cache, v_cache = cache
+        for b in range(batch):  # write the new tokens in place; nothing else in the cache moves
+            k_cache[b][:, positions[b]] = k[b]
+            v_cache[b][:, positions[b]] = v[b]
+
+        max_cache = k_cache.shape[2]
+        groups = c.group_size
+        q5 = q.reshape(batch, c.num_kv_heads, groups, seq, c.head_dim)
+        scores = q5 @ k_cache[:, :, None].transpose(-1, -2) / math.sqrt(c.head_dim)  # [B, Hkv, G, S, L]
+        scores = scores.reshape(batch, c.num_heads, seq, max_cache)
+        if score_hook is not None:
+            score_hook(i, scores, mask)
+        probs = torch.softmax(scores.float() + mask, dim=-1).to(q.dtype)
+        out = probs.reshape(batch, c.num_kv_heads, groups, seq, max_cache) @ v_cache[:, :, None]
+        out = out.reshape(batch, c.num_heads, seq, c.head_dim).transpose(1, 2).reshape(batch, seq, c.q_dim)
+        return self._linear(out, p + "o")
+
+    def _mlp(self, p, h):
+        if self.config.gated_mlp:
+            hidden = F.silu(self._linear(h, p + "mlp.gate")) * self._linear(h, p + "mlp.up")
+        else:
+            hidden = torch.relu(self._linear(h, p + "mlp.up"))
+        return self._linear(hidden, p + "mlp.down")

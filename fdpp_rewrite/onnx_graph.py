@@ -1,0 +1,81 @@
+"""Two small tools for building big ONNX graphs directly: a node/constant builder, and a writer that streams
+initializer bytes into one external data file as they are produced (so a 13 GB model never sits in memory)."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ALIGNMENT = 4096  # every external tensor starts on a page boundary, so engines can mmap tensors directly
+
+NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL}
+
+
+class ExternalDataWriter:
+    """Appends tensors to `path` and returns TensorProtos that point at them (data_location=EXTERNAL)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file = open(self.path, "wb")
+        self.offset = 0
+        self.num_tensors = 0
+
+    def write(self, name: str, array: np.ndarray) -> TensorProto:
+        array = np.ascontiguousarray(array)
+        padding = -self.offset % ALIGNMENT
+        if padding:
+            self._file.write(b"\0" * padding)
+            self.offset += padding
+        self._file.write(array.reshape(-1).view(np.uint8).data)
+        tensor = TensorProto(name=name, data_type=NP_TO_ONNX[array.dtype], dims=array.shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", str(self.offset)),
+                           ("length", str(array.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.offset += array.nbytes
+        self.num_tensors += 1
+        return tensor
+
+    def close(self):
+        self._file.close()
+
+
+class GraphBuilder:
+    """Collects nodes and initializers. `op` returns output names; `const` makes small inline initializers
+    (deduplicated); `weight` streams a big one to the external data file. Node names follow `scope`."""
+
+    def __init__(self, external: ExternalDataWriter):
+        self.external = external
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self.scope = "model"
+        self._counter = 0
+        self._consts: dict[tuple, str] = {}
+
+    def _fresh(self, op_type: str) -> str:
+        self._counter += 1
+        return f"{self.scope}/{op_type}_{self._counter}"
+
+    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, **attrs):
+        """Add one node. `outputs` is a count (fresh names) or explicit names; returns one name or a list."""
+        name = self._fresh(op_type)
+        names = [f"{name}:{k}" for k in range(outputs)] if isinstance(outputs, int) else list(outputs)
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=name, **attrs))
+        return names[0] if len(names) == 1 else names
+
+    def const(self, value, dtype) -> str:
+        """A small constant (shape, scale, index) stored inside the model file."""
+        array = np.array(value, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._consts:
+            name = f"const_{len(self._consts)}"
+            self.initializers.append(numpy_helper.from_array(array, name))
+            self._consts[key] = name
+        return self._consts[key]
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(self.external.write(name, array))
+        return name

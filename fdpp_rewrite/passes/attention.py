@@ -1,0 +1,463 @@
+"""Pass 1: softmax attention chains -> fdpp::AsyncSoftmaxAttention.
+
+Pattern (matched from each Softmax, by structure only; Cast/Identity/Dropout nodes anywhere on the chain are
+absorbed, the op computes in float32 whatever the casts did):
+
+    scores = MatMul(q, Transpose(k, last two axes)) -> Mul|Div(scalar)? -> Add(mask)? -> Softmax(last axis)
+    out    = MatMul(probs, v)
+
+in two layouts:
+  * grouped 5-D (our exporter): q5 = Reshape(q [B,Hq,S,D]) -> [B,Hkv,G,S,D], k5/v5 = Unsqueeze(cache, 2),
+    out = Reshape(MatMul(...)) -> [B,Hq,S,D];
+  * 4-D (Hugging Face): q [B,Hq,S,D], k/v [B,H,L,D], where a repeat_kv (Unsqueeze -> Expand -> Reshape) of k/v
+    is absorbed so the op reads the Hkv heads directly.
+
+The mask becomes mask_mode "past_len" (4th input: the graph input past_len) when its values come from
+past_len alone and evaluating it agrees with the contract's causal rule; otherwise "bias" (4th input: the mask
+itself), or "none" without a mask. phi and the guard per layer come from a calibration file, else the defaults
+below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from fdpp_rewrite.contracts import DOMAIN, load_contract
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, constant_value, dtype_name, is_constant, is_standard,
+                                        producer, producer_op, rank, scalar_value, skip_backward, skip_forward,
+                                        sole_consumer, static_dim)
+
+OP = "AsyncSoftmaxAttention"
+PAST_LEN_INPUT = "past_len"  # the exported graph's input name (TEAM contract), not an exporter-made node name
+SHAPE_ONLY_OPS = ("Shape", "Size")
+NOT_FROM_MATMUL = "the scores do not come from a MatMul read only by this softmax chain"  # their output depends on the input's shape, never on its values
+
+# Defaults when no calibration is given. phi = 0 with the guard [-60, 10] is safe for any score range:
+#  - a visible s - phi above 10 sends the row to the exact fallback, so every exponent the fast path takes is
+#    at most e^10 = 22026: it fits float16 (max 65504) if a kernel keeps P in half precision, and a float32
+#    sum over 2^20 keys stays below 2.4e10 (x |v| <= 65504: 1.5e15, far under float32's 3.4e38);
+#  - a visible s - phi below -60 also falls back, so every kept exponent is >= e^-60 = 8.8e-27, a normal
+#    float32 (smallest normal 1.2e-38): no row can underflow to a zero denominator.
+# Calibration narrows this to where real scores live (paper: Llama2-7B scores in [-16.8, 6.5]) so that
+# the fallback is rare; without it, rows whose max score exceeds 10 simply take the exact path.
+DEFAULT_PHI = 0.0
+DEFAULT_GUARD_LO = -60.0
+DEFAULT_GUARD_HI = 10.0
+CALIBRATION_SCHEMA = "fdpp-calibration/1"
+
+
+@dataclass(frozen=True)
+class SoftmaxSettings:
+    phi: float
+    guard_lo: float
+    guard_hi: float
+
+
+DEFAULT_SETTINGS = SoftmaxSettings(DEFAULT_PHI, DEFAULT_GUARD_LO, DEFAULT_GUARD_HI)
+
+
+def load_calibration(path) -> list[SoftmaxSettings]:
+    """Per-layer phi and guards from a `fdpp_rewrite calibrate` file, in graph order."""
+    path = Path(path)
+    if not path.is_file():
+        raise FdppError(f"no calibration file at {path}; run `python -m fdpp_rewrite calibrate` or omit --calibration")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FdppError(f"calibration {path} is not valid JSON ({exc}); re-run calibrate") from exc
+    if not isinstance(data, dict) or data.get("schema") != CALIBRATION_SCHEMA or not isinstance(data.get("layers"), list):
+        raise FdppError(f"calibration {path} is not a '{CALIBRATION_SCHEMA}' file with a 'layers' list; "
+                        "re-run `python -m fdpp_rewrite calibrate`")
+    layers = sorted(data["layers"], key=lambda entry: entry.get("layer", -1) if isinstance(entry, dict) else -1)
+    settings = []
+    for position, entry in enumerate(layers):
+        try:
+            if entry["layer"] != position:
+                raise ValueError(f"layer numbers must be 0..{len(layers) - 1}, found {entry['layer']}")
+            values = SoftmaxSettings(float(entry["phi"]), float(entry["guard_lo"]), float(entry["guard_hi"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FdppError(f"calibration {path}: layer entry {position} is invalid ({exc}); re-run calibrate") from exc
+        if not all(math.isfinite(v) for v in (values.phi, values.guard_lo, values.guard_hi)):
+            raise FdppError(f"calibration {path}: layer {position} has a non-finite value; re-run calibrate")
+        settings.append(values)
+    return settings
+
+
+@dataclass
+class AttentionMatch:
+    softmax: gs.Node
+    output: gs.Tensor      # the tensor the op will produce ([B, Hq, S, D])
+    query: gs.Tensor       # [B, Hq, S, D]
+    key: gs.Tensor         # [B, Hkv, L, D]
+    value: gs.Tensor
+    mask: gs.Tensor | None
+    mask_rank5: bool       # the mask was written for the grouped 5-D scores
+    scale: float
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layout: str            # "grouped-5d" | "4d"
+
+
+# --- matching -----------------------------------------------------------------------------------------------
+
+def _unsqueeze_axes(node: gs.Node) -> list[int] | None:
+    if "axes" in node.attrs:
+        return list(node.attrs["axes"])
+    if len(node.inputs) > 1:
+        value = constant_value(node.inputs[1])
+        return None if value is None else [int(a) for a in np.ravel(value)]
+    return None
+
+
+def _is_unsqueeze_at(node: gs.Node | None, axis: int, out_rank: int) -> bool:
+    axes = None if node is None else _unsqueeze_axes(node)
+    return axes is not None and len(axes) == 1 and axes[0] % out_rank == axis
+
+
+def _scores_matmul(graph: gs.Graph, tensor: gs.Tensor):
+    """From a tensor above the softmax, walk up through an optional scale to MatMul(q, k^T).
+    Returns (scale, matmul) or a reason string."""
+    tensor, _ = skip_backward(graph, tensor)
+    scale = 1.0
+    node = producer(tensor)
+    if node is not None and node.op in ("Mul", "Div") and sole_consumer(graph, tensor) is not None:
+        constants = [scalar_value(t) for t in node.inputs]
+        if node.op == "Mul" and constants[1] is not None and not is_constant(node.inputs[0]):
+            scale, tensor = constants[1], node.inputs[0]
+        elif node.op == "Mul" and constants[0] is not None and not is_constant(node.inputs[1]):
+            scale, tensor = constants[0], node.inputs[1]
+        elif node.op == "Div" and constants[1] is not None and constants[1] != 0.0:
+            scale, tensor = 1.0 / constants[1], node.inputs[0]
+        else:
+            return f"the scores are scaled by a {node.op} that is not by a scalar constant"
+        tensor, _ = skip_backward(graph, tensor)
+        node = producer(tensor)
+    if node is None or node.op != "MatMul" or sole_consumer(graph, tensor) is None:
+        return NOT_FROM_MATMUL
+    if any(is_constant(t) for t in node.inputs):
+        return "the scores MatMul multiplies by a constant (not queries x keys)"
+    return scale, node
+
+
+def _transposed_source(tensor: gs.Tensor) -> gs.Tensor | None:
+    """k from k^T = Transpose(k, perm swapping the last two axes)."""
+    node = producer_op(tensor, "Transpose")
+    if node is None or "perm" not in node.attrs:
+        return None
+    perm = list(node.attrs["perm"])
+    n = len(perm)
+    return node.inputs[0] if n >= 2 and perm == list(range(n - 2)) + [n - 1, n - 2] else None
+
+
+def _repeat_kv_source(tensor: gs.Tensor):
+    """Hugging Face's repeat_kv: Reshape(Expand(Unsqueeze(x, 2), [B, Hkv, G, L, D]), [B, Hkv*G, L, D]).
+    Returns (x, G or None) or None when `tensor` is not built that way."""
+    reshape = producer_op(tensor, "Reshape")
+    expand = None if reshape is None else producer_op(reshape.inputs[0], "Expand")
+    if expand is None:
+        return None
+    unsqueeze = producer_op(expand.inputs[0], "Unsqueeze")
+    if not _is_unsqueeze_at(unsqueeze, 2, 5):
+        return None
+    target = constant_value(expand.inputs[1])
+    groups = int(target[2]) if target is not None and target.size == 5 and target[2] > 0 else None
+    return unsqueeze.inputs[0], groups
+
+
+def _first_known(*values):
+    for value in values:
+        if value is not None and value > 0:
+            return int(value)
+    return None
+
+
+def match_attention(graph: gs.Graph, softmax: gs.Node):
+    """An AttentionMatch for the chain around `softmax`, or a one-line reason why it is not one."""
+    data = softmax.inputs[0]
+    axis, data_rank = softmax.attrs.get("axis", -1), rank(data)
+    if axis != -1 and (data_rank is None or axis != data_rank - 1):
+        return f"softmax over axis {axis}, not the last axis"
+
+    # upward: [Add(mask)] <- [Mul|Div(scale)] <- MatMul(q, k^T)
+    top, _ = skip_backward(graph, data)
+    mask = None
+    add = producer(top)
+    if add is not None and add.op == "Add" and sole_consumer(graph, top) is not None:
+        found, reasons = None, []
+        for side in (0, 1):
+            attempt = _scores_matmul(graph, add.inputs[side])
+            if not isinstance(attempt, str):
+                found, mask = attempt, add.inputs[1 - side]
+                break
+            reasons.append(attempt)
+        if found is None:
+            specific = [r for r in reasons if r != NOT_FROM_MATMUL]
+            return specific[0] if specific else ("neither side of the Add before the softmax comes from a MatMul of "
+                                                 "queries and keys read only by this chain")
+    else:
+        found = _scores_matmul(graph, top)
+        if isinstance(found, str):
+            return found
+    scale, qk = found
+    if not scale > 0:
+        return f"the scores are scaled by {scale}, not a positive number"
+
+    # downward: probs -> MatMul(probs, v)
+    probs, _ = skip_forward(graph, softmax.outputs[0])
+    pv = sole_consumer(graph, probs)
+    if pv is None or pv.op != "MatMul" or pv.inputs[0] is not probs:
+        readers = len(probs.outputs)
+        return f"the probabilities feed {readers} node(s), not one MatMul(probs, v) (attention weights used elsewhere?)"
+
+    key_side = _transposed_source(qk.inputs[1])
+    if key_side is None:
+        return "the keys enter the scores MatMul without a Transpose of their last two axes"
+    query_side, value_side = qk.inputs[0], pv.inputs[1]
+    scores_rank = rank(qk.outputs[0]) or rank(key_side) or rank(query_side)
+
+    if scores_rank == 5:
+        return _match_grouped(graph, softmax, qk, pv, query_side, key_side, value_side, mask, scale)
+    if scores_rank == 4:
+        return _match_4d(softmax, pv, query_side, key_side, value_side, mask, scale)
+    return f"the scores have rank {scores_rank}, expected 4 (Hugging Face layout) or 5 (grouped layout)"
+
+
+def _match_grouped(graph, softmax, qk, pv, query_side, key_side, value_side, mask, scale):
+    q_reshape = producer_op(query_side, "Reshape")
+    k_unsq, v_unsq = producer_op(key_side, "Unsqueeze"), producer_op(value_side, "Unsqueeze")
+    out_reshape = sole_consumer(graph, pv.outputs[0])
+    if q_reshape is None or not _is_unsqueeze_at(k_unsq, 2, 5) or not _is_unsqueeze_at(v_unsq, 2, 5):
+        return "grouped 5-D scores whose q is not a Reshape or whose k/v are not Unsqueeze(axis 2) of the caches"
+    if out_reshape is None or out_reshape.op != "Reshape":
+        return "grouped 5-D attention whose output is not reshaped back to [B, Hq, S, D]"
+    query, key, value = q_reshape.inputs[0], k_unsq.inputs[0], v_unsq.inputs[0]
+    target = constant_value(q_reshape.inputs[1])
+    target = target if target is not None and target.size == 5 else np.zeros(5, np.int64)
+    kv_heads = _first_known(static_dim(key, 1), static_dim(query_side, 1), target[1])
+    groups = _first_known(static_dim(query_side, 2), target[2])
+    head_dim = _first_known(static_dim(key, 3), static_dim(query, 3), static_dim(query_side, 4), target[4])
+    heads = _first_known(static_dim(query, 1), kv_heads * groups if kv_heads and groups else None)
+    return _finish(softmax, out_reshape.outputs[0], query, key, value, mask, True, scale, heads, kv_heads,
+                   head_dim, "grouped-5d")
+
+
+def _match_4d(softmax, pv, query, key_side, value_side, mask, scale):
+    key, value, groups = key_side, value_side, None
+    repeated_k, repeated_v = _repeat_kv_source(key_side), _repeat_kv_source(value_side)
+    if (repeated_k is None) != (repeated_v is None):
+        return "only one of k and v goes through repeat_kv"
+    if repeated_k is not None:
+        (key, groups), (value, _) = repeated_k, repeated_v
+    kv_heads = _first_known(static_dim(key, 1))
+    heads = _first_known(static_dim(query, 1), static_dim(key_side, 1),
+                         kv_heads * groups if kv_heads and groups else None)
+    if repeated_k is None and kv_heads is None:
+        kv_heads = heads
+    head_dim = _first_known(static_dim(query, 3), static_dim(key, 3))
+    return _finish(softmax, pv.outputs[0], query, key, value, mask, False, scale, heads, kv_heads, head_dim, "4d")
+
+
+def _finish(softmax, output, query, key, value, mask, mask_rank5, scale, heads, kv_heads, head_dim, layout):
+    if not (heads and kv_heads and head_dim):
+        return (f"could not determine the head counts / head_dim ({heads}, {kv_heads}, {head_dim}) from shapes; "
+                "export with static head dimensions")
+    if heads % kv_heads:
+        return f"{heads} query heads are not a multiple of {kv_heads} KV heads"
+    for tensor, expected in ((query, 4), (key, 4), (value, 4)):
+        if rank(tensor) not in (None, expected):
+            return f"'{tensor.name}' has rank {rank(tensor)}, expected {expected}"
+    return AttentionMatch(softmax=softmax, output=output, query=query, key=key, value=value, mask=mask,
+                          mask_rank5=mask_rank5, scale=float(scale), num_heads=heads, num_kv_heads=kv_heads,
+                          head_dim=head_dim, layout=layout)
+
+
+# --- the mask: past_len or bias -----------------------------------------------------------------------------
+
+def _symbol_values(graph: gs.Graph) -> dict:
+    """Concrete sizes for symbolic dims when evaluating a mask: distinct, with later ones larger, so a cache
+    length named after the sequence length comes out longer (2, 3, 11, 13, ...)."""
+    values, pool = {}, [2, 3, 11, 13, 17, 19, 23, 29]
+    tensors = list(graph.inputs) + list(graph.tensors().values())
+    for tensor in tensors:
+        for dim in tensor.shape or ():
+            if isinstance(dim, str) and dim not in values:
+                values[dim] = pool[len(values)] if len(values) < len(pool) else 31 + len(values)
+    return values
+
+
+def _mask_follows_past_len(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor) -> bool:
+    """Evaluate the mask's subgraph for a few past_len values and check the contract's causal rule:
+    0 where key j <= past_len[b] + i, at or below the masked threshold elsewhere."""
+    import onnxruntime as ort
+
+    threshold = load_contract(OP).raw["bias_mask_threshold"]
+    nodes, _ = ancestors(mask, stop_ops=SHAPE_ONLY_OPS)
+    shape_fed = {n.inputs[0].name for n in nodes if n.op in SHAPE_ONLY_OPS and not is_constant(n.inputs[0])}
+    symbols = _symbol_values(graph)
+    sub = graph.copy()
+    tensors = sub.tensors()
+    feeds = {}
+    for name in sorted(shape_fed):
+        tensor = tensors[name]
+        if tensor.shape is None or tensor.dtype is None or any(d is None for d in tensor.shape):
+            return False
+        shape = [symbols[d] if isinstance(d, str) else int(d) for d in tensor.shape]
+        tensor.inputs.clear()
+        feeds[name] = np.zeros(shape, dtype=np.dtype(tensor.dtype))
+    sub_past = tensors[past_len.name]
+    sub.inputs = [sub_past] + [tensors[name] for name in sorted(shape_fed) if name != past_len.name]
+    sub.outputs = [tensors[mask.name]]
+    sub.cleanup()
+    batch_dim = (past_len.shape or [None])[0]
+    batch = symbols.get(batch_dim, batch_dim) if batch_dim is not None else 2
+    try:
+        session = ort.InferenceSession(gs.export_onnx(sub, do_type_check=False).SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        probe = session.run(None, {**feeds, past_len.name: np.zeros(batch, np.int64)})[0]
+        seq, kv_len = probe.shape[-2], probe.shape[-1]
+        if seq < 2 or kv_len <= seq:
+            return False  # the evaluation would not exercise the causal structure
+        most = kv_len - seq
+        for past in (np.linspace(most, 0, batch).astype(np.int64), np.linspace(0, most, batch).astype(np.int64)):
+            values = session.run(None, {**feeds, past_len.name: past})[0].astype(np.float64)
+            values = values.reshape(values.shape[0], -1, seq, kv_len)
+            if values.shape[1] != 1 or values.shape[0] not in (1, batch):
+                return False
+            visible = np.arange(kv_len)[None, None, :] <= (past[:, None] + np.arange(seq)[None, :])[:, :, None]
+            values = np.broadcast_to(values[:, 0], visible.shape)
+            if not (np.all(values[visible] == 0.0) and np.all(values[~visible] <= threshold)):
+                return False
+    except Exception:  # noqa: BLE001 - any failure to evaluate means "not proven": the bias form is used
+        return False
+    return True
+
+
+def _mask_mode(graph: gs.Graph, mask: gs.Tensor | None, cache: dict, report: PassReport) -> str:
+    if mask is None:
+        return "none"
+    if mask.name in cache:
+        return cache[mask.name]
+    _, sources = ancestors(mask, stop_ops=SHAPE_ONLY_OPS)
+    graph_inputs = {t.name for t in graph.inputs}
+    value_inputs = {t.name for t in sources if t.name in graph_inputs}
+    past_len = next((t for t in graph.inputs if t.name == PAST_LEN_INPUT), None)
+    mode = "bias"
+    if value_inputs == {PAST_LEN_INPUT}:
+        if _mask_follows_past_len(graph, mask, past_len):
+            mode = "past_len"
+        else:
+            report.near_misses.append(f"mask '{mask.name}' is computed from past_len but does not follow the causal "
+                                      "rule j <= past_len + i (a sliding window?); passed to the op as a bias")
+    cache[mask.name] = mode
+    return mode
+
+
+def _bias_input(graph: gs.Graph, match: AttentionMatch, names: NameMaker, cache: dict):
+    """The mask as the op's bias input: [.., S, L] broadcastable to [B, 1, S, L], in the query dtype."""
+    key = (match.mask.name, match.mask_rank5)
+    if key in cache:
+        return cache[key]
+    bias = match.mask
+    mask_rank = rank(bias)
+    if match.mask_rank5 and mask_rank == 5:
+        if static_dim(bias, 1) != 1 or static_dim(bias, 2) != 1:
+            return "the 5-D mask varies per head; the op takes one bias per sequence [B, 1, S, L]"
+        squeezed = gs.Variable(names("bias"), dtype=bias.dtype,
+                               shape=[bias.shape[0], 1, bias.shape[3], bias.shape[4]])
+        axes = gs.Constant(names("squeeze_axes"), np.array([2], np.int64))
+        graph.nodes.append(gs.Node("Squeeze", name=names("squeeze"), inputs=[bias, axes], outputs=[squeezed]))
+        bias = squeezed
+    elif mask_rank is None or mask_rank > 4 or (mask_rank == 4 and static_dim(bias, 1) != 1):
+        return f"the mask has shape {bias.shape}; the op takes a bias broadcastable to [B, 1, S, L]"
+    if match.query.dtype is not None and bias.dtype is not None and np.dtype(bias.dtype) != np.dtype(match.query.dtype):
+        cast = gs.Variable(names("bias_cast"), dtype=match.query.dtype, shape=bias.shape)
+        to = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(match.query.dtype))
+        graph.nodes.append(gs.Node("Cast", name=names("cast"), attrs={"to": to}, inputs=[bias], outputs=[cast]))
+        bias = cast
+    cache[key] = bias
+    return bias
+
+
+# --- the pass -----------------------------------------------------------------------------------------------
+
+def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> PassReport:
+    """Replace every attention chain; raise FdppError if there is none."""
+    report = PassReport("attention")
+    contract = load_contract(OP)
+    graph.toposort()
+    matches = []
+    for node in graph.nodes:
+        if node.op != "Softmax" or not is_standard(node):
+            continue
+        found = match_attention(graph, node)
+        if isinstance(found, str):
+            report.near_misses.append(f"Softmax '{node.name}' left as is: {found}")
+        else:
+            matches.append(found)
+    if not matches:
+        reasons = "; ".join(report.near_misses[:2]) or "the graph has no Softmax"
+        raise FdppError(f"no attention pattern found ({reasons}); expected MatMul(q, k^T) -> scale -> mask -> "
+                        "Softmax -> MatMul(v) as `fdpp_rewrite export` writes it")
+    if calibration is not None and len(calibration) != len(matches):
+        raise FdppError(f"the calibration has {len(calibration)} layers but the graph has {len(matches)} attention "
+                        "layers; calibrate this model (`python -m fdpp_rewrite calibrate`)")
+
+    names = NameMaker(graph, "fdpp_attention")
+    mode_cache, bias_cache = {}, {}
+    past_len = next((t for t in graph.inputs if t.name == PAST_LEN_INPUT), None)
+    for layer, match in enumerate(matches):
+        settings = calibration[layer] if calibration is not None else DEFAULT_SETTINGS
+        mode = _mask_mode(graph, match.mask, mode_cache, report)
+        fourth = []
+        if mode == "past_len":
+            fourth = [past_len]
+        elif mode == "bias":
+            bias = _bias_input(graph, match, names, bias_cache)
+            if isinstance(bias, str):
+                report.near_misses.append(f"Softmax '{match.softmax.name}' left as is: {bias}")
+                continue
+            fourth = [bias]
+        attrs = contract.validate_attributes(
+            {"scale": match.scale, "phi": settings.phi, "guard_lo": settings.guard_lo, "guard_hi": settings.guard_hi,
+             "mask_mode": mode, "num_heads": match.num_heads, "num_kv_heads": match.num_kv_heads,
+             "head_dim": match.head_dim}, where=f"layer {layer}")
+        _replace(graph, match, attrs, fourth, names)
+        report.replaced[f"{match.layout}/{mode}"] += 1
+    if calibration is None:
+        report.notes.append(f"phi={DEFAULT_PHI}, guard [{DEFAULT_GUARD_LO}, {DEFAULT_GUARD_HI}] (defaults; "
+                            "--calibration sets them per layer)")
+    graph.cleanup().toposort()
+    return report
+
+
+def _replace(graph, match: AttentionMatch, attrs: dict, fourth: list, names: NameMaker) -> None:
+    output = match.output
+    output.inputs.clear()  # disconnects the old chain; cleanup() removes it
+    op_output = output
+    query_dtype = match.query.dtype
+    if query_dtype is not None and output.dtype is not None and np.dtype(query_dtype) != np.dtype(output.dtype):
+        op_output = gs.Variable(names("output"), dtype=query_dtype, shape=output.shape)
+        to = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(output.dtype))
+        graph.nodes.append(gs.Node("Cast", name=names("cast"), attrs={"to": to}, inputs=[op_output], outputs=[output]))
+    graph.nodes.append(gs.Node(OP, name=names("attention"), domain=DOMAIN, attrs=attrs,
+                               inputs=[match.query, match.key, match.value] + fourth, outputs=[op_output]))
+
+
+def remaining_attention(graph: gs.Graph) -> list[str]:
+    """Names of Softmax nodes still forming an attention chain (for the final check)."""
+    return [node.name for node in graph.nodes
+            if node.op == "Softmax" and not isinstance(match_attention(graph, node), str)]
+
+
+def describe(match: AttentionMatch) -> str:
+    return (f"{match.layout}: Hq={match.num_heads} Hkv={match.num_kv_heads} D={match.head_dim} scale={match.scale:.6g}"
+            f" dtype={dtype_name(match.query)}")

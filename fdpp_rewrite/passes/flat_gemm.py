@@ -1,0 +1,156 @@
+"""Pass 3: every MatMul (or Gemm) against a constant 2-D weight -> fdpp::FlatGemm.
+
+    MatMul(x, W [K, N]) (+ Add(bias [N]))  then one of
+        -> Split([I, I]) -> Mul(Mul(g, Sigmoid(g)), u)   epilogue "silu_mul" (from the projection fusion pass)
+        -> Add(residual) of the same shape              epilogue "residual"
+        -> anything else                                epilogue "none"
+    ==> FlatGemm(x, W^T [N, K], bias?, residual?)
+
+The weight is stored transposed ([N, K]: the layout the kernels read, rows = output features). M1/M2 and the
+ImplB tiles come from the profile per (N, K, dtype) (fdpp_rewrite.profiles.resolve_choices).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fdpp_rewrite.contracts import DOMAIN, load_contract
+from fdpp_rewrite.passes.common import (NameMaker, PassReport, constant_dtype, constant_shape, constant_value,
+                                        is_constant, is_standard, sole_consumer, weight_tensor)
+from fdpp_rewrite.passes.projection_fusion import bias_of, silu_mul_of, weight_matmuls
+from fdpp_rewrite.passes.weights import WeightStore
+from fdpp_rewrite.profiles import DEFAULT_PROFILE, resolve_choices
+
+OP = "FlatGemm"
+
+
+class GemmMatch:
+    """One weight matmul and what folds into it."""
+
+    def __init__(self, node: gs.Node, x: gs.Tensor, weight: gs.Tensor, transposed: bool, bias: gs.Tensor | None):
+        self.node, self.x, self.weight = node, x, weight
+        self.transposed = transposed  # weight already stored [N, K] (Gemm with transB=1)
+        self.bias = bias
+        k, n = constant_shape(weight)[::-1] if transposed else constant_shape(weight)
+        self.n, self.k, self.dtype = int(n), int(k), constant_dtype(weight)
+        self.epilogue, self.residual, self.swap_halves = "none", None, False
+        self.output = None  # the tensor the FlatGemm will produce
+
+    @property
+    def shape_key(self):
+        return self.n, self.k, self.dtype
+
+
+def _gemm_as_weight_matmul(node: gs.Node):
+    """A Gemm that is a linear layer: Y = A B (+ C) with constant 2-D B, alpha = beta = 1, transA = 0."""
+    attrs = node.attrs
+    if (node.op != "Gemm" or not is_standard(node) or is_constant(node.inputs[0]) or not weight_tensor(node.inputs[1])
+            or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+        return None
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    n = constant_shape(node.inputs[1])[0 if attrs.get("transB", 0) else 1]
+    if bias is not None and (constant_shape(bias) is None or int(np.prod(constant_shape(bias))) != n):
+        return None  # a C that is not a per-feature bias
+    return GemmMatch(node, node.inputs[0], node.inputs[1], bool(attrs.get("transB", 0)), bias)
+
+
+def weight_gemms(graph: gs.Graph) -> list[gs.Node]:
+    return [node for node in graph.nodes if node.op == "Gemm" and _gemm_as_weight_matmul(node) is not None]
+
+
+def _equal_halves_split(graph: gs.Graph, split: gs.Node, n: int) -> bool:
+    if split.op != "Split" or not is_standard(split) or len(split.outputs) != 2 or n % 2:
+        return False
+    axis = split.attrs.get("axis", 0)
+    data_rank = None if split.inputs[0].shape is None else len(split.inputs[0].shape)
+    if axis != -1 and (data_rank is None or axis != data_rank - 1):
+        return False
+    sizes = constant_value(split.inputs[1]) if len(split.inputs) > 1 else split.attrs.get("split")
+    return sizes is None or [int(s) for s in np.ravel(sizes)] == [n // 2, n // 2]
+
+
+def _find_epilogue(graph: gs.Graph, match: GemmMatch, y: gs.Tensor) -> None:
+    reader = sole_consumer(graph, y)
+    match.output = y
+    if reader is None:
+        return
+    if _equal_halves_split(graph, reader, match.n):
+        first, second = reader.outputs
+        for gate, up, swap in ((first, second, False), (second, first, True)):
+            outer = silu_mul_of(graph, gate, up)
+            if outer is not None:
+                match.epilogue, match.swap_halves, match.output = "silu_mul", swap, outer.outputs[0]
+                return
+        return
+    if reader.op == "Add" and is_standard(reader):
+        other = reader.inputs[1] if reader.inputs[0] is y else reader.inputs[0]
+        same_shape = (other.shape is not None and y.shape is not None and list(other.shape) == list(y.shape)
+                      and all(d is not None for d in y.shape))
+        if not is_constant(other) and other is not y and same_shape and other.dtype == y.dtype:
+            match.epilogue, match.residual, match.output = "residual", other, reader.outputs[0]
+
+
+def find_matches(graph: gs.Graph) -> list[GemmMatch]:
+    matches = []
+    for node in weight_matmuls(graph):
+        add, bias = bias_of(graph, node)
+        match = GemmMatch(node, node.inputs[0], node.inputs[1], False, bias)
+        _find_epilogue(graph, match, add.outputs[0] if add is not None else node.outputs[0])
+        matches.append(match)
+    for node in weight_gemms(graph):
+        match = _gemm_as_weight_matmul(node)
+        _find_epilogue(graph, match, node.outputs[0])
+        matches.append(match)
+    return matches
+
+
+def run(graph: gs.Graph, profile_path=None, default_profile=DEFAULT_PROFILE, store: WeightStore | None = None
+        ) -> PassReport:
+    """Replace every weight matmul; the transposed weights are made by `store` (in memory by default)."""
+    store = store or WeightStore()
+    report = PassReport("flat gemm")
+    contract = load_contract(OP)
+    matches = find_matches(graph)
+    choices, source, warnings = resolve_choices([m.shape_key for m in matches], profile_path, default_profile)
+    report.near_misses.extend(warnings)
+    report.notes.append(f"thresholds from {source}")
+    for n, k, dtype in sorted({m.shape_key for m in matches}):
+        choice = choices[(n, k, dtype)]
+        count = sum(m.shape_key == (n, k, dtype) for m in matches)
+        report.notes.append(f"[N={n}, K={k}] {dtype} x{count}: m1={choice.m1} m2={choice.m2} "
+                            f"ImplB n_tile={choice.implb_n_tile} k_tile={choice.implb_k_tile} "
+                            f"stages={choice.implb_stages} split_k={choice.implb_split_k}")
+    names = NameMaker(graph, "fdpp_gemm")
+    for match in matches:
+        attrs = dict(choices[match.shape_key].attributes(), epilogue=match.epilogue, has_bias=int(match.bias is not None))
+        attrs = contract.validate_attributes(attrs, where=f"[{match.n}, {match.k}] {match.dtype}")
+        _replace(graph, match, attrs, names, store)
+        report.replaced[match.epilogue] += 1
+    graph.cleanup().toposort()
+    return report
+
+
+def _replace(graph: gs.Graph, match: GemmMatch, attrs: dict, names: NameMaker, store: WeightStore) -> None:
+    weight = constant_value(match.weight)
+    weight_nk = np.ascontiguousarray(weight if match.transposed else weight.T)
+    if match.swap_halves:  # the kernel reads gate rows first
+        half = match.n // 2
+        weight_nk = np.ascontiguousarray(np.concatenate([weight_nk[half:], weight_nk[:half]]))
+    inputs = [match.x, store.constant(names("weight"), weight_nk)]
+    del weight, weight_nk  # the store holds it now (on disk when streaming)
+    if match.bias is not None:
+        bias = np.ravel(constant_value(match.bias)).astype(inputs[1].dtype)
+        if match.swap_halves:
+            bias = np.concatenate([bias[match.n // 2:], bias[: match.n // 2]])
+        inputs.append(store.constant(names("bias"), bias))
+    if match.residual is not None:
+        inputs.append(match.residual)
+    output = match.output
+    output.inputs.clear()  # disconnects the MatMul and what folded into it; cleanup() removes them
+    graph.nodes.append(gs.Node(OP, name=names("flat_gemm"), domain=DOMAIN, attrs=attrs, inputs=inputs,
+                               outputs=[output]))
+
+
+def remaining_weight_matmuls(graph: gs.Graph) -> list[str]:
+    return [node.name for node in weight_matmuls(graph) + weight_gemms(graph)]

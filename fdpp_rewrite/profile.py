@@ -1,0 +1,402 @@
+"""`python -m fdpp_rewrite profile <preset> [<preset> ...]`: the offline half of FlashDecoding++'s heuristic
+dataflow (paper section 5, Figure 9b).
+
+For every [N, K] GEMM of the models (fused qkv, o, gate_up / fc1, down / fc2, lm_head) it
+1. picks the ImplB (flat GEMM) tile config: every candidate from the library's list, timed at a few decode
+   batch sizes, best geometric-mean slowdown wins;
+2. sweeps M = 1..16, then powers of two and their midpoints up to 256, timing ImplA (GEMV, M <= 8), ImplB
+   (M <= 64), ImplC through cuBLASLt and through CUTLASS, and cuBLAS through torch as the peer -- each launch
+   alone with L2 flushed, CUDA events, median of repetitions;
+3. chooses ImplC (cuBLASLt or CUTLASS) and the thresholds M1, M2 that minimise the worst slowdown of the
+   dispatched GEMM against the best single implementation over the sweep;
+4. merges the result into engines/profiles/<gpu>.json by (n, k, dtype) and draws one PNG per shape.
+
+Shapes already in the file are kept (and not re-measured) unless --force.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from fdpp_rewrite import REPO_ROOT
+from fdpp_rewrite.errors import FdppError, require_gpu
+
+PROFILE_SCHEMA = "fdpp-profile/1"
+M_GRID = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256]
+SEARCH_MS = (1, 2, 4, 8, 16)  # the decode batch sizes ImplB is for; ImplC takes over at larger M
+IMPLS = ("impla", "implb", "cublaslt", "cutlass")
+IMPLA_MAX_M, IMPLB_MAX_M = 8, 64
+
+
+# ---- pure logic (CPU-tested) --------------------------------------------------------------------------------
+def model_shapes(config) -> list:
+    """[(name, n, k)] of a model's linear layers as the rewriter fuses them (q/k/v into qkv, gate/up into
+    gate_up for SwiGLU), plus the lm_head."""
+    c = config
+    shapes = [("qkv", c.q_dim + 2 * c.kv_dim, c.hidden_size), ("o", c.hidden_size, c.q_dim)]
+    if c.activation == "swiglu":
+        shapes += [("gate_up", 2 * c.intermediate_size, c.hidden_size), ("down", c.hidden_size, c.intermediate_size)]
+    else:
+        shapes += [("fc1", c.intermediate_size, c.hidden_size), ("fc2", c.hidden_size, c.intermediate_size)]
+    shapes.append(("lm_head", c.vocab_size, c.hidden_size))
+    return shapes
+
+
+def _valid(t) -> bool:
+    return t is not None and math.isfinite(t) and t > 0
+
+
+def choose_plan(ms: list, curves: dict) -> dict:
+    """m1, m2 and implc from measured curves ({"impla_us": [...], "implb_us": [...], "cublaslt_us": [...],
+    "cutlass_us": [...]}, None where an implementation cannot run).
+
+    ImplC is whichever library is faster in total above M = 16 (over all M when it has no points there). Then
+    every (m1, m2) with ImplA valid on every M <= m1 and ImplB valid on every M in (m1, m2] is scored by its
+    worst ratio to the best of ImplA/ImplB/ImplC at any M, then by total time; the smallest wins. Returns
+    {"m1", "m2", "implc", "worst_ratio"}."""
+    n = len(ms)
+
+    def series(name):
+        values = curves.get(f"{name}_us") or [None] * n
+        return [t if _valid(t) else None for t in values]
+
+    a, b = series("impla"), series("implb")
+    c_options = {name: series(name) for name in ("cublaslt", "cutlass") if any(_valid(t) for t in series(name))}
+    if not c_options:
+        raise FdppError("no ImplC measurement (neither cuBLASLt nor CUTLASS ran); cannot choose thresholds")
+
+    def total(values, lo):
+        picked = [t for m, t in zip(ms, values) if m > lo]
+        if not picked or any(t is None for t in picked):
+            return math.inf
+        return sum(picked)
+
+    implc = min(c_options, key=lambda name: (total(c_options[name], 16) if any(m > 16 for m in ms)
+                                             else total(c_options[name], 0), name))
+    c = c_options[implc]
+    best = []
+    for i in range(n):
+        options = [t for t in (a[i], b[i], c[i]) if t is not None]
+        best.append(min(options) if options else None)
+
+    m1_options = [0] + [m for i, m in enumerate(ms) if m <= IMPLA_MAX_M and all(a[j] is not None for j in range(i + 1))]
+    winner = None
+    for m1 in m1_options:
+        m2_options = [m1] + [m for i, m in enumerate(ms) if m1 < m <= IMPLB_MAX_M and
+                             all(b[j] is not None for j in range(n) if m1 < ms[j] <= m)]
+        for m2 in m2_options:
+            worst, time_sum = 1.0, 0.0
+            for i, m in enumerate(ms):
+                t = a[i] if m <= m1 else b[i] if m <= m2 else c[i]
+                if t is None or best[i] is None:
+                    worst = math.inf
+                    break
+                worst = max(worst, t / best[i])
+                time_sum += t
+            key = (round(worst, 3), time_sum, m1, m2)
+            if winner is None or key < winner[0]:
+                winner = (key, m1, m2)
+    if winner is None or not math.isfinite(winner[0][0]):
+        raise FdppError("the measured curves leave some M without a working implementation")
+    return {"m1": winner[1], "m2": winner[2], "implc": implc, "worst_ratio": winner[0][0]}
+
+
+def merge_profile(existing: dict | None, header: dict, entries: list, force: bool) -> tuple:
+    """The profile file's new content: existing shapes kept unless re-measured with force, new ones appended,
+    sorted by (n, k, dtype). Returns (data, replaced_keys). Refuses an existing file of another GPU."""
+    shapes = {}
+    if existing is not None:
+        if existing.get("schema") != PROFILE_SCHEMA:
+            raise FdppError(f"the existing profile is not {PROFILE_SCHEMA}; move it away or pass another --out")
+        if existing.get("gpu") and existing["gpu"] != header["gpu"]:
+            raise FdppError(f"the existing profile was measured on {existing['gpu']}, this GPU is {header['gpu']}; "
+                            "pass --out engines/profiles/<this gpu>.json")
+        for entry in existing.get("shapes", []):
+            shapes[(int(entry["n"]), int(entry["k"]), entry["dtype"])] = entry
+    replaced = []
+    for entry in entries:
+        key = (int(entry["n"]), int(entry["k"]), entry["dtype"])
+        if key in shapes:
+            if not force:
+                continue
+            replaced.append(key)
+        shapes[key] = entry
+    presets = sorted(set((existing or {}).get("presets", [])) | set(header["presets"]))
+    data = dict(header, presets=presets, shapes=[shapes[key] for key in sorted(shapes)])
+    return data, replaced
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200'; 'NVIDIA GeForce RTX 4090' -> 'geforce-rtx-4090'."""
+    slug = name.lower().replace("nvidia", "").strip()
+    return "-".join(part for part in slug.replace("_", " ").split() if part) or "gpu"
+
+
+# ---- measurement ----------------------------------------------------------------------------------------------
+class ShapeBench:
+    """Tensors for one [N, K] and launch closures for each implementation (shared with scripts/bench_gemm.py)."""
+
+    def __init__(self, n: int, k: int, dtype: str, max_m: int, copies: int = 1):
+        import torch
+
+        from fdpp_rewrite.gpu import gemm
+
+        self.torch, self.gemm = torch, gemm
+        self.n, self.k, self.dtype = n, k, dtype
+        tdtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        scale = 1.0 / math.sqrt(k)
+        self.ws = [torch.randn(n, k, device="cuda", dtype=tdtype, generator=gen).mul_(scale) for _ in range(copies)]
+        self.x = torch.randn(max_m, k, device="cuda", dtype=tdtype, generator=gen)
+        self.y = torch.empty(max_m, n, device="cuda", dtype=tdtype)
+        nbytes = gemm.workspace_bytes(max_m, n, dtype)
+        self.workspace = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        self.lib = gemm.library()
+
+    def _stream(self) -> int:
+        return self.torch.cuda.current_stream().cuda_stream
+
+    def launcher(self, impl: str, m: int, config: dict = None, pad_m: int = 8, copy: int = 0, plan: dict = None):
+        """A no-argument function launching impl ('impla', 'implb', 'cublaslt', 'cutlass', 'auto' with plan,
+        'cublas' = torch) for the first m rows. Raises FdppError on its first call if the implementation rejects
+        the problem."""
+        import ctypes
+
+        torch, gemm, lib = self.torch, self.gemm, self.lib
+        x, w, y = self.x[:m], self.ws[copy], self.y[:m]
+        if impl == "cublas":
+            return lambda: torch.nn.functional.linear(x, w)
+        args = gemm.make_args(x, w, out=y)
+        ws_ptr, ws_bytes = self.workspace.data_ptr(), self.workspace.numel()
+        from fdpp_rewrite.gpu import lib as base
+
+        if impl == "auto":
+            plan_c = gemm.Plan.from_dict(plan)
+
+            def run_auto():
+                status = lib.fdpp_gemm_run(ctypes.byref(args), ctypes.byref(plan_c), ws_ptr, ws_bytes, self._stream())
+                if status:
+                    base.check(status, "dispatched GEMM")
+            return run_auto
+        cfg = ctypes.byref(gemm.ImplBConfig.from_dict(config)) if config is not None else None
+        impl_id = gemm.IMPLS[impl]
+        gemm.cublaslt_available()  # locate libcublasLt before the first ImplC call
+
+        def run_one():
+            status = lib.fdpp_gemm_run_impl(ctypes.byref(args), impl_id, cfg, pad_m, 0, ws_ptr, ws_bytes, self._stream())
+            if status:
+                base.check(status, f"GEMM {impl}")
+        return run_one
+
+
+def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS) -> tuple:
+    """(best config, [(config, {m: us})] of every candidate) by geometric-mean slowdown over search_ms."""
+    from fdpp_rewrite.gpu import gemm
+    from fdpp_rewrite.gpu.gemm_timing import safe_time
+
+    candidates = gemm.implb_candidates(bench.n, bench.k, 1, device["num_sms"], device["max_smem"], device["cc_major"])
+    if not candidates:
+        raise FdppError(f"no valid ImplB config for [{bench.n}, {bench.k}]")
+    results = []
+    for config in candidates:
+        times = {}
+        for m in search_ms:
+            times[m] = safe_time(lambda: timer.flushed_us(bench.launcher("implb", m, config)))
+        results.append((config, times))
+    best_by_m = {m: min((t[m] for _, t in results if _valid(t[m])), default=None) for m in search_ms}
+
+    def score(times):
+        logs = [math.log(times[m] / best_by_m[m]) if _valid(times[m]) else math.inf for m in search_ms
+                if best_by_m[m]]
+        return math.exp(sum(logs) / len(logs)) if logs else math.inf
+
+    results.sort(key=lambda item: score(item[1]))
+    return results[0][0], [(cfg, times, score(times)) for cfg, times in results]
+
+
+def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, progress=None) -> dict:
+    """One profile entry (schema in TEAM.md / engines/profiles) with the raw curves."""
+    from fdpp_rewrite.gpu.gemm_timing import safe_time
+
+    bench = ShapeBench(n, k, dtype, max(ms))
+    config, search = search_implb(bench, timer, device)
+    curves = {"m": list(ms)}
+    for name in IMPLS + ("cublas",):
+        curves[f"{name}_us"] = []
+    for m in ms:
+        for name in IMPLS + ("cublas",):
+            if (name == "impla" and m > IMPLA_MAX_M) or (name == "implb" and m > IMPLB_MAX_M):
+                t = None
+            else:
+                t = safe_time(lambda: timer.flushed_us(bench.launcher(name, m, config if name == "implb" else None)))
+            curves[f"{name}_us"].append(None if t is None else round(t, 3))
+        if progress is not None:
+            progress.update(1)
+    plan = choose_plan(ms, curves)
+    dispatched = []
+    for i, m in enumerate(ms):
+        impl = "impla" if m <= plan["m1"] else "implb" if m <= plan["m2"] else plan["implc"]
+        dispatched.append(curves[f"{impl}_us"][i])
+    curves["dispatched_us"] = dispatched
+    return {
+        "n": n, "k": k, "dtype": dtype, "m1": plan["m1"], "m2": plan["m2"], "implb": config,
+        "implc": plan["implc"], "worst_ratio_vs_best_impl": plan["worst_ratio"],
+        "implb_search": {"m": list(SEARCH_MS),
+                         "top": [{"config": c, "us": [t[m] for m in SEARCH_MS], "score": round(s, 4)}
+                                 for c, t, s in search[:8]],
+                         "candidates": len(search)},
+        "curves": curves,
+    }
+
+
+def plot_entry(entry: dict, path: Path, title: str) -> None:
+    """Figure 9b of the paper for one shape: time per implementation against M, with M1 and M2 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves, ms = entry["curves"], entry["curves"]["m"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    styles = {"impla": ("ImplA GEMV (CUDA cores)", "-o"), "implb": ("ImplB flat GEMM (pad 8)", "-s"),
+              "cublaslt": ("ImplC cuBLASLt", "-^"), "cutlass": ("ImplC CUTLASS 64x128", "-v"),
+              "cublas": ("cuBLAS (torch, peer)", "--")}
+    for name, (label, style) in styles.items():
+        pts = [(m, t) for m, t in zip(ms, curves.get(f"{name}_us", [])) if _valid(t)]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, markersize=3, linewidth=1.2)
+    for value, name in ((entry["m1"], "M1"), (entry["m2"], "M2")):
+        if value > 0:
+            ax.axvline(value, color="gray", linestyle=":", linewidth=1)
+            ax.text(value, ax.get_ylim()[1], f" {name}={value}", va="top", fontsize=8, color="dimgray")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (rows of X: batch x tokens)")
+    ax.set_ylabel("time per GEMM (us, L2 flushed)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- command ----------------------------------------------------------------------------------------------------
+def add_arguments(parser) -> None:
+    parser.add_argument("presets", nargs="+", metavar="preset", help="model presets whose GEMM shapes to profile")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="profile file to create or merge into (default engines/profiles/<gpu>.json)")
+    parser.add_argument("--plots", type=Path, default=None,
+                        help="folder for one PNG per shape (default engines/profiles/plots/<gpu>)")
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--reps", type=int, default=20, help="timed launches per point (median)")
+    parser.add_argument("--force", action="store_true",
+                        help="re-measure shapes already in the profile and overwrite their plots")
+
+
+def _device_facts(torch) -> dict:
+    from fdpp_rewrite.gpu import gemm
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    info = gemm.device_info()
+    return dict(info, name=props.name, cc=f"{info['cc_major']}.{info['cc_minor']}")
+
+
+def _command_line() -> str:
+    entry = "python -m fdpp_rewrite.profile" if sys.argv[0].endswith("profile.py") else "python -m fdpp_rewrite"
+    return entry + " " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def run(args) -> int:
+    require_gpu("profiling GEMMs")
+    import torch
+    from tqdm import tqdm
+
+    from fdpp_rewrite.gpu import gemm
+    from fdpp_rewrite.gpu.gemm_timing import Timer
+    from fdpp_rewrite.models import get_config
+
+    configs = {name: get_config(name) for name in args.presets}  # FdppError for an unknown preset
+    if args.reps < 3:
+        raise FdppError("--reps must be at least 3")
+    device = _device_facts(torch)
+    slug = gpu_slug(device["name"])
+    out = args.out or REPO_ROOT / "engines" / "profiles" / f"{slug}.json"
+    plots = args.plots or REPO_ROOT / "engines" / "profiles" / "plots" / slug
+    existing = None
+    if out.exists():
+        try:
+            existing = json.loads(out.read_text())
+        except json.JSONDecodeError as exc:
+            raise FdppError(f"{out} is not valid JSON ({exc}); fix or move it, then re-run") from exc
+    if not gemm.cublaslt_available() and not gemm.cutlass_available():
+        raise FdppError("neither cuBLASLt nor the CUTLASS ImplC is available; install torch's nvidia-cublas or "
+                        "build with the nvidia-cutlass headers")
+
+    # Unique shapes, named by the layers that use them.
+    shapes = {}
+    for preset, config in configs.items():
+        for layer, n, k in model_shapes(config):
+            shapes.setdefault((n, k, args.dtype), []).append(f"{preset}:{layer}")
+    known = {(int(e["n"]), int(e["k"]), e["dtype"]) for e in (existing or {}).get("shapes", [])}
+    todo = [key for key in sorted(shapes) if args.force or key not in known]
+    for key in sorted(shapes):
+        if key not in todo:
+            print(f"[{key[0]}, {key[1]}] {key[2]} is already in {out}; keeping it (--force re-measures)")
+    clobber = [plots / f"{n}x{k}_{dtype}.png" for n, k, dtype in todo if (plots / f"{n}x{k}_{dtype}.png").exists()]
+    if clobber and not args.force:
+        raise FdppError(f"{clobber[0]} exists (and {len(clobber) - 1} more); pass --force to overwrite the plots")
+
+    timer = Timer(reps=args.reps)
+    entries = []
+    with tqdm(total=len(todo) * len(M_GRID), desc="profile", unit="M") as progress:
+        for n, k, dtype in todo:
+            progress.set_postfix_str(f"[{n}, {k}]")
+            entry = profile_shape(n, k, dtype, timer, device, progress=progress)
+            entry["used_by"] = shapes[(n, k, dtype)]
+            entries.append(entry)
+            plot_entry(entry, plots / f"{n}x{k}_{dtype}.png",
+                       f"{device['name']}: [N={n}, K={k}] {dtype} ({', '.join(entry['used_by'])})\n"
+                       f"M1={entry['m1']}, M2={entry['m2']}, ImplC={entry['implc']}")
+            torch.cuda.empty_cache()
+
+    header = {"schema": PROFILE_SCHEMA, "gpu": device["name"], "compute_capability": device["cc"],
+              "num_sms": device["num_sms"], "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "command": _command_line(),
+              "presets": sorted(configs),
+              "method": "CUDA events around each launch, L2 flushed before it by reading 4x the L2, median of "
+                        f"{args.reps}; ImplB config by geometric-mean slowdown over M in {list(SEARCH_MS)}"}
+    data, replaced = merge_profile(existing, header, entries, args.force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, out)
+
+    print(f"\nwrote {out} ({len(data['shapes'])} shapes; {len(entries)} measured, {len(replaced)} replaced), "
+          f"plots in {plots}")
+    print(f"{'shape':>16} {'m1':>3} {'m2':>3} {'implc':>8}  ImplB config            worst/best  used by")
+    for e in entries:
+        b = e["implb"]
+        cfg = f"n{b['n_tile']} k{b['k_tile']} s{b['stages']} x{b['split_k']}"
+        print(f"{'[' + str(e['n']) + ', ' + str(e['k']) + ']':>16} {e['m1']:>3} {e['m2']:>3} {e['implc']:>8}  "
+              f"{cfg:<22} {e['worst_ratio_vs_best_impl']:>9.3f}  {', '.join(e['used_by'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    # `python -m fdpp_rewrite.profile ...` works without importing the other commands' modules.
+    import argparse
+
+    _parser = argparse.ArgumentParser(prog="python -m fdpp_rewrite.profile", description=__doc__.split("\n")[0])
+    add_arguments(_parser)
+    try:
+        sys.exit(run(_parser.parse_args()))
+    except FdppError as _exc:
+        print(f"error: {_exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,350 @@
+"""CPU reference of the fdpp plugin ops (numpy, float32 math) and a way to run a rewritten graph with them.
+
+The semantics are the contracts' (plugins/<Op>Plugin/contract.json); the GPU kernels are tested against these
+functions. `make_reference_session(path_or_model)` runs a rewritten ONNX model in onnxruntime: the fdpp nodes of
+an in-memory copy become onnxruntime-extensions Python ops (domain ai.onnx.contrib), with float16/bfloat16
+tensors cast to float32 around them. The file on disk keeps its fdpp nodes untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fdpp_rewrite.contracts import DOMAIN, load_contract, register_onnx_schemas, validate_node
+from fdpp_rewrite.errors import FdppError
+
+DEFAULT_KEY_TILE = 64  # keys per tile in the reference; the kernels pick their own, the result is the same
+
+
+# --- diagnostics ---------------------------------------------------------------------------------------------
+
+@dataclass
+class OpCounters:
+    """What the reference ops did since the last reset(): attention rows and how many took the fallback,
+    and how many FlatGemm calls each Impl would have served."""
+
+    attention_rows: int = 0
+    fallback_rows: int = 0
+    gemm_impls: Counter = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        self.attention_rows = 0
+        self.fallback_rows = 0
+        self.gemm_impls.clear()
+
+
+COUNTERS = OpCounters()
+
+
+# --- AsyncSoftmaxAttention -----------------------------------------------------------------------------------
+
+def visible_keys(mask_mode: str, mask_input, batch: int, seq: int, kv_len: int, threshold: float):
+    """Boolean [B, 1, S, L] of the keys each query may see, and the additive bias [B, 1, S, L] (or None)."""
+    if mask_mode == "none":
+        return np.ones((batch, 1, seq, kv_len), dtype=bool), None
+    if mask_mode == "past_len":
+        past_len = np.asarray(mask_input, dtype=np.int64).reshape(batch)
+        last_visible = past_len[:, None] + np.arange(seq)[None, :]              # [B, S]
+        visible = np.arange(kv_len)[None, None, :] <= last_visible[:, :, None]  # [B, S, L]
+        return visible[:, None], None
+    if mask_mode == "bias":
+        bias = np.asarray(mask_input, dtype=np.float32)
+        try:
+            bias = np.broadcast_to(bias, (batch, 1, seq, kv_len))
+        except ValueError as exc:
+            raise FdppError(f"AsyncSoftmaxAttention: bias of shape {bias.shape} does not broadcast to "
+                            f"[{batch}, 1, {seq}, {kv_len}]") from exc
+        return bias > threshold, bias
+    raise FdppError(f"AsyncSoftmaxAttention: unknown mask_mode {mask_mode!r} (expected past_len, bias or none)")
+
+
+def _unified_max(scores, visible, v, phi: float, tile: int):
+    """Each key tile accumulates sum(e^(s - phi) v) and sum(e^(s - phi)); tiles add their partials at the end."""
+    rows, kv_len = scores.shape
+    exps = np.where(visible, np.exp(np.where(visible, scores - phi, 0.0)), 0.0).astype(np.float32)
+    num = np.zeros((rows, v.shape[-1]), np.float32)
+    den = np.zeros(rows, np.float32)
+    for start in range(0, kv_len, tile):
+        part = exps[:, start:start + tile]
+        num += np.einsum("rj,rjd->rd", part, v[:, start:start + tile])
+        den += part.sum(axis=1)
+    return num, den
+
+
+def _online_max(scores, visible, v, tile: int):
+    """The synchronized softmax: a running max, and earlier partials rescaled whenever it grows."""
+    rows, kv_len = scores.shape
+    running_max = np.full(rows, -np.inf, np.float32)
+    num = np.zeros((rows, v.shape[-1]), np.float32)
+    den = np.zeros(rows, np.float32)
+    for start in range(0, kv_len, tile):
+        part_scores = np.where(visible[:, start:start + tile], scores[:, start:start + tile], -np.inf)
+        new_max = np.maximum(running_max, part_scores.max(axis=1))
+        seen = np.isfinite(new_max)  # rows with at least one visible key so far
+        safe_new = np.where(seen, new_max, 0.0)
+        rescale = np.where(np.isfinite(running_max), np.exp(np.where(seen, running_max - safe_new, 0.0)), 0.0)
+        exps = np.where(np.isfinite(part_scores), np.exp(part_scores - safe_new[:, None]), 0.0).astype(np.float32)
+        num = num * rescale[:, None] + np.einsum("rj,rjd->rd", exps, v[:, start:start + tile])
+        den = den * rescale + exps.sum(axis=1)
+        running_max = new_max
+    return num, den
+
+
+def async_softmax_attention(query, key, value, mask_input=None, *, scale: float, phi: float, guard_lo: float,
+                            guard_hi: float, mask_mode: str, num_heads: int | None = None,
+                            num_kv_heads: int | None = None, head_dim: int | None = None,
+                            tile: int = DEFAULT_KEY_TILE, counters: OpCounters = COUNTERS) -> np.ndarray:
+    """fdpp::AsyncSoftmaxAttention. query [B, Hq, S, D], key/value [B, Hkv, L, D]; returns [B, Hq, S, D] in
+    query's dtype. num_heads / num_kv_heads / head_dim, when given, are checked against the shapes."""
+    batch, heads, seq, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    for name, given, actual in (("num_heads", num_heads, heads), ("num_kv_heads", num_kv_heads, kv_heads),
+                                ("head_dim", head_dim, dim)):
+        if given is not None and given != actual:
+            raise FdppError(f"AsyncSoftmaxAttention: attribute {name}={given} but the inputs have {actual}")
+    if heads % kv_heads or key.shape != value.shape or key.shape[0] != batch or key.shape[3] != dim:
+        raise FdppError(f"AsyncSoftmaxAttention: shapes query {query.shape}, key {key.shape}, value {value.shape} "
+                        "do not fit [B, Hq, S, D] / [B, Hkv, L, D] with Hq a multiple of Hkv")
+    threshold = load_contract("AsyncSoftmaxAttention").raw["bias_mask_threshold"]
+    visible, bias = visible_keys(mask_mode, mask_input, batch, seq, kv_len, threshold)
+
+    kv_of_head = np.arange(heads) // (heads // kv_heads)
+    q = query.astype(np.float32)
+    k = key.astype(np.float32)[:, kv_of_head]    # [B, Hq, L, D]
+    v = value.astype(np.float32)[:, kv_of_head]
+    scores = np.float32(scale) * np.matmul(q, np.swapaxes(k, -1, -2))  # [B, Hq, S, L]
+    if bias is not None:
+        scores = np.where(visible, scores + bias, -np.inf).astype(np.float32)
+    visible = np.broadcast_to(visible, scores.shape)
+
+    rows = batch * heads * seq
+    scores, visible = scores.reshape(rows, kv_len), visible.reshape(rows, kv_len)
+    v_rows = np.repeat(v, seq, axis=1).reshape(rows, kv_len, dim)  # row (b, h, i) reads v[b, h]
+    shifted = np.where(visible, scores - np.float32(phi), 0.0)
+    flagged = (visible & ((shifted < guard_lo) | (shifted > guard_hi))).any(axis=1)
+
+    num, den = _unified_max(scores, visible & ~flagged[:, None], v_rows, phi, tile)
+    if flagged.any():
+        num[flagged], den[flagged] = _online_max(scores[flagged], visible[flagged], v_rows[flagged], tile)
+    out = np.divide(num, den[:, None], out=np.zeros_like(num), where=den[:, None] > 0)
+    counters.attention_rows += rows
+    counters.fallback_rows += int(flagged.sum())
+    return out.reshape(batch, heads, seq, dim).astype(query.dtype)
+
+
+# --- FlatGemm ------------------------------------------------------------------------------------------------
+
+def select_impl(m: int, m1: int, m2: int) -> str:
+    """Which implementation serves a FlatGemm call with M rows: the dispatch rule of the contract.
+
+    ImplA (CUDA-core GEMV) when M <= m1, ImplB (flat GEMM) when m1 < M <= m2, ImplC (tensor-core GEMM) above.
+    Worked examples with m1 = 1, m2 = 16: M = 1 -> ImplA; M = 2 -> ImplB; M = 16 -> ImplB; M = 17 -> ImplC.
+    With m1 = 0 ImplA is never used (M >= 1); with m1 = m2 ImplB is never used.
+    """
+    if m < 1:
+        raise FdppError(f"FlatGemm: M must be at least 1, got {m}")
+    if m <= m1:
+        return "ImplA"
+    if m <= m2:
+        return "ImplB"
+    return "ImplC"
+
+
+def flat_gemm(x, weight, bias=None, residual=None, *, epilogue: str = "none", m1: int | None = None,
+              m2: int | None = None, counters: OpCounters = COUNTERS, **_config) -> np.ndarray:
+    """fdpp::FlatGemm. x [..., K], weight [N, K]; returns [..., N] (or [..., N/2] for silu_mul) in x's dtype.
+    m1/m2 only record which Impl the rule picks (every Impl computes the same math); the ImplB config in
+    **_config changes nothing here."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise FdppError(f"FlatGemm: x has K={x.shape[-1]} but the weight is [{n}, {k}]")
+    lead = x.shape[:-1]
+    m = int(np.prod(lead, dtype=np.int64))
+    if m1 is not None and m2 is not None and m > 0:
+        counters.gemm_impls[select_impl(m, m1, m2)] += 1
+    y = x.reshape(m, k).astype(np.float32) @ weight.astype(np.float32).T
+    if bias is not None:
+        y = y + bias.astype(np.float32)
+    if epilogue == "silu_mul":
+        if n % 2:
+            raise FdppError(f"FlatGemm: epilogue silu_mul needs an even N, the weight is [{n}, {k}]")
+        gate, up = y[:, : n // 2], y[:, n // 2:]
+        with np.errstate(over="ignore"):  # exp(-g) -> inf for very negative g gives silu = -0, as it should
+            y = gate / (np.float32(1.0) + np.exp(-gate)) * up
+    elif epilogue == "residual":
+        if residual is None:
+            raise FdppError("FlatGemm: epilogue residual needs the residual input")
+        y = y + residual.astype(np.float32).reshape(m, n)
+    elif epilogue != "none":
+        raise FdppError(f"FlatGemm: unknown epilogue {epilogue!r} (expected none, silu_mul or residual)")
+    return y.reshape(*lead, y.shape[-1]).astype(x.dtype)
+
+
+# --- running a rewritten graph in onnxruntime ----------------------------------------------------------------
+
+CONTRIB_DOMAIN = "ai.onnx.contrib"
+# (fdpp op, variant key) -> contrib op type; a variant is which optional inputs are present
+_ATTENTION_VARIANTS = {"past_len": "FdppAttentionPastLen", "bias": "FdppAttentionBias", "none": "FdppAttentionNoMask"}
+_GEMM_VARIANTS = {(False, False): "FdppFlatGemm", (True, False): "FdppFlatGemmBias",
+                  (False, True): "FdppFlatGemmResidual", (True, True): "FdppFlatGemmBiasResidual"}
+_registered = False
+
+
+def _register_python_ops() -> None:
+    """Declare the contrib ops once per process (onnxruntime-extensions keeps them in a global table)."""
+    global _registered
+    if _registered:
+        return
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    attr_codes = {"float": PyCustomOpDef.dt_float, "int": PyCustomOpDef.dt_int64, "string": PyCustomOpDef.dt_string}
+    f32, i64 = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int64
+
+    attention = load_contract("AsyncSoftmaxAttention")
+    attention_attrs = {name: attr_codes[spec["type"]] for name, spec in attention.attributes.items()}
+    fourth_input = {"past_len": [i64], "bias": [f32], "none": []}
+    for mode, op_type in _ATTENTION_VARIANTS.items():
+        def run_attention(query, key, value, *mask, **attrs):
+            return async_softmax_attention(query, key, value, *(mask or (None,)), **attrs)
+
+        onnx_op(op_type=op_type, inputs=[f32, f32, f32] + fourth_input[mode], outputs=[f32],
+                attrs=attention_attrs)(run_attention)
+
+    gemm = load_contract("FlatGemm")
+    gemm_attrs = {name: attr_codes[spec["type"]] for name, spec in gemm.attributes.items()}
+    for (has_bias, has_residual), op_type in _GEMM_VARIANTS.items():
+        def run_gemm(x, weight, *extra, _has_bias=has_bias, _has_residual=has_residual, **attrs):
+            bias = extra[0] if _has_bias else None
+            residual = extra[-1] if _has_residual else None
+            return flat_gemm(x, weight, bias, residual, **{k: v for k, v in attrs.items() if k != "has_bias"})
+
+        onnx_op(op_type=op_type, inputs=[f32] * (2 + has_bias + has_residual), outputs=[f32],
+                attrs=gemm_attrs)(run_gemm)
+    _registered = True
+
+
+def _tensor_types(model) -> dict:
+    """name -> onnx elem type of every tensor: onnx shape inference on a skeleton of the model whose large
+    initializers are declared as inputs (types and dims only), so the weights are never copied."""
+    import onnx
+
+    register_onnx_schemas()
+    skeleton = onnx.ModelProto(ir_version=model.ir_version)
+    skeleton.opset_import.extend(model.opset_import)
+    graph = skeleton.graph
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims, dtype=np.int64)) <= 64 and not init.external_data:
+            graph.initializer.append(init)  # small constants (shapes, axes) help inference along
+        else:
+            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    inferred = onnx.shape_inference.infer_shapes(skeleton)
+    types = {}
+    for info in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        if info.type.tensor_type.elem_type:
+            types[info.name] = info.type.tensor_type.elem_type
+    for init in model.graph.initializer:
+        types[init.name] = init.data_type
+    return types
+
+
+def to_reference_model(model, in_place: bool = False):
+    """A copy of a rewritten model (or the model itself with in_place=True) whose fdpp nodes are contrib
+    Python ops with float32 inputs and outputs."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    types = _tensor_types(model)
+    if in_place:
+        cpu = model
+    else:
+        cpu = onnx.ModelProto()
+        cpu.CopyFrom(model)
+    new_nodes = []
+    for node in cpu.graph.node:
+        if node.domain != DOMAIN:
+            new_nodes.append(node)
+            continue
+        attrs = validate_node(node)
+        if node.op_type == "AsyncSoftmaxAttention":
+            op_type = _ATTENTION_VARIANTS[attrs["mask_mode"]]
+        else:
+            op_type = _GEMM_VARIANTS[(bool(attrs["has_bias"]), attrs["epilogue"] == "residual")]
+        inputs, casts = [], {}
+        for name in node.input:
+            elem = types.get(name)
+            if elem in (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE):
+                if name not in casts:  # a tensor read twice by one node is cast once
+                    casts[name] = f"{name}__fdpp_f32_{node.name}"
+                    new_nodes.append(helper.make_node("Cast", [name], [casts[name]], to=TensorProto.FLOAT,
+                                                      name=f"{node.name}__cast_in_{len(casts)}"))
+                inputs.append(casts[name])
+            elif elem is None:
+                raise FdppError(f"cannot tell the dtype of '{name}' (input of {node.op_type} node '{node.name}'); "
+                                "is the model valid ONNX?")
+            else:
+                inputs.append(name)
+        out_type = types[node.input[0]]
+        output = node.output[0] if out_type == TensorProto.FLOAT else f"{node.output[0]}__fdpp_f32"
+        new_nodes.append(helper.make_node(op_type, inputs, [output], name=node.name, domain=CONTRIB_DOMAIN, **attrs))
+        if output != node.output[0]:
+            new_nodes.append(helper.make_node("Cast", [output], [node.output[0]], to=out_type,
+                                              name=f"{node.name}__cast_out"))
+    del cpu.graph.node[:]
+    cpu.graph.node.extend(new_nodes)
+    imports = [op for op in cpu.opset_import if op.domain != DOMAIN]
+    del cpu.opset_import[:]
+    cpu.opset_import.extend(imports + [helper.make_opsetid(CONTRIB_DOMAIN, 1)])
+    return cpu
+
+
+class ReferenceSession:
+    """onnxruntime over the CPU copy of a rewritten model: `.run(output_names, feeds)` like InferenceSession,
+    `.counters` says how many attention rows took the fallback and which FlatGemm Impl each call would use."""
+
+    def __init__(self, model, counters: OpCounters = COUNTERS, owns_model: bool = False):
+        import onnxruntime as ort
+        from onnxruntime_extensions import get_library_path
+
+        _register_python_ops()
+        cpu = to_reference_model(model, in_place=owns_model)
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(get_library_path())
+        options.log_severity_level = 3
+        self.counters = counters
+        if cpu.ByteSize() < (1 << 31) - (1 << 26):
+            self._session = ort.InferenceSession(cpu.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        else:  # protobuf cannot hold it: write the copy with external data to a temporary folder
+            import onnx
+
+            with tempfile.TemporaryDirectory(prefix="fdpp_ref_") as folder:
+                path = os.path.join(folder, "model.onnx")
+                onnx.save_model(cpu, path, save_as_external_data=True, location="model.onnx.data")
+                self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    def run(self, output_names, feeds):
+        return self._session.run(output_names, feeds)
+
+    def get_inputs(self):
+        return self._session.get_inputs()
+
+    def get_outputs(self):
+        return self._session.get_outputs()
+
+
+def make_reference_session(path_or_model) -> ReferenceSession:
+    """A session that runs a rewritten model (a path or an onnx.ModelProto) with the CPU reference ops."""
+    import onnx
+
+    if isinstance(path_or_model, (str, os.PathLike)):
+        if not os.path.isfile(path_or_model):
+            raise FdppError(f"no ONNX file at {path_or_model}; pass the rewritten model (*.fdpp.onnx)")
+        return ReferenceSession(onnx.load(os.fspath(path_or_model)), owns_model=True)
+    return ReferenceSession(path_or_model)

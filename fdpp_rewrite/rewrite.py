@@ -1,0 +1,183 @@
+"""`python -m fdpp_rewrite rewrite model.onnx [-o model.fdpp.onnx] [--profile P] [--calibration C] [--force]`
+
+Swaps every attention chain for fdpp::AsyncSoftmaxAttention and every weight matmul for fdpp::FlatGemm:
+sanitize -> attention -> projection fusion -> flat gemm -> sanitize -> check that nothing was missed ->
+write (external data beside the model when the input had it or the model is big) with the profile and the
+calibration used stamped into the model's metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from fdpp_rewrite import __version__
+from fdpp_rewrite.contracts import DOMAIN, OP_NAMES, load_contract, register_onnx_schemas, validate_node
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.passes import attention, common, flat_gemm, projection_fusion
+from fdpp_rewrite.passes.weights import WeightStore, attach_external_data
+
+EXTERNAL_DATA_THRESHOLD = 1 << 30  # weights above 1 GiB go to a .data file even if the input had none
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="the exported model (model.onnx, standard ops)")
+    parser.add_argument("-o", "--output", help="where to write (default: <name>.fdpp.onnx beside the input)")
+    parser.add_argument("--profile", help="GEMM profile (engines/profiles/<gpu>.json); every [N, K] of the model "
+                                          "must be in it. Default: engines/profiles/h200.json if it covers the "
+                                          "model, else the unprofiled default (with a warning)")
+    parser.add_argument("--calibration", help="per-layer phi and guards from `fdpp_rewrite calibrate` "
+                                              "(default: phi=0, guard [-60, 10])")
+    parser.add_argument("--force", action="store_true", help="overwrite the output if it exists")
+
+
+@dataclass
+class RewriteResult:
+    model: onnx.ModelProto
+    reports: list = field(default_factory=list)
+    profile: str = ""
+    calibration: str = ""
+
+    def counts(self) -> dict:
+        return {report.name: report.total for report in self.reports}
+
+
+def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream=None, default_profile=None,
+                  store: WeightStore | None = None, weights_dir: str | None = None) -> RewriteResult:
+    """Rewrite a model whose weights are loaded, or whose external data lives in `weights_dir` (read a tensor at
+    a time). New weights go through `store` (in memory by default). Prints each pass's report to `stream`."""
+    stream = stream or sys.stdout
+    register_onnx_schemas()
+    if any(node.domain == DOMAIN for node in model.graph.node):
+        raise FdppError("this model already has fdpp nodes (it is a rewrite); pass the exported model instead")
+    settings = attention.load_calibration(calibration) if calibration else None
+    store = store or WeightStore()
+    graph = gs.import_onnx(model)
+    if weights_dir is not None:
+        attach_external_data(graph, weights_dir)
+    common.sanitize(graph)
+    reports = [attention.run(graph, settings), projection_fusion.run(graph)]
+    gemm_args = {} if default_profile is None else {"default_profile": default_profile}
+    reports.append(flat_gemm.run(graph, profile, store=store, **gemm_args))
+    common.sanitize(graph)
+    for report in reports:
+        report.print(stream)
+
+    left_attention = attention.remaining_attention(graph)
+    left_matmuls = flat_gemm.remaining_weight_matmuls(graph)
+    if left_attention or left_matmuls:
+        raise FdppError(f"rewrite incomplete: {len(left_attention)} attention softmax chain(s) "
+                        f"{left_attention[:3]} and {len(left_matmuls)} weight matmul(s) {left_matmuls[:3]} were not "
+                        "replaced (see the warnings above); this model's structure is not supported yet")
+
+    rewritten = gs.export_onnx(graph, do_type_check=False)
+    _set_opsets(rewritten, model)
+    for node in rewritten.graph.node:
+        if node.domain == DOMAIN:
+            validate_node(node)
+    profile_label = str(profile) if profile else _gemm_source(reports[-1])
+    calibration_label = str(calibration) if calibration else (
+        f"default phi={attention.DEFAULT_PHI} guard [{attention.DEFAULT_GUARD_LO}, {attention.DEFAULT_GUARD_HI}]")
+    _stamp(rewritten, model, profile_label, calibration_label, reports)
+    return RewriteResult(rewritten, reports, profile_label, calibration_label)
+
+
+def _gemm_source(report) -> str:
+    note = next((n for n in report.notes if n.startswith("thresholds from ")), "")
+    return note[len("thresholds from "):]
+
+
+def _set_opsets(rewritten: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    imports = {op.domain: op.version for op in original.opset_import}
+    imports[DOMAIN] = max(load_contract(op).version for op in OP_NAMES)
+    del rewritten.opset_import[:]
+    rewritten.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in imports.items())
+    rewritten.ir_version = max(original.ir_version, 8)
+
+
+def _stamp(rewritten, original, profile_label, calibration_label, reports) -> None:
+    rewritten.producer_name = "fdpp_rewrite"
+    rewritten.producer_version = __version__
+    props = {p.key: p.value for p in original.metadata_props}
+    props.update({
+        "fdpp.rewrite.source_producer": f"{original.producer_name} {original.producer_version}".strip(),
+        "fdpp.rewrite.profile": profile_label,
+        "fdpp.rewrite.calibration": calibration_label,
+        "fdpp.rewrite.replaced": json.dumps({r.name: dict(r.replaced) for r in reports}, sort_keys=True),
+    })
+    del rewritten.metadata_props[:]
+    for key, value in props.items():
+        entry = rewritten.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+def default_output(path: Path) -> Path:
+    name = path.name[:-len(".onnx")] if path.name.endswith(".onnx") else path.name
+    return path.with_name(f"{name}.fdpp.onnx")
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
+
+
+def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+    for entry in tensor.external_data:
+        if entry.key == "length":
+            return int(entry.value)
+    return len(tensor.raw_data) or tensor.ByteSize()
+
+
+def load_structure(path: Path) -> onnx.ModelProto:
+    """The model without its external weight data (the passes read weights one at a time)."""
+    if not path.is_file():
+        raise FdppError(f"no ONNX file at {path}; export one with `python -m fdpp_rewrite export <preset>`")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf/IO errors of many kinds: all mean "not a usable model"
+        raise FdppError(f"cannot read {path} as an ONNX model ({type(exc).__name__}: {exc}); check the file") from exc
+
+
+def rewrite_file(model_path, output=None, profile=None, calibration=None, force=False, stream=None) -> Path:
+    """The command as a function: read, rewrite, write; returns the output path.
+
+    Writes external data (<output>.data, tensors 4096-byte aligned) when the input has external data or more
+    than 1 GiB of weights; the passes then stream the weights they make straight into that file."""
+    stream = stream or sys.stdout
+    model_path = Path(model_path)
+    output = Path(output) if output else default_output(model_path)
+    data = output.with_name(output.name + ".data")
+    if not force and (output.exists() or data.exists()):
+        existing = output if output.exists() else data
+        raise FdppError(f"{existing} already exists; pass --force to overwrite it or -o to write elsewhere")
+    if output.resolve() == model_path.resolve():
+        raise FdppError(f"the output {output} is the input; pass -o with another path")
+    model = load_structure(model_path)
+    weight_bytes = sum(_tensor_bytes(init) for init in model.graph.initializer)
+    external = _uses_external_data(model) or weight_bytes > EXTERNAL_DATA_THRESHOLD
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if data.exists():
+        data.unlink()  # --force: a stale data file must not survive next to the new model
+    store = WeightStore(data if external else None)
+    try:
+        result = rewrite_model(model, profile=profile, calibration=calibration, stream=stream, store=store,
+                               weights_dir=str(model_path.parent))
+        if external:
+            store.adopt(result.model, str(model_path.parent))
+        store.close()
+        onnx.save_model(result.model, str(output))
+    except BaseException:
+        store.discard()
+        raise
+    where = f" + {data.name}" if external else ""
+    print(f"wrote {output}{where} (profile: {result.profile}; calibration: {result.calibration})", file=stream)
+    return output
+
+
+def run(args) -> int:
+    rewrite_file(args.model, args.output, args.profile, args.calibration, args.force)
+    return 0

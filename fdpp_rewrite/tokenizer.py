@@ -1,0 +1,122 @@
+"""A small tokenizer wrapper over the `tokenizers` package: encode, decode, bos/eos ids and the chat template.
+
+Built from a GGUF file's vocabulary (byte-level BPE, tokenizer.ggml.model "gpt2"), from a Hugging Face
+directory's tokenizer.json, or from the files the exporter writes beside a model (model.tokenizer.json plus
+the fields in model.fdpp.json)."""
+
+import json
+from pathlib import Path
+
+from fdpp_rewrite.errors import FdppError
+
+# GGUF token types (llama.cpp's llama_token_type): 3 = control, 4 = user defined. Both must match verbatim.
+_SPECIAL_TOKEN_TYPES = (3, 4)
+
+
+class Tokenizer:
+    def __init__(self, backend, bos_id: int | None, eos_id: int | None, chat_template: str | None = None,
+                 add_bos: bool = False):
+        self.backend = backend  # a tokenizers.Tokenizer
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.chat_template = chat_template
+        self.add_bos = add_bos
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text for a conversation, rendered with the model's own Jinja chat template."""
+        if not self.chat_template:
+            raise FdppError("this tokenizer has no chat template; drop --chat or use a chat model's tokenizer")
+        import jinja2
+
+        environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        try:
+            template = environment.from_string(self.chat_template)
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   bos_token=self._token_text(self.bos_id), eos_token=self._token_text(self.eos_id))
+        except jinja2.TemplateError as exc:
+            raise FdppError(f"cannot render the chat template: {exc}") from None
+
+    def _token_text(self, token_id):
+        return "" if token_id is None else (self.backend.id_to_token(token_id) or "")
+
+    # -- construction --------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict):
+        """From GGUF metadata (key -> value). None when the vocabulary is not byte-level BPE."""
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as Backend
+
+        if fields.get("tokenizer.ggml.model") != "gpt2":
+            return None
+        tokens = fields["tokenizer.ggml.tokens"]
+        merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges", [])]
+        backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                                     ignore_merges=False))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if fields.get("tokenizer.ggml.pre") == "smollm":
+            # SmolLM splits every digit on its own before the GPT-2 regex
+            backend.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), byte_level])
+        else:
+            backend.pre_tokenizer = byte_level
+        backend.decoder = decoders.ByteLevel()
+        types = fields.get("tokenizer.ggml.token_type") or []
+        special = [tokens[i] for i, t in enumerate(types) if t in _SPECIAL_TOKEN_TYPES]
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+        return cls(backend, fields.get("tokenizer.ggml.bos_token_id"), fields.get("tokenizer.ggml.eos_token_id"),
+                   fields.get("tokenizer.chat_template"), bool(fields.get("tokenizer.ggml.add_bos_token", False)))
+
+    @classmethod
+    def from_hf_dir(cls, directory: Path, config: dict):
+        """From a checkpoint's tokenizer.json (None when it has none)."""
+        from tokenizers import Tokenizer as Backend
+
+        path = Path(directory) / "tokenizer.json"
+        if not path.is_file():
+            return None
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception for malformed files
+            raise FdppError(f"cannot read {path}: {exc}") from None
+        extra = {}
+        tokenizer_config = Path(directory) / "tokenizer_config.json"
+        if tokenizer_config.is_file():
+            extra = json.loads(tokenizer_config.read_text())
+        eos = config.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        template = extra.get("chat_template")
+        return cls(backend, config.get("bos_token_id"), eos, template if isinstance(template, str) else None,
+                   bool(extra.get("add_bos_token", False)))
+
+    # -- the files beside an exported model -----------------------------------------------------------------
+
+    def save(self, path: Path) -> dict:
+        """Write the vocabulary to `path` (tokenizer.json format); return the fields to keep in the metadata."""
+        self.backend.save(str(path))
+        return {"file": Path(path).name, "bos_id": self.bos_id, "eos_id": self.eos_id,
+                "chat_template": self.chat_template, "add_bos": self.add_bos}
+
+    @classmethod
+    def load(cls, directory: Path, fields: dict):
+        from tokenizers import Tokenizer as Backend
+
+        path = Path(directory) / fields["file"]
+        if not path.is_file():
+            raise FdppError(f"tokenizer file {path} is missing; re-export the model or pass --tokenizer")
+        return cls(Backend.from_file(str(path)), fields.get("bos_id"), fields.get("eos_id"),
+                   fields.get("chat_template"), bool(fields.get("add_bos", False)))

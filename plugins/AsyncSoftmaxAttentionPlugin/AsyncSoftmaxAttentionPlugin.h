@@ -1,0 +1,98 @@
+// TensorRT IPluginV3 adapter of fdpp::AsyncSoftmaxAttention (contract: plugins/AsyncSoftmaxAttentionPlugin/
+// contract.json; kernels: plugins/kernels/attention_params.h).
+//
+// Inputs: query [B, Hq, S, D], key and value [B, Hkv, L, D] (the caches, in place), then by mask_mode:
+// "past_len" past_len [B] int64, "bias" an additive bias broadcastable to [B, 1, S, L], "none" nothing.
+// Output: [B, Hq, S, D]. float16 or bfloat16, linear layout. Attributes: scale, phi, guard_lo, guard_hi,
+// mask_mode, num_heads, num_kv_heads, head_dim. enqueue() picks decode (split-KV) or prefill by S, never measures.
+#pragma once
+
+#include <NvInferRuntime.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/attention_params.h"
+
+namespace fdpp {
+
+struct AttentionAttributes {
+  float scale = 0.f, phi = 0.f, guard_lo = -60.f, guard_hi = 10.f;
+  std::string mask_mode = "past_len";
+  int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+
+  // Reads a field collection (any order; unknown fields rejected); throws std::invalid_argument naming the field.
+  static AttentionAttributes parse(const nvinfer1::PluginFieldCollection* fc);
+  int32_t num_inputs() const { return mask_mode == "none" ? 3 : 4; }
+  MaskMode mode() const;
+};
+
+class AsyncSoftmaxAttentionPlugin : public nvinfer1::IPluginV3,
+                                    public nvinfer1::IPluginV3OneCore,
+                                    public nvinfer1::IPluginV3OneBuild,
+                                    public nvinfer1::IPluginV3OneRuntime {
+ public:
+  explicit AsyncSoftmaxAttentionPlugin(AttentionAttributes attributes);
+  ~AsyncSoftmaxAttentionPlugin() override = default;
+
+  // IPluginV3
+  nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
+  nvinfer1::IPluginV3* clone() noexcept override;
+
+  // IPluginV3OneCore
+  const char* getPluginName() const noexcept override;
+  const char* getPluginVersion() const noexcept override;
+  const char* getPluginNamespace() const noexcept override;
+
+  // IPluginV3OneBuild
+  int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
+                          const nvinfer1::DynamicPluginTensorDesc* out, int32_t nbOutputs) noexcept override;
+  int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs, const nvinfer1::DataType* inputTypes,
+                             int32_t nbInputs) const noexcept override;
+  int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs, const nvinfer1::DimsExprs* shapeInputs,
+                          int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
+                          nvinfer1::IExprBuilder& exprBuilder) noexcept override;
+  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut, int32_t nbInputs,
+                                 int32_t nbOutputs) noexcept override;
+  int32_t getNbOutputs() const noexcept override;
+  size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
+                          const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nbOutputs) const noexcept override;
+
+  // IPluginV3OneRuntime
+  int32_t onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs, const nvinfer1::PluginTensorDesc* out,
+                        int32_t nbOutputs) noexcept override;
+  int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
+                  const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
+  nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
+  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
+
+ private:
+  // The kernel parameters for these tensor shapes (pointers left null); false with a logged reason if unusable.
+  bool make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, nvinfer1::DataType type, AttentionParams* p) const;
+
+  AttentionAttributes attrs_;
+  std::vector<nvinfer1::PluginField> fields_;  // backing storage of getFieldsToSerialize()'s collection
+  std::vector<float> floats_;
+  std::vector<int32_t> ints_;
+  nvinfer1::PluginFieldCollection collection_{};
+};
+
+class AsyncSoftmaxAttentionPluginCreator : public nvinfer1::IPluginCreatorV3One {
+ public:
+  AsyncSoftmaxAttentionPluginCreator();
+  nvinfer1::IPluginV3* createPlugin(const char* name, const nvinfer1::PluginFieldCollection* fc,
+                                    nvinfer1::TensorRTPhase phase) noexcept override;
+  const nvinfer1::PluginFieldCollection* getFieldNames() noexcept override;
+  const char* getPluginName() const noexcept override;
+  const char* getPluginVersion() const noexcept override;
+  const char* getPluginNamespace() const noexcept override;
+
+ private:
+  std::vector<nvinfer1::PluginField> fields_;
+  nvinfer1::PluginFieldCollection collection_{};
+};
+
+// The creator getCreators() lists (plugins/FlatGemmPlugin/pluginRegistry.cpp); static storage, never freed.
+nvinfer1::IPluginCreatorInterface* attentionPluginCreator();
+
+}  // namespace fdpp

@@ -1,0 +1,92 @@
+// C ABI of fdpp::AsyncSoftmaxAttention (FlashDecoding++'s asynchronized softmax with a unified max) and its
+// companion RoPE + KV-cache append. Conventions: plugins/capi/fdpp_capi.h. Semantics and attributes:
+// plugins/AsyncSoftmaxAttentionPlugin/contract.json; kernels: plugins/kernels/attention_params.h.
+#pragma once
+
+#include "capi/fdpp_capi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Bump when fdpp_attention_args or fdpp_rope_append_args change (checked against sizeof by the Python side).
+#define FDPP_ATTENTION_ABI 1
+
+typedef enum fdpp_mask_mode { FDPP_MASK_PAST_LEN = 0, FDPP_MASK_BIAS = 1, FDPP_MASK_NONE = 2 } fdpp_mask_mode;
+typedef enum fdpp_softmax_mode { FDPP_SOFTMAX_UNIFIED = 0, FDPP_SOFTMAX_SYNCHRONIZED = 1 } fdpp_softmax_mode;
+typedef enum fdpp_attention_kernel {
+  FDPP_ATTN_AUTO = 0,     // decode (split-KV) for seq <= 8, prefill otherwise; rowwise for float32
+  FDPP_ATTN_DECODE = 1,   // force the split-KV decode kernel (float16/bfloat16)
+  FDPP_ATTN_PREFILL = 2,  // force the tensor-core prefill kernel (float16/bfloat16)
+  FDPP_ATTN_ROWWISE = 3   // force the float32 row-per-CTA online-softmax kernel (exact; slow)
+} fdpp_attention_kernel;
+
+// query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size), output [B, Hq, S, D];
+// strides in elements (the last dimension contiguous). Device pointers 16-byte aligned, strides multiples of
+// 16 bytes. head_dim 64 or 128; dtype float16, bfloat16 (or float32: the rowwise kernel).
+typedef struct fdpp_attention_args {
+  int32_t dtype;         // fdpp_dtype
+  int32_t batch, num_heads, num_kv_heads, seq, head_dim;
+  int32_t kv_capacity;   // L
+  int32_t max_kv_len;    // host bound on every sequence's kv length, <= kv_capacity (0: kv_capacity)
+  int32_t mask_mode;     // fdpp_mask_mode
+  int32_t softmax_mode;  // fdpp_softmax_mode
+  int32_t kernel;        // fdpp_attention_kernel
+  int32_t num_splits;    // decode: 0 = the heuristic (fdpp_attention_decode_splits)
+  float scale, phi, guard_lo, guard_hi;
+  const void* query;  int64_t q_stride_b, q_stride_h, q_stride_s;
+  const void* key;    int64_t k_stride_b, k_stride_h, k_stride_s;
+  const void* value;  int64_t v_stride_b, v_stride_h, v_stride_s;
+  void* output;       int64_t o_stride_b, o_stride_h, o_stride_s;
+  const int64_t* past_len;  // [B] int64, mask_mode past_len: key j visible to query i iff j <= past_len[b] + i
+  const void* bias;   int64_t bias_stride_b, bias_stride_s, bias_stride_l;  // mask_mode bias; 0 = broadcast
+  unsigned long long* counters;  // device [2]: fallback rows, clamped rows (accumulated); NULL: the library's own
+} fdpp_attention_args;
+
+// sizeof(fdpp_attention_args) and sizeof(fdpp_rope_append_args), for bindings to check their mirror structs.
+FDPP_API int fdpp_attention_args_size(void);
+FDPP_API int fdpp_rope_append_args_size(void);
+
+// Workspace the call needs (0 for prefill and rowwise). Call before CUDA-graph capture: it reads the device's SM
+// count and occupancy once.
+FDPP_API fdpp_status fdpp_attention_workspace_bytes(const fdpp_attention_args* args, size_t* bytes);
+
+// out = attention(args) on `stream` (a cudaStream_t; NULL = the legacy default stream). Never synchronizes.
+FDPP_API fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, void* workspace, size_t workspace_bytes,
+                                            void* stream);
+
+// The kernel AUTO picks for these args (an fdpp_attention_kernel value), and the decode split count on the current
+// device (>= 1), for diagnostics and benchmarks.
+FDPP_API fdpp_status fdpp_attention_plan(const fdpp_attention_args* args, int32_t* kernel, int32_t* num_splits);
+
+// The pure host split heuristic (attention_heuristics.h): units = batch x kv heads x row blocks, tiles = key tiles
+// of the longest sequence, slots = resident CTAs on the GPU.
+FDPP_API int fdpp_attention_decode_splits(int units, int tiles, int slots);
+
+// The library's own counters on the current device (used when args->counters is NULL): copies them to the host
+// (a synchronizing copy: diagnostics only, never inside a launch path) and zeroes them when reset != 0.
+FDPP_API fdpp_status fdpp_attention_read_counters(unsigned long long* host_fallback_rows,
+                                                  unsigned long long* host_clamped_rows, int reset);
+
+// RoPE on q (in place when q_out == q_in) and on the new k, then k and v written into the caches at positions
+// past_len[b] + s. q [B, Hq, S, D], k_new/v_new [B, Hkv, S, D], caches [B, Hkv, kv_capacity, D]. Tokens whose
+// position falls outside the cache are not written and are counted in counters[1].
+typedef struct fdpp_rope_append_args {
+  int32_t dtype;
+  int32_t batch, num_heads, num_kv_heads, seq, head_dim, kv_capacity;
+  int32_t rope_interleaved;  // 0: rotate halves (pairs i, i + D/2; Llama/NeoX); 1: adjacent pairs (2i, 2i+1; GPT-J)
+  float rope_theta;
+  const void* q_in;   void* q_out;   int64_t q_stride_b, q_stride_h, q_stride_s;
+  const void* k_new;  int64_t kn_stride_b, kn_stride_h, kn_stride_s;
+  const void* v_new;  int64_t vn_stride_b, vn_stride_h, vn_stride_s;
+  void* k_cache;      int64_t kc_stride_b, kc_stride_h, kc_stride_s;
+  void* v_cache;      int64_t vc_stride_b, vc_stride_h, vc_stride_s;
+  const int64_t* past_len;
+  unsigned long long* counters;
+} fdpp_rope_append_args;
+
+FDPP_API fdpp_status fdpp_rope_append(const fdpp_rope_append_args* args, void* stream);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif

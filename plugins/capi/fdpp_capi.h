@@ -1,0 +1,38 @@
+// The C ABI of libfdpp_plugins.so: what the Python side (ctypes) and other hosts call.
+//
+// Conventions every fdpp_* function keeps:
+//  - returns fdpp_status; FDPP_OK is 0. On failure, fdpp_last_error() returns a one-line message for this thread.
+//  - never throws, never synchronizes, allocates or copies from host memory inside a launch: launches are
+//    CUDA-graph capturable. Workspace, where needed, is sized by a *_workspace_bytes() query and passed in.
+//  - pointers are device pointers unless the name says host_; strides are in elements.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FDPP_API __attribute__((visibility("default")))
+
+typedef enum fdpp_status {
+  FDPP_OK = 0,
+  FDPP_ERR_INVALID_ARGUMENT = 1,  // a shape, pointer alignment or attribute the caller can fix
+  FDPP_ERR_UNSUPPORTED = 2,       // a valid request this build does not implement (dtype, head_dim, arch)
+  FDPP_ERR_CUDA = 3,              // a CUDA runtime error (the message carries cudaGetErrorString)
+  FDPP_ERR_INTERNAL = 4           // a bug: please report
+} fdpp_status;
+
+// Element types, shared by every op.
+typedef enum fdpp_dtype { FDPP_FLOAT16 = 0, FDPP_BFLOAT16 = 1, FDPP_FLOAT32 = 2 } fdpp_dtype;
+
+FDPP_API int fdpp_abi_version(void);         // bumped on any change to a signature in this folder
+FDPP_API const char* fdpp_last_error(void);  // message of the last failure on the calling thread ("" if none)
+
+// The trivial kernel that proves build -> C ABI -> Python end to end: y[i] = a * x[i] + y[i] in float32.
+FDPP_API fdpp_status fdpp_axpy_f32(float a, const float* x, float* y, int64_t n, void* stream);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif

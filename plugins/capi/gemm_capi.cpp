@@ -1,0 +1,233 @@
+// C ABI of the flat GEMM: validates, translates to fdpp::gemm types, calls the launchers.
+#include "capi/gemm_capi.h"
+
+#include <string>
+
+#include "capi/capi_errors.h"
+#include "kernels/gemm.h"
+
+namespace {
+
+namespace g = fdpp::gemm;
+
+g::ImplBConfig to_config(const fdpp_gemm_implb_config& c) { return g::ImplBConfig{c.n_tile, c.k_tile, c.stages, c.split_k}; }
+
+fdpp_gemm_implb_config from_config(const g::ImplBConfig& c) {
+  return fdpp_gemm_implb_config{c.n_tile, c.k_tile, c.stages, c.split_k};
+}
+
+g::Plan to_plan(const fdpp_gemm_plan& p) { return g::Plan{p.m1, p.m2, to_config(p.implb), p.implc}; }
+
+fdpp_status invalid(const char* fn, const std::string& why) {
+  return fdpp::set_error(FDPP_ERR_INVALID_ARGUMENT, std::string(fn) + ": " + why);
+}
+
+// Args -> Problem, or an error status with the message set.
+fdpp_status to_problem(const char* fn, const fdpp_gemm_args* args, g::Problem* out) {
+  if (args == nullptr) return invalid(fn, "args is NULL");
+  if (args->dtype == FDPP_FLOAT32)
+    return fdpp::set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": float32 GEMM is not implemented; use float16 or bfloat16");
+  g::Problem p;
+  p.x = args->x;
+  p.w = args->w;
+  p.bias = args->bias;
+  p.residual = args->residual;
+  p.y = args->y;
+  p.m = args->m;
+  p.n = args->n;
+  p.k = args->k;
+  p.dtype = static_cast<g::Dtype>(args->dtype);
+  p.epilogue = static_cast<g::Epilogue>(args->epilogue);
+  if (const char* why = g::problem_problem(p)) return invalid(fn, why);
+  *out = p;
+  return FDPP_OK;
+}
+
+// A launcher's cudaError_t -> status; "not supported" and argument errors carry the launcher's detail message.
+fdpp_status from_launch(const char* fn, cudaError_t err) {
+  if (err == cudaSuccess) return FDPP_OK;
+  const std::string detail = g::last_detail();
+  g::set_detail("");
+  if (err == cudaErrorNotSupported) return fdpp::set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": " + detail);
+  if (err == cudaErrorInvalidValue && !detail.empty()) return invalid(fn, detail);
+  std::string msg = std::string(fn) + ": " + cudaGetErrorString(err);
+  if (!detail.empty()) msg += " (" + detail + ")";
+  return fdpp::set_error(FDPP_ERR_CUDA, msg);
+}
+
+fdpp_status device_facts(int32_t* num_sms, int32_t* cc_major) {
+  if (*num_sms > 0 && *cc_major > 0) return FDPP_OK;
+  g::DeviceInfo dev;
+  cudaError_t err = g::current_device_info(&dev);
+  if (err != cudaSuccess) return fdpp::from_cuda(err, "device query (pass num_sms and cc_major to skip it)");
+  if (*num_sms <= 0) *num_sms = dev.num_sms;
+  if (*cc_major <= 0) *cc_major = dev.cc_major;
+  return FDPP_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+fdpp_status fdpp_gemm_default_plan(int64_t n, int64_t k, int32_t epilogue, int32_t num_sms, int32_t cc_major,
+                                   fdpp_gemm_plan* out) {
+  return fdpp::guarded("fdpp_gemm_default_plan", [&] {
+    if (out == nullptr) return invalid("fdpp_gemm_default_plan", "out is NULL");
+    if (n < 1 || k < 1) return invalid("fdpp_gemm_default_plan", "N and K must be >= 1");
+    fdpp_status s = device_facts(&num_sms, &cc_major);
+    if (s != FDPP_OK) return s;
+    const g::Plan p = g::default_plan(n, k, epilogue == FDPP_GEMM_EPILOGUE_SILU_MUL, num_sms, cc_major);
+    *out = fdpp_gemm_plan{p.m1, p.m2, from_config(p.implb), p.implc};
+    return FDPP_OK;
+  });
+}
+
+fdpp_status fdpp_gemm_select(int64_t m, const fdpp_gemm_plan* plan, int32_t* impl_out) {
+  return fdpp::guarded("fdpp_gemm_select", [&] {
+    if (plan == nullptr || impl_out == nullptr) return invalid("fdpp_gemm_select", "plan and impl_out must not be NULL");
+    if (m < 1) return invalid("fdpp_gemm_select", "M must be >= 1");
+    const g::Plan p = to_plan(*plan);
+    if (const char* why = g::plan_problem(p)) return invalid("fdpp_gemm_select", why);
+    *impl_out = static_cast<int32_t>(g::select_impl(m, p));
+    return FDPP_OK;
+  });
+}
+
+fdpp_status fdpp_gemm_check_implb_config(const fdpp_gemm_implb_config* config, int64_t m, int64_t k, int64_t max_smem,
+                                         int32_t cc_major) {
+  return fdpp::guarded("fdpp_gemm_check_implb_config", [&] {
+    if (config == nullptr) return invalid("fdpp_gemm_check_implb_config", "config is NULL");
+    if (m < 1 || m > g::kImplBMaxM) return invalid("fdpp_gemm_check_implb_config", "ImplB handles 1 <= M <= 64");
+    const char* why = g::implb_config_problem(to_config(*config), k, g::implb_batch_blocks(m, 8), max_smem, cc_major);
+    return why ? invalid("fdpp_gemm_check_implb_config", why) : FDPP_OK;
+  });
+}
+
+fdpp_status fdpp_gemm_implb_candidates(int64_t n, int64_t k, int32_t epilogue, int64_t m, int32_t num_sms,
+                                       int64_t max_smem, int32_t cc_major, fdpp_gemm_implb_config* out, int32_t cap,
+                                       int32_t* count) {
+  return fdpp::guarded("fdpp_gemm_implb_candidates", [&] {
+    if (count == nullptr || (cap > 0 && out == nullptr))
+      return invalid("fdpp_gemm_implb_candidates", "out (when cap > 0) and count must not be NULL");
+    if (m < 1 || m > g::kImplBMaxM) return invalid("fdpp_gemm_implb_candidates", "ImplB handles 1 <= M <= 64");
+    if (num_sms < 1 || max_smem < 1 || cc_major < 1)
+      return invalid("fdpp_gemm_implb_candidates", "num_sms, max_smem and cc_major must be positive");
+    constexpr int kMax = 512;
+    g::ImplBConfig tmp[kMax];
+    const int total = g::implb_candidates(n, k, epilogue == FDPP_GEMM_EPILOGUE_SILU_MUL, g::implb_batch_blocks(m, 8),
+                                          num_sms, max_smem, cc_major, tmp, kMax);
+    for (int i = 0; i < total && i < cap && i < kMax; ++i) out[i] = from_config(tmp[i]);
+    *count = total;
+    return FDPP_OK;
+  });
+}
+
+fdpp_status fdpp_gemm_workspace_bytes(int64_t max_m, int64_t n, int32_t epilogue, int32_t dtype,
+                                      const fdpp_gemm_plan* plan, size_t* bytes) {
+  return fdpp::guarded("fdpp_gemm_workspace_bytes", [&] {
+    if (bytes == nullptr) return invalid("fdpp_gemm_workspace_bytes", "bytes is NULL");
+    if (max_m < 1 || n < 1) return invalid("fdpp_gemm_workspace_bytes", "max_m and N must be >= 1");
+    const auto ep = static_cast<g::Epilogue>(epilogue);
+    const auto dt = static_cast<g::Dtype>(dtype);
+    if (plan == nullptr) {
+      *bytes = g::implc_workspace_bytes(max_m, n, ep, dt);
+    } else {
+      const g::Plan p = to_plan(*plan);
+      if (const char* why = g::plan_problem(p)) return invalid("fdpp_gemm_workspace_bytes", why);
+      *bytes = g::workspace_bytes(max_m, n, ep, dt, p);
+    }
+    return FDPP_OK;
+  });
+}
+
+fdpp_status fdpp_gemm_run(const fdpp_gemm_args* args, const fdpp_gemm_plan* plan, void* workspace,
+                          size_t workspace_bytes, void* stream) {
+  return fdpp::guarded("fdpp_gemm_run", [&] {
+    g::Problem p;
+    fdpp_status s = to_problem("fdpp_gemm_run", args, &p);
+    if (s != FDPP_OK) return s;
+    if (plan == nullptr) return invalid("fdpp_gemm_run", "plan is NULL (fdpp_gemm_default_plan makes one)");
+    const g::Plan pl = to_plan(*plan);
+    if (const char* why = g::plan_problem(pl)) return invalid("fdpp_gemm_run", why);
+    const g::Impl impl = g::select_impl(p.m, pl);
+    if ((impl == g::Impl::kCublasLt || impl == g::Impl::kCutlass) &&
+        workspace_bytes < g::implc_workspace_bytes(p.m, p.n, p.epilogue, p.dtype))
+      return invalid("fdpp_gemm_run", "workspace is smaller than fdpp_gemm_workspace_bytes(max_m >= M) asked for");
+    return from_launch("fdpp_gemm_run", g::run_gemm(p, pl, impl, nullptr, 8, workspace, workspace_bytes,
+                                                    static_cast<cudaStream_t>(stream)));
+  });
+}
+
+fdpp_status fdpp_gemm_run_impl(const fdpp_gemm_args* args, int32_t impl, const fdpp_gemm_implb_config* implb_config,
+                               int32_t pad_m, int32_t impla_split_k, void* workspace, size_t workspace_bytes,
+                               void* stream) {
+  return fdpp::guarded("fdpp_gemm_run_impl", [&] {
+    const char* fn = "fdpp_gemm_run_impl";
+    g::Problem p;
+    fdpp_status s = to_problem(fn, args, &p);
+    if (s != FDPP_OK) return s;
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    switch (impl) {
+      case FDPP_GEMM_IMPLA:
+        if (impla_split_k < 0 || impla_split_k > g::kMaxSplitK) return invalid(fn, "impla_split_k must be in 0..8");
+        return from_launch(fn, g::launch_impla(p, impla_split_k, st));
+      case FDPP_GEMM_IMPLB: {
+        g::ImplBConfig config;
+        if (implb_config) {
+          config = to_config(*implb_config);
+        } else {
+          g::DeviceInfo dev;
+          cudaError_t err = g::current_device_info(&dev);
+          if (err != cudaSuccess) return fdpp::from_cuda(err, fn);
+          config = g::default_implb_config(p.n, p.k, p.silu_mul(), dev.num_sms, dev.cc_major);
+        }
+        return from_launch(fn, g::launch_implb(p, config, pad_m > 0 ? pad_m : 8, st));
+      }
+      case FDPP_GEMM_IMPLC_CUBLASLT:
+        return from_launch(fn, g::launch_implc_cublaslt(p, workspace, workspace_bytes, st));
+      case FDPP_GEMM_IMPLC_CUTLASS:
+        return from_launch(fn, g::launch_implc_cutlass(p, workspace, workspace_bytes, st));
+      default:
+        return invalid(fn, "impl must be 1 (ImplA), 2 (ImplB), 3 (cuBLASLt) or 4 (CUTLASS)");
+    }
+  });
+}
+
+fdpp_status fdpp_gemm_prepare(const fdpp_gemm_args* args, const fdpp_gemm_plan* plan) {
+  return fdpp::guarded("fdpp_gemm_prepare", [&] {
+    g::Problem p;
+    fdpp_status s = to_problem("fdpp_gemm_prepare", args, &p);
+    if (s != FDPP_OK) return s;
+    if (plan != nullptr) {
+      const g::Plan pl = to_plan(*plan);
+      if (const char* why = g::plan_problem(pl)) return invalid("fdpp_gemm_prepare", why);
+      if (g::select_impl(p.m, pl) != g::Impl::kCublasLt) return FDPP_OK;
+    }
+    return from_launch("fdpp_gemm_prepare", g::prepare_implc_cublaslt(p));
+  });
+}
+
+fdpp_status fdpp_gemm_device_info(int32_t* num_sms, int32_t* cc_major, int32_t* cc_minor, int64_t* max_smem_optin) {
+  return fdpp::guarded("fdpp_gemm_device_info", [&] {
+    g::DeviceInfo dev;
+    cudaError_t err = g::current_device_info(&dev);
+    if (err != cudaSuccess) return fdpp::from_cuda(err, "fdpp_gemm_device_info");
+    if (num_sms) *num_sms = dev.num_sms;
+    if (cc_major) *cc_major = dev.cc_major;
+    if (cc_minor) *cc_minor = dev.cc_minor;
+    if (max_smem_optin) *max_smem_optin = dev.max_smem_optin;
+    return FDPP_OK;
+  });
+}
+
+int32_t fdpp_gemm_cublaslt_available(void) {
+  try {
+    return fdpp::gemm::cublaslt_available() ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+int32_t fdpp_gemm_cutlass_available(void) { return fdpp::gemm::cutlass_available() ? 1 : 0; }
+
+}  // extern "C"

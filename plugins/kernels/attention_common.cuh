@@ -1,0 +1,80 @@
+// What every attention kernel reads: the launch arguments in kernel form (log2 units, workspace pointers) and the
+// per-sequence key range rules. Built on the host by make_args() (attention_launch.cu) from AttentionParams.
+#pragma once
+
+#include <stdint.h>
+
+#include "kernels/attention_mma.cuh"
+#include "kernels/attention_params.h"
+
+namespace fdpp {
+namespace attn {
+
+struct AttnArgs {
+  int batch, num_heads, num_kv_heads, group, seq, head_dim, kv_capacity;
+  MaskMode mask_mode;
+  // Scores are handled as x = s * log2(e) so that e^(s - phi) = 2^(x - phi * log2(e)).
+  float scale_log2;   // scale * log2(e)
+  float phi_log2;     // phi * log2(e)
+  float lo_log2;      // effective guard window for s - phi, log2 units (the kernel's numeric window applied)
+  float hi_log2;
+  float max_floor_log2;  // a row whose largest s - phi is below this falls back (-inf: no such rule)
+
+  const void* q;  int64_t q_sb, q_sh, q_ss;
+  const void* k;  int64_t k_sb, k_sh, k_ss;
+  const void* v;  int64_t v_sb, v_sh, v_ss;
+  void* out;      int64_t o_sb, o_sh, o_ss;
+  const int64_t* past_len;
+  const void* bias; int64_t bias_sb, bias_ss, bias_sl;
+
+  // decode split-KV
+  int num_splits, row_blocks;
+  float* ws_acc;       // [rows][splits][head_dim] partial sums of p * v
+  float* ws_l;         // [rows][splits] partial sums of p
+  uint32_t* ws_stat;   // [rows][splits] guard flag bits (unified) or the running max as float bits (synchronized)
+
+  unsigned long long* counters;  // [0] fallback rows, [1] rows whose kv length was clamped to the cache
+};
+
+// Keys of sequence b: past_len[b] + seq in mode past_len (clamped to the cache), the whole cache otherwise.
+__device__ __forceinline__ int kv_len_of(const AttnArgs& a, int b, bool* clamped = nullptr) {
+  if (a.mask_mode != MaskMode::kPastLen) return a.kv_capacity;
+  const long long past = a.past_len[b];
+  long long len = past + a.seq;
+  bool bad = past < 0 || len > a.kv_capacity;
+  if (len > a.kv_capacity) len = a.kv_capacity;
+  if (len < 0) len = 0;
+  if (clamped) *clamped = bad;
+  return static_cast<int>(len);
+}
+
+// One past the last key query token s of sequence b may see (keys [0, limit)).
+__device__ __forceinline__ int visible_end(const AttnArgs& a, int b, int s, int kv_len) {
+  if (a.mask_mode != MaskMode::kPastLen) return kv_len;
+  const long long end = a.past_len[b] + s + 1;
+  return end < kv_len ? (end < 0 ? 0 : static_cast<int>(end)) : kv_len;
+}
+
+// The decode split of a sequence: chunks of whole tiles, so that only the sequence's last tile is partial.
+struct SplitRange {
+  int begin, end, chunk;
+};
+__device__ __forceinline__ SplitRange split_range(int kv_len, int num_splits, int tile, int split) {
+  const int per_split = (kv_len + num_splits - 1) / num_splits;
+  const int chunk = (per_split + tile - 1) / tile * tile;
+  const int begin = split * chunk;
+  const int end = begin + chunk < kv_len ? begin + chunk : kv_len;
+  return {begin, end, chunk};
+}
+__device__ __forceinline__ int active_splits(int kv_len, int chunk) {
+  return chunk > 0 ? (kv_len + chunk - 1) / chunk : 0;
+}
+
+template <typename T>
+__device__ __forceinline__ const T* row_ptr(const void* base, int64_t sb, int64_t sh, int64_t ss, int b, int h,
+                                            int s) {
+  return static_cast<const T*>(base) + b * sb + h * sh + static_cast<int64_t>(s) * ss;
+}
+
+}  // namespace attn
+}  // namespace fdpp

@@ -1,0 +1,337 @@
+// Split-KV decode (FlashDecoding with FlashDecoding++'s unified max): the split kernel and the combine kernel.
+//
+// Split kernel, grid (split, kv head x row block, batch): the CTA streams keys [begin, end) of its split once for
+// the 16 query rows it holds (G heads x seq tokens sharing the KV head). Per 16 keys a warp does
+//   S = Q K^T   mma m16n8k16 (fp16/bf16 operands, fp32 accumulate)
+//   P = 2^(x - phi')  (unified) or the online max (synchronized), in float32
+//   O += P V    mma m16n8k8 in tf32: P keeps float32's exponent range (the unified max needs it: e^(s - phi)
+//               spans far more than fp16's 65504) and fp16's 10-bit mantissa; fp16/bf16 V is exact in tf32.
+// The tf32 fragment trick: the m16n8k16 accumulator gives a thread the scores of keys 2t and 2t+1; ldmatrix.trans
+// of V gives it v of keys 2t, 2t+1. Reading the k index of the m16n8k8 product as (t -> key 2t, t+4 -> key 2t+1)
+// makes both line up with no shuffle (the sum over k does not care about the order).
+// The CTA then adds its 4 warps' partials and writes (sum p v, sum p, guard bits or max) per row to the workspace.
+//
+// Combine kernel, one CTA per query row, launched with programmatic dependent launch so it is resident before the
+// split kernel ends: unified rows just add the splits' partials; a row whose guard bits are set is recomputed
+// exactly by the whole CTA (attention_fallback.cuh) and counted. Synchronized rows rescale by the splits' maxima.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/attention_common.cuh"
+#include "kernels/attention_fallback.cuh"
+#include "kernels/attention_softmax_state.cuh"
+#include "kernels/attention_traits.cuh"
+
+namespace fdpp {
+namespace attn {
+
+template <typename T, int D, bool kUnified>
+__global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) {
+  using Tr = DecodeTraits<D>;
+  using State = std::conditional_t<kUnified, UnifiedMaxSoftmax<2, true>, SynchronizedSoftmax<2, true>>;
+  constexpr int kNT = Tr::kNTiles;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  pdl_launch_dependents();  // the combine grid may start; it waits for this grid's memory before reading it
+  const int split = blockIdx.x;
+  const int hkv = blockIdx.y / a.row_blocks;
+  const int rb = blockIdx.y - hkv * a.row_blocks;
+  const int b = blockIdx.z;
+  const int kv_len = kv_len_of(a, b);
+  const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
+  if (range.begin >= range.end) return;  // the combine derives the same range and skips this split
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int rows_total = a.group * a.seq;
+  const int row0 = rb * Tr::kRows;
+  const int rows_here = rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows;
+
+  const uint32_t q_smem = smem_addr(smem);
+  const uint32_t kv_smem = q_smem + Tr::kQBytes;  // stage s: K at s * 2 * tile, V right after it
+
+  // Query rows -> shared memory (zero-filled padding rows), in the first cp.async group with tile 0.
+  for (int i = tid; i < Tr::kRows * Tr::kChunks; i += Tr::kThreads) {
+    const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
+    const bool valid = r < rows_here;
+    const int gr = row0 + (valid ? r : 0);
+    const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    const T* src = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, s) + c * 8;
+    cp_async_16(q_smem + swizzled<Tr::kRowBytes>(r, c), src, valid);
+  }
+
+  // Each thread copies chunk `c` of rows `lrow0 + pass * kRowsPerPass` of every K and V tile.
+  const int c = tid % Tr::kChunks, lrow0 = tid / Tr::kChunks;
+  const uint32_t dst0 = swizzled<Tr::kRowBytes>(lrow0, c);
+  const T* k_base = static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh + c * 8;
+  const T* v_base = static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh + c * 8;
+  const int num_tiles = (range.end - range.begin + Tr::kTile - 1) / Tr::kTile;
+  auto load_tile = [&](int tile) {
+    const int key0 = range.begin + tile * Tr::kTile;
+    const uint32_t kdst = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes + dst0;
+    const uint32_t vdst = kdst + Tr::kTileBytes;
+#pragma unroll
+    for (int p = 0; p < Tr::kPasses; ++p) {
+      const int key = key0 + lrow0 + p * Tr::kRowsPerPass;
+      const bool valid = key < range.end;
+      const int64_t kk = valid ? key : 0;
+      cp_async_16(kdst + p * Tr::kRowsPerPass * Tr::kRowBytes, k_base + kk * a.k_ss, valid);
+      cp_async_16(vdst + p * Tr::kRowsPerPass * Tr::kRowBytes, v_base + kk * a.v_ss, valid);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < Tr::kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(s);
+    cp_async_commit();
+  }
+
+  // This thread's two rows (g and g + 8 of the fragment): their token and last visible key.
+  int row_end[2];  // one past the last visible key
+  int row_s[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int lr = g + 8 * r;
+    const int gr = row0 + (lr < rows_here ? lr : 0);
+    row_s[r] = gr % a.seq;
+    row_end[r] = visible_end(a, b, row_s[r], kv_len);
+  }
+  // Tiles ending at or before this key need no mask (every row sees every key of them).
+  const int unmasked_end = a.mask_mode == MaskMode::kBias ? -1 : visible_end(a, b, 0, kv_len);
+  const float x_shift = kUnified ? a.phi_log2 : 0.f;
+
+  State state;
+  state.init();
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  uint32_t qa[D / 16][4];
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    cp_async_wait<Tr::kStages - 2>();
+    __syncthreads();
+    if (tile == 0) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int mi = lane >> 3;
+        ldmatrix_x4(qa[ks], q_smem + swizzled<Tr::kRowBytes>((mi & 1) * 8 + (lane & 7), ks * 2 + (mi >> 1)));
+      }
+    }
+    if (tile + Tr::kStages - 1 < num_tiles) load_tile(tile + Tr::kStages - 1);
+    cp_async_commit();
+
+    const uint32_t kbuf = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes;
+    const uint32_t vbuf = kbuf + Tr::kTileBytes;
+    const int wkey0 = warp * Tr::kKeysPerWarp;  // this warp's first key within the tile
+
+    // S = Q K^T for this warp's keys.
+    float sc[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        const int mi = lane >> 3;
+        uint32_t kb[4];
+        ldmatrix_x4(kb, kbuf + swizzled<Tr::kRowBytes>(wkey0 + np * 16 + (mi >> 1) * 8 + (lane & 7),
+                                                       ks * 2 + (mi & 1)));
+        mma_16816<T>(sc[2 * np], qa[ks], kb[0], kb[1]);
+        mma_16816<T>(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
+      }
+    }
+
+    // Scores -> p, in place.
+    const int key0 = range.begin + tile * Tr::kTile + wkey0;  // key of sc[0][0] for t4 = 0
+    const bool masked = key0 - wkey0 + Tr::kTile > unmasked_end;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, -x_shift);
+    if (masked) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, key = key0 + n * 8 + 2 * t4 + (e & 1);
+          bool visible = key < row_end[r];
+          if (a.mask_mode == MaskMode::kBias && visible) {
+            bool unmasked;
+            sc[n][e] += bias_log2<T>(a, b, row_s[r], key, unmasked);
+            visible = unmasked;
+          }
+          if (!visible) sc[n][e] = -kInf;
+        }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tmax = -kInf;
+      if constexpr (State::kRescales) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) tmax = fmaxf(tmax, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
+      }
+      alpha[r] = state.begin_tile(r, tmax);
+    }
+    if constexpr (State::kRescales) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) o[i][0] *= alpha[0], o[i][1] *= alpha[0], o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+    }
+    if (masked) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = state.template exp<true>(e >> 1, sc[n][e]);
+    } else {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = state.template exp<false>(e >> 1, sc[n][e]);
+    }
+
+    // O += P V in tf32, 8 keys per step.
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      // p is already tf32 (the state rounded it): pass the bits.
+      const uint32_t pa[4] = {__float_as_uint(sc[n][0]), __float_as_uint(sc[n][2]), __float_as_uint(sc[n][1]),
+                              __float_as_uint(sc[n][3])};
+#pragma unroll
+      for (int db = 0; db < D / 32; ++db) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vbuf + swizzled<Tr::kRowBytes>(wkey0 + n * 8 + (lane & 7), db * 4 + (lane >> 3)));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 vf = Elem<T>::to_float2(vb[j]);
+          mma_1688_tf32(o[db * 4 + j], pa, __float_as_uint(vf.x), __float_as_uint(vf.y));
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline buffers: reuse them for the reduction
+
+  // Cross-warp reduction in shared memory, then one partial per valid row to the workspace.
+  state.finish();
+  float* red = reinterpret_cast<float*>(smem + Tr::kQBytes);
+  float* red_l = red + Tr::kWarps * Tr::kRows * Tr::kRedStride;
+  uint32_t* red_stat = reinterpret_cast<uint32_t*>(red_l + Tr::kWarps * Tr::kRows);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float* dst = red + (warp * Tr::kRows + g + 8 * r) * Tr::kRedStride + 2 * t4;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) *reinterpret_cast<float2*>(dst + i * 8) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
+    if (t4 == 0) {
+      red_l[warp * Tr::kRows + g + 8 * r] = state.l[r];
+      uint32_t stat;
+      if constexpr (kUnified) {
+        stat = state.guard_bits(r, a.lo_log2, a.hi_log2, a.max_floor_log2);
+      } else {
+        stat = __float_as_uint(state.m[r]);
+      }
+      red_stat[warp * Tr::kRows + g + 8 * r] = stat;
+    }
+  }
+  __syncthreads();
+
+  for (int i = tid; i < rows_here * (D / 4); i += Tr::kThreads) {
+    const int r = i / (D / 4), d4 = i - r * (D / 4);
+    float wt[Tr::kWarps];
+    float m_all = -kInf;
+    if constexpr (!kUnified) {
+#pragma unroll
+      for (int w = 0; w < Tr::kWarps; ++w) m_all = fmaxf(m_all, __uint_as_float(red_stat[w * Tr::kRows + r]));
+    }
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      wt[w] = kUnified ? 1.f : State::merge_weight(__uint_as_float(red_stat[w * Tr::kRows + r]), m_all);
+    }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      const float4 part = *reinterpret_cast<const float4*>(red + (w * Tr::kRows + r) * Tr::kRedStride + d4 * 4);
+      acc.x = fmaf(wt[w], part.x, acc.x), acc.y = fmaf(wt[w], part.y, acc.y);
+      acc.z = fmaf(wt[w], part.z, acc.z), acc.w = fmaf(wt[w], part.w, acc.w);
+    }
+    const int gr = row0 + r;
+    const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    const size_t slot = (static_cast<size_t>(b * a.num_heads + hq) * a.seq + s) * a.num_splits + split;
+    *reinterpret_cast<float4*>(a.ws_acc + slot * D + d4 * 4) = acc;
+    if (d4 == 0) {
+      float l = 0.f;
+      uint32_t stat = 0;
+#pragma unroll
+      for (int w = 0; w < Tr::kWarps; ++w) {
+        l = fmaf(wt[w], red_l[w * Tr::kRows + r], l);
+        stat |= red_stat[w * Tr::kRows + r];
+      }
+      a.ws_l[slot] = l;
+      a.ws_stat[slot] = kUnified ? stat : __float_as_uint(m_all);
+    }
+  }
+}
+
+// One CTA (128 threads) per query row (b, hq, s).
+template <typename T, int D, bool kUnified>
+__global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
+  using Tr = DecodeTraits<D>;
+  const int row = blockIdx.x;
+  const int s = row % a.seq;
+  const int hq = (row / a.seq) % a.num_heads;
+  const int b = row / (a.seq * a.num_heads);
+  bool clamped = false;
+  const int kv_len = kv_len_of(a, b, &clamped);
+  const SplitRange first = split_range(kv_len, a.num_splits, Tr::kTile, 0);
+  const int n = active_splits(kv_len, first.chunk);
+  pdl_wait_primary();  // the split kernel's partials are visible from here on
+
+  if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
+  T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss;
+  const size_t base = static_cast<size_t>(row) * a.num_splits;
+
+  if constexpr (kUnified) {
+    uint32_t bits = 0;
+    for (int i = threadIdx.x; i < n; i += 128) bits |= a.ws_stat[base + i];
+    if (__syncthreads_or(bits & (kGuardAbove | kGuardBelow | kGuardLowMax))) {
+      if (threadIdx.x == 0) atomicAdd(a.counters, 1ull);
+      recompute_row_cta<T, D>(a, b, hq, s, kv_len);
+      return;
+    }
+    float l = 0.f;
+    for (int i = 0; i < n; ++i) l += a.ws_l[base + i];
+    for (int d = threadIdx.x; d < D; d += 128) {
+      float acc = 0.f;
+#pragma unroll 4
+      for (int i = 0; i < n; ++i) acc += a.ws_acc[(base + i) * D + d];
+      out[d] = Elem<T>::from_float(l > 0.f ? acc / l : 0.f);
+    }
+  } else {
+    float m_all = -kInf;
+    for (int i = 0; i < n; ++i) m_all = fmaxf(m_all, __uint_as_float(a.ws_stat[base + i]));
+    float l = 0.f;
+    for (int i = 0; i < n; ++i)
+      l = fmaf(SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), m_all), a.ws_l[base + i], l);
+    for (int d = threadIdx.x; d < D; d += 128) {
+      float acc = 0.f;
+      for (int i = 0; i < n; ++i)
+        acc = fmaf(SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), m_all),
+                   a.ws_acc[(base + i) * D + d], acc);
+      out[d] = Elem<T>::from_float(l > 0.f ? acc / l : 0.f);
+    }
+  }
+}
+
+// One CTA per query row, float32 online softmax over all its keys: float32 inputs, and a forced exact path.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) rowwise_kernel(const AttnArgs a) {
+  const int row = blockIdx.x;
+  const int s = row % a.seq;
+  const int hq = (row / a.seq) % a.num_heads;
+  const int b = row / (a.seq * a.num_heads);
+  bool clamped = false;
+  const int kv_len = kv_len_of(a, b, &clamped);
+  if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
+  recompute_row_cta<T, D>(a, b, hq, s, kv_len);
+}
+
+}  // namespace attn
+}  // namespace fdpp

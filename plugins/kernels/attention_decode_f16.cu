@@ -1,0 +1,9 @@
+// Split-KV decode kernels for __half (see attention_decode.cuh).
+#include "kernels/attention_decode_impl.cuh"
+
+namespace fdpp {
+namespace attn {
+template cudaError_t launch_decode<__half>(const AttnArgs&, bool, bool, cudaStream_t);
+template cudaError_t decode_ctas_per_sm<__half>(int, int*);
+}  // namespace attn
+}  // namespace fdpp

@@ -1,0 +1,36 @@
+// Host-side choices for the attention kernels, as plain functions of the shapes (no CUDA calls): unit-tested on the
+// CPU through fdpp_attention_decode_splits().
+#pragma once
+
+namespace fdpp {
+
+// Query tokens per sequence up to which the split-KV decode kernel runs; longer prompts take the prefill kernel.
+// Decode reads each KV head once for all G * seq rows of that head (in blocks of 16 rows), so it stays the better
+// kernel while seq is small: at 8 tokens a 64-row prefill tile would be mostly padding.
+constexpr int kDecodeMaxSeq = 8;
+
+// Number of splits of the key range for the decode kernel.
+//   units: CTAs per split (batch x kv heads x row blocks); tiles: key tiles in the longest sequence;
+//   slots: CTAs resident on the whole GPU at once (SMs x CTAs per SM).
+// Decode is bound by HBM bandwidth, which stays saturated as long as nearly every SM streams. The best grid is
+// therefore ONE wave of equal CTAs that fills the slots: every CTA starts at once and ends at about the same
+// time, so there is no tail of a half-empty last wave (two waves of 1.2 slots each would leave the second running
+// at a fifth of the bandwidth). So splits = slots / units, rounded down, at least 1 (more units than slots: one
+// split, several equal waves), at most one split per tile and 128 (the combine reads them in one pass).
+// Worked examples (H200: 132 SMs x 2 CTAs = 264 slots; 64-key tiles at head_dim 128):
+//   B=1, Hkv=32, L=1K  (16 tiles):  units 32  -> 8 splits of 2 tiles: 256 CTAs of 64 KB of K+V each
+//   B=1, Hkv=32, L=32K (512 tiles): units 32  -> 8 splits of 64 tiles: 256 CTAs of 2 MB each
+//   B=8, Hkv=32, any L:             units 256 -> 1 split: 256 CTAs (the combine only normalizes)
+//   B=1, Hkv=8 (GQA), L=8K (128 tiles): units 8 -> 33 splits; chunks of ceil(128/33) = 4 tiles,
+//                                       so 32 of them hold keys: 256 CTAs
+//   B=1, Hkv=8, L=1K (16 tiles):    units 8   -> 16 splits of 1 tile (capped by the tiles): 128 CTAs
+//   B=16, Hkv=32:                   units 512 -> 1 split: 512 CTAs, two equal waves
+inline int decode_num_splits(int units, int tiles, int slots) {
+  if (units <= 0 || tiles <= 1 || slots <= 0) return 1;
+  int splits = slots / units;
+  const int cap = tiles < 128 ? tiles : 128;
+  if (splits > cap) splits = cap;
+  return splits < 1 ? 1 : splits;
+}
+
+}  // namespace fdpp

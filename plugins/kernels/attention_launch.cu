@@ -1,0 +1,223 @@
+// Planning and dispatch of fdpp::AsyncSoftmaxAttention: which kernel, how many splits, the workspace layout, the
+// numeric window, and the launch. Also the library's own diagnostic counters and the rowwise kernel's launcher.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "kernels/attention_common.cuh"
+#include "kernels/attention_decode.cuh"
+#include "kernels/attention_heuristics.h"
+#include "kernels/attention_launch.h"
+#include "kernels/attention_params.h"
+
+namespace fdpp {
+namespace {
+
+__device__ unsigned long long g_attention_counters[2];
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+int decode_tile(int head_dim) { return head_dim == 128 ? 64 : 128; }
+
+int64_t attention_rows(const AttentionParams& p) {
+  return static_cast<int64_t>(p.batch) * p.num_heads * p.seq;
+}
+
+int row_blocks(const AttentionParams& p) {
+  const int rows = (p.num_heads / p.num_kv_heads) * p.seq;
+  return (rows + 15) / 16;
+}
+
+cudaError_t decode_plan(const AttentionParams& p, int* splits) {
+  if (p.num_splits > 0) {
+    *splits = p.num_splits;
+    return cudaSuccess;
+  }
+  attn::DeviceInfo info;
+  cudaError_t err = attn::device_info(&info);
+  if (err != cudaSuccess) return err;
+  int per_sm = 1;
+  err = p.dtype == AttnDtype::kBFloat16 ? attn::decode_ctas_per_sm<__nv_bfloat16>(p.head_dim, &per_sm)
+                                        : attn::decode_ctas_per_sm<__half>(p.head_dim, &per_sm);
+  if (err != cudaSuccess) return err;
+  const int max_len = p.max_kv_len > 0 ? p.max_kv_len : p.kv_capacity;
+  const int tile = decode_tile(p.head_dim);
+  const int tiles = (max_len + tile - 1) / tile;
+  *splits = decode_num_splits(p.batch * p.num_kv_heads * row_blocks(p), tiles, info.num_sms * per_sm);
+  return cudaSuccess;
+}
+
+struct WorkspaceLayout {
+  size_t acc = 0, l = 0, stat = 0, total = 0;
+};
+WorkspaceLayout decode_layout(const AttentionParams& p, int splits) {
+  const size_t slots = static_cast<size_t>(attention_rows(p)) * splits;
+  WorkspaceLayout w;
+  w.acc = 0;
+  w.l = align_up(slots * p.head_dim * sizeof(float));
+  w.stat = w.l + align_up(slots * sizeof(float));
+  w.total = w.stat + align_up(slots * sizeof(uint32_t));
+  return w;
+}
+
+attn::AttnArgs make_args(const AttentionParams& p, AttnKernel kernel, unsigned long long* counters) {
+  attn::AttnArgs a = {};
+  a.batch = p.batch, a.num_heads = p.num_heads, a.num_kv_heads = p.num_kv_heads;
+  a.group = p.num_heads / p.num_kv_heads, a.seq = p.seq, a.head_dim = p.head_dim, a.kv_capacity = p.kv_capacity;
+  a.mask_mode = p.mask_mode;
+  const float log2e = attn::kLog2e;
+  a.scale_log2 = p.scale * log2e;
+  a.phi_log2 = p.phi * log2e;
+  // The caller's guard window, intersected with what the kernel's arithmetic can hold (attention_params.h).
+  float lo = std::max(p.guard_lo, kWindowLo), hi = std::min(p.guard_hi, kWindowHi);
+  float max_floor = -INFINITY;
+  if (kernel == AttnKernel::kPrefill && p.dtype == AttnDtype::kFloat16) {
+    hi = std::min(hi, kFp16PrefillHi);
+    max_floor = kFp16PrefillMaxFloor;
+  }
+  a.lo_log2 = lo * log2e, a.hi_log2 = hi * log2e;
+  a.max_floor_log2 = std::isinf(max_floor) ? max_floor : max_floor * log2e;
+  a.q = p.q, a.q_sb = p.q_sb, a.q_sh = p.q_sh, a.q_ss = p.q_ss;
+  a.k = p.k, a.k_sb = p.k_sb, a.k_sh = p.k_sh, a.k_ss = p.k_ss;
+  a.v = p.v, a.v_sb = p.v_sb, a.v_sh = p.v_sh, a.v_ss = p.v_ss;
+  a.out = p.out, a.o_sb = p.o_sb, a.o_sh = p.o_sh, a.o_ss = p.o_ss;
+  a.past_len = p.past_len;
+  a.bias = p.bias, a.bias_sb = p.bias_sb, a.bias_ss = p.bias_ss, a.bias_sl = p.bias_sl;
+  a.counters = counters;
+  return a;
+}
+
+template <typename T>
+cudaError_t launch_rowwise(const attn::AttnArgs& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.batch * a.num_heads * a.seq));
+  if (a.head_dim == 128) {
+    attn::rowwise_kernel<T, 128><<<grid, 128, 0, stream>>>(a);
+  } else if (a.head_dim == 64) {
+    attn::rowwise_kernel<T, 64><<<grid, 128, 0, stream>>>(a);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+namespace attn {
+
+cudaError_t device_info(DeviceInfo* info) {
+  static std::atomic<int> sms[64] = {}, majors[64] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const int slot = device & 63;
+  if (sms[slot].load(std::memory_order_relaxed) == 0) {
+    int n = 0, major = 0;
+    err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err != cudaSuccess) return err;
+    majors[slot].store(major, std::memory_order_relaxed);
+    sms[slot].store(n, std::memory_order_relaxed);
+  }
+  info->num_sms = sms[slot].load(std::memory_order_relaxed);
+  info->major = majors[slot].load(std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+}  // namespace attn
+
+AttnKernel choose_kernel(const AttentionParams& p) {
+  if (p.kernel != AttnKernel::kAuto) return p.kernel;
+  if (p.dtype == AttnDtype::kFloat32) return AttnKernel::kRowwise;
+  return p.seq <= kDecodeMaxSeq ? AttnKernel::kDecode : AttnKernel::kPrefill;
+}
+
+int decode_splits_for(const AttentionParams& p) {
+  int splits = 1;
+  return decode_plan(p, &splits) == cudaSuccess ? splits : -1;
+}
+
+size_t attention_workspace_bytes(const AttentionParams& p) {
+  if (choose_kernel(p) != AttnKernel::kDecode) return 0;
+  int splits = 1;
+  if (decode_plan(p, &splits) != cudaSuccess) return 0;
+  unsigned long long* counters = nullptr;
+  attention_default_counters(&counters);  // resolve the symbol now, before any graph capture
+  return decode_layout(p, splits).total;
+}
+
+size_t attention_workspace_bound(const AttentionParams& p) {
+  size_t bound = 0;
+  AttentionParams q = p;
+  const int max_seq = p.seq < kDecodeMaxSeq || p.kernel == AttnKernel::kDecode ? p.seq : kDecodeMaxSeq;
+  for (int b = 1; b <= p.batch; ++b) {
+    for (int s = 1; s <= max_seq; ++s) {
+      q.batch = b, q.seq = s;
+      bound = std::max(bound, attention_workspace_bytes(q));
+    }
+  }
+  return bound;
+}
+
+cudaError_t attention_default_counters(unsigned long long** device_ptr) {
+  static std::atomic<unsigned long long*> cached[64] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (unsigned long long* ptr = cached[device & 63].load(std::memory_order_relaxed)) {
+    *device_ptr = ptr;
+    return cudaSuccess;
+  }
+  void* addr = nullptr;
+  err = cudaGetSymbolAddress(&addr, g_attention_counters);
+  if (err != cudaSuccess) return err;
+  *device_ptr = static_cast<unsigned long long*>(addr);
+  cached[device & 63].store(*device_ptr, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (attention_rows(p) == 0) return cudaSuccess;
+  unsigned long long* counters = p.counters;
+  if (counters == nullptr) {
+    const cudaError_t err = attention_default_counters(&counters);
+    if (err != cudaSuccess) return err;
+  }
+  const AttnKernel kernel = choose_kernel(p);
+  attn::AttnArgs a = make_args(p, kernel, counters);
+  const bool unified = p.softmax == SoftmaxMode::kUnified;
+  switch (kernel) {
+    case AttnKernel::kDecode: {
+      int splits = 1;
+      cudaError_t err = decode_plan(p, &splits);
+      if (err != cudaSuccess) return err;
+      const WorkspaceLayout w = decode_layout(p, splits);
+      if (workspace == nullptr || workspace_bytes < w.total) return cudaErrorInvalidValue;
+      char* ws = static_cast<char*>(workspace);
+      a.num_splits = splits;
+      a.row_blocks = row_blocks(p);
+      a.ws_acc = reinterpret_cast<float*>(ws + w.acc);
+      a.ws_l = reinterpret_cast<float*>(ws + w.l);
+      a.ws_stat = reinterpret_cast<uint32_t*>(ws + w.stat);
+      attn::DeviceInfo info;
+      err = attn::device_info(&info);
+      if (err != cudaSuccess) return err;
+      const bool pdl = info.major >= 9;
+      if (p.dtype == AttnDtype::kBFloat16) return attn::launch_decode<__nv_bfloat16>(a, unified, pdl, stream);
+      if (p.dtype == AttnDtype::kFloat16) return attn::launch_decode<__half>(a, unified, pdl, stream);
+      return cudaErrorInvalidValue;
+    }
+    case AttnKernel::kPrefill:
+      if (p.dtype == AttnDtype::kBFloat16) return attn::launch_prefill<__nv_bfloat16>(a, unified, stream);
+      if (p.dtype == AttnDtype::kFloat16) return attn::launch_prefill<__half>(a, unified, stream);
+      return cudaErrorInvalidValue;
+    case AttnKernel::kRowwise:
+      if (p.dtype == AttnDtype::kBFloat16) return launch_rowwise<__nv_bfloat16>(a, stream);
+      if (p.dtype == AttnDtype::kFloat16) return launch_rowwise<__half>(a, stream);
+      return launch_rowwise<float>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace fdpp

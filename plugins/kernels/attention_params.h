@@ -1,0 +1,113 @@
+// fdpp::AsyncSoftmaxAttention: the plain parameter structs and launchers the C ABI and the TensorRT adapter call.
+//
+// out[b, h, i, :] = softmax_j(scale * q[b, h, i, :] . k[b, h / G, j, :] (+ bias)) v[b, h / G, j, :],  G = Hq / Hkv
+//
+// Kernels (chosen by choose_kernel(), or forced for tests and benchmarks):
+//   decode   split-KV (FlashDecoding): grid (split, kv head x row block, batch); each CTA reads its KV head's keys
+//            once for all G * seq query rows of that head, then a combine kernel adds the partials per row.
+//   prefill  FlashAttention-2 style causal tiles on tensor cores (128 query rows x 64 keys per step).
+//   rowwise  one CTA per query row, float32 arithmetic, the synchronized online-max softmax: float32 inputs, and
+//            the exact recompute that the guard falls back to.
+// softmax: kUnified is FlashDecoding++'s asynchronized softmax (e^(s - phi) with one fixed phi; a guard sends rows
+// outside the safe window to the synchronized recompute); kSynchronized is the online-max softmax of
+// FlashAttention/FlashDecoding, the baseline the unified max is measured against.
+//
+// No header here includes TensorRT, torch or Python. Launchers never synchronize or allocate: everything they
+// need beyond the inputs is the caller's workspace, sized by attention_workspace_bytes().
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+namespace fdpp {
+
+enum class AttnDtype : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
+enum class MaskMode : int { kPastLen = 0, kBias = 1, kNone = 2 };
+enum class SoftmaxMode : int { kUnified = 0, kSynchronized = 1 };
+enum class AttnKernel : int { kAuto = 0, kDecode = 1, kPrefill = 2, kRowwise = 3 };
+
+// Guard flag bits a decode split writes per row (unified softmax only).
+constexpr uint32_t kGuardAbove = 1u;    // a visible s - phi above guard_hi: e^(s - phi) could overflow
+constexpr uint32_t kGuardBelow = 2u;    // a visible s - phi below guard_lo
+constexpr uint32_t kGuardLowMax = 4u;   // (prefill fp16) the row max is below the fp16 precision floor
+
+// Numeric windows for s - phi (natural-log units). The guard bounds given by the caller are intersected with the
+// window of the arithmetic that stores e^(s - phi):
+//  - decode keeps p = e^(s - phi) in float32 (tf32 for the P.V tensor-core product: fp32's exponent range, fp16's
+//    precision): any window inside [-80, 60] is safe (e^-80 is a normal float, 2^20 keys x e^60 x 65504 < FLT_MAX).
+//  - prefill stores P in the input type for the tensor cores. bfloat16 has float32's range: same window. float16
+//    tops out at 65504 = e^11.09, so guard_hi is capped at 11; and its normal range ends at e^-9.7, so a row whose
+//    largest s - phi is below -2 would lose the precision of its tail: it falls back too (kGuardLowMax).
+constexpr float kWindowLo = -80.0f;
+constexpr float kWindowHi = 60.0f;
+constexpr float kFp16PrefillHi = 11.0f;
+constexpr float kFp16PrefillMaxFloor = -2.0f;
+
+// Positions whose additive bias is at or below this are masked (the contract's bias_mask_threshold).
+constexpr float kBiasMaskThreshold = -10000.0f;
+
+struct AttentionParams {
+  AttnDtype dtype = AttnDtype::kFloat16;
+  int batch = 0, num_heads = 0, num_kv_heads = 0, seq = 0, head_dim = 0;
+  int kv_capacity = 0;  // L: the key/value tensors' length dimension (the cache size)
+  int max_kv_len = 0;   // host-side bound on every row's kv length (<= kv_capacity); sizes the split grid
+  MaskMode mask_mode = MaskMode::kPastLen;
+  SoftmaxMode softmax = SoftmaxMode::kUnified;
+  AttnKernel kernel = AttnKernel::kAuto;
+  int num_splits = 0;  // decode: 0 = decode_num_splits() heuristic
+  float scale = 1.0f, phi = 0.0f, guard_lo = -60.0f, guard_hi = 10.0f;
+
+  // Strides in elements; the last dimension (head_dim, or keys for bias) is contiguous.
+  const void* q = nullptr;   int64_t q_sb = 0, q_sh = 0, q_ss = 0;
+  const void* k = nullptr;   int64_t k_sb = 0, k_sh = 0, k_ss = 0;
+  const void* v = nullptr;   int64_t v_sb = 0, v_sh = 0, v_ss = 0;
+  void* out = nullptr;       int64_t o_sb = 0, o_sh = 0, o_ss = 0;
+  const int64_t* past_len = nullptr;  // [batch], kPastLen: key j visible to query i iff j <= past_len[b] + i
+  const void* bias = nullptr; int64_t bias_sb = 0, bias_ss = 0, bias_sl = 1;  // kBias, 0-strides broadcast
+
+  // Diagnostics: device counters [0] rows that took the fallback, [1] rows whose kv length exceeded the cache
+  // (clamped). Null: the library's own counters (attention_default_counters()).
+  unsigned long long* counters = nullptr;
+};
+
+// RoPE on q and the new k, then the new k and v appended to the cache at position past_len[b] + s.
+struct RopeAppendParams {
+  AttnDtype dtype = AttnDtype::kFloat16;
+  int batch = 0, num_heads = 0, num_kv_heads = 0, seq = 0, head_dim = 0, kv_capacity = 0;
+  float rope_theta = 10000.0f;
+  int rope_interleaved = 0;  // 0: rotate halves (Llama/NeoX: pairs i, i + D/2); 1: adjacent pairs (GPT-J: 2i, 2i+1)
+  const void* q_in = nullptr;  void* q_out = nullptr;  int64_t q_sb = 0, q_sh = 0, q_ss = 0;   // may alias
+  const void* k_new = nullptr; int64_t kn_sb = 0, kn_sh = 0, kn_ss = 0;
+  const void* v_new = nullptr; int64_t vn_sb = 0, vn_sh = 0, vn_ss = 0;
+  void* k_cache = nullptr;     int64_t kc_sb = 0, kc_sh = 0, kc_ss = 0;
+  void* v_cache = nullptr;     int64_t vc_sb = 0, vc_sh = 0, vc_ss = 0;
+  const int64_t* past_len = nullptr;
+  unsigned long long* counters = nullptr;  // [1] counts tokens dropped because their position is past the cache
+};
+
+// --- host-side planning (pure functions; see attention_heuristics.h) -------------------------------------------
+
+// The kernel the dispatcher runs for these parameters (never kAuto).
+AttnKernel choose_kernel(const AttentionParams& p);
+
+// Bytes of workspace attention_forward needs (0 when the chosen kernel needs none). Queries the current device's
+// SM count and occupancy (host calls, cached per device): call it before CUDA-graph capture.
+size_t attention_workspace_bytes(const AttentionParams& p);
+
+// The largest attention_workspace_bytes() over every batch <= p.batch and seq <= p.seq (the other fields as given):
+// what an engine reserves once for a range of shapes.
+size_t attention_workspace_bound(const AttentionParams& p);
+
+// Runs the attention. Expects validated parameters (the C ABI validates). Never synchronizes.
+cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+cudaError_t rope_append(const RopeAppendParams& p, cudaStream_t stream);
+
+// The library's own diagnostic counters on the current device (a device pointer to 2 values).
+cudaError_t attention_default_counters(unsigned long long** device_ptr);
+
+// Split count the decode kernel uses for these shapes on the current device.
+int decode_splits_for(const AttentionParams& p);
+
+}  // namespace fdpp

@@ -1,0 +1,368 @@
+// ImplB: the flat GEMM of FlashDecoding++ (section 4) for M <= 64 on tensor cores.
+//
+// The GEMM is computed as Y^T = W X^T so that the weight fills the MMA's 16-row side and the batch sits on its
+// 8-wide side: mma.sync m16n8k16 with 16 weight rows by 8 batch rows, M padded to 8 instead of 64.
+//
+// Each of a CTA's 4 warps owns one 16-row weight block and a kw-wide K slice of every stage; the CTA covers
+// n_tile = 16 * warps_n rows and k_tile = kw * warps_k columns per stage. Loads are 16-byte cp.async into a
+// `stages`-deep ring of shared memory, so the loads of the next stages are in flight while the current one is
+// multiplied (stages = 1 turns the overlap off, for the ablation).
+//
+// K is permuted consistently for W and X inside each 32-wide group so that every lane loads whole 16-byte
+// pieces and later reads back only what it loaded itself: lane (g = lane / 4, t = lane % 4) copies
+// W[row g][8t .. 8t+8), W[row g+8][8t .. 8t+8) and X[batch g][8t .. 8t+8) and feeds two MMAs from them
+// (elements 0-3 to the first, 4-7 to the second). The dot product is a sum, so any permutation of K applied to
+// both operands gives the same result. No lane reads another lane's data, so the pipeline needs no barrier:
+// cp.async.wait_group alone orders it.
+//
+// Split-K: the warps of a CTA split each stage along K (reduced through shared memory); `split_k` CTAs of one
+// thread-block cluster split the K range (reduced through distributed shared memory, sm_90), one launch, no
+// global workspace.
+#include <cooperative_groups.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/gemm_common.cuh"
+
+namespace fdpp {
+namespace gemm {
+namespace {
+
+namespace cg = cooperative_groups;
+using detail::cp_async16;
+using detail::Elem;
+using detail::lds16;
+
+struct FlatGemmParams {
+  const void* x;
+  const void* w;
+  const void* bias;
+  const void* residual;
+  void* y;
+  int m;
+  int n;
+  int k;
+  int silu;          // rows come in (gate, up) pairs and the output is n / 2 wide
+  int warps_n;       // 16-row blocks per CTA
+  int kw;            // K elements per warp per stage (multiple of 32)
+  int stages;
+  int split_k;
+  int steps_total;   // ceil(k / k_tile)
+  int num_blocks;    // 16-row blocks in the whole matrix
+  int num_tiles;     // CTA tiles (n_tile rows each)
+};
+
+// The weight rows a lane streams for one 16-row block. silu_mul pairs gate row r with up row n/2 + r inside a
+// block, so both halves of the activation end up in the same lane's accumulators.
+struct LaneRows {
+  int row0, row1;
+  bool ok0, ok1;
+  __device__ __forceinline__ LaneRows(const FlatGemmParams& p, int block, int g) {
+    if (p.silu) {
+      row0 = block * 8 + g;
+      row1 = (p.n >> 1) + row0;
+      ok0 = ok1 = row0 < (p.n >> 1);
+    } else {
+      row0 = block * 16 + g;
+      row1 = row0 + 8;
+      ok0 = row0 < p.n;
+      ok1 = row1 < p.n;
+    }
+  }
+};
+
+// Persistent: a cluster of split_k CTAs walks the tiles cluster_id, cluster_id + clusters, ... and each CTA of
+// it streams its K share of every tile through one continuous cp.async pipeline, so loads for the next tile
+// are already in flight while the current one is reduced and stored; the launcher sizes the grid to what is
+// resident at once, with the same number of tiles (+-1) per cluster.
+template <typename T, int NB>
+__global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int warps_k = kImplBWarps / p.warps_n;
+  const int wn = warp % p.warps_n;
+  const int wk = warp / p.warps_n;
+  const int z = blockIdx.x % p.split_k;
+  const int cluster_id = blockIdx.x / p.split_k;
+  const int clusters = gridDim.x / p.split_k;
+  const int my_tiles = cluster_id < p.num_tiles ? (p.num_tiles - cluster_id + clusters - 1) / clusters : 0;
+
+  const T* w = reinterpret_cast<const T*>(p.w);
+  const T* x = reinterpret_cast<const T*>(p.x);
+  const int kgroups = p.kw >> 5;
+  const int k_tile = p.kw * warps_k;
+  const int s_begin = int(int64_t(z) * p.steps_total / p.split_k);
+  const int s_end = int(int64_t(z + 1) * p.steps_total / p.split_k);
+  const int nsteps = s_end - s_begin;
+  const int total = my_tiles * nsteps;
+
+  const int slot_bytes = (2 + NB) * kgroups * 512;  // one warp, one stage
+  const int stage_bytes = kImplBWarps * slot_bytes;
+  unsigned char* warp_smem = smem + warp * slot_bytes + lane * 16;
+  const uint32_t warp_smem_u32 = detail::smem_u32(warp_smem);
+
+  // Unit u of this CTA's stream: tile index u / nsteps of its list, K step s_begin + u % nsteps.
+  auto issue = [&](int u, int slot) {
+    const int tile = cluster_id + (u / nsteps) * clusters;
+    const int step = s_begin + u % nsteps;
+    const LaneRows r(p, tile * p.warps_n + wn, g);
+    const T* wrow0 = w + (r.ok0 ? int64_t(r.row0) * p.k : 0);
+    const T* wrow1 = w + (r.ok1 ? int64_t(r.row1) * p.k : 0);
+    const uint32_t base = warp_smem_u32 + slot * stage_bytes;
+    const int k0 = step * k_tile + wk * p.kw + 8 * t;
+    for (int j = 0; j < kgroups; ++j) {
+      const int kk = k0 + 32 * j;
+      const bool kin = kk < p.k;
+      cp_async16(base + j * 512, kin && r.ok0 ? wrow0 + kk : w, kin && r.ok0);
+      cp_async16(base + (kgroups + j) * 512, kin && r.ok1 ? wrow1 + kk : w, kin && r.ok1);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        const int mrow = nb * 8 + g;
+        // Batch rows past M are never loaded; compute() feeds zeros for them. X goes through L1: every warp
+        // of the SM reads the same rows.
+        if (mrow < p.m)
+          detail::cp_async16_ca(base + ((2 + nb) * kgroups + j) * 512, kin ? x + int64_t(mrow) * p.k + kk : x, kin);
+      }
+    }
+  };
+
+  float acc[NB][4];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+
+  auto compute = [&](int slot) {
+    const unsigned char* base = warp_smem + slot * stage_bytes;
+    for (int j = 0; j < kgroups; ++j) {
+      const uint4 a_lo = lds16(base + j * 512);              // W[row0][8t .. 8t+8)
+      const uint4 a_hi = lds16(base + (kgroups + j) * 512);  // W[row1][8t .. 8t+8)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        uint4 b = make_uint4(0, 0, 0, 0);
+        if (nb * 8 + g < p.m) b = lds16(base + ((2 + nb) * kgroups + j) * 512);
+        detail::mma_16816<T>(acc[nb], a_lo.x, a_hi.x, a_lo.y, a_hi.y, b.x, b.y);
+        detail::mma_16816<T>(acc[nb], a_lo.z, a_hi.z, a_lo.w, a_hi.w, b.z, b.w);
+      }
+    }
+  };
+
+  float* red = reinterpret_cast<float*>(smem + p.stages * stage_bytes);  // [warp][NB * 4][32]
+
+  // Sum the tile over the CTA's warps and the cluster's CTAs, apply the epilogue, store; zero the sums.
+  auto finish_tile = [&](int tile) {
+    if (warps_k > 1) {
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[(warp * NB * 4 + nb * 4 + i) * 32 + lane] = acc[nb][i];
+      __syncthreads();
+      if (wk == 0) {
+        for (int other = 1; other < warps_k; ++other) {
+          const int src = other * p.warps_n + wn;
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[nb][i] += red[(src * NB * 4 + nb * 4 + i) * 32 + lane];
+        }
+      }
+      __syncthreads();  // red is free again for the next tile
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (p.split_k > 1) {
+      cg::cluster_group cluster = cg::this_cluster();
+      if (wk == 0) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) red[(wn * NB * 4 + nb * 4 + i) * 32 + lane] = acc[nb][i];
+      }
+      cluster.sync();
+      if (z == 0 && wk == 0) {
+        for (int r = 1; r < p.split_k; ++r) {
+          const float* peer = cluster.map_shared_rank(red, r);
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[nb][i] += peer[(wn * NB * 4 + nb * 4 + i) * 32 + lane];
+        }
+      }
+      cluster.sync();  // peers keep red untouched until rank 0 has read it
+    }
+#endif
+    if (z == 0 && wk == 0) {
+      const LaneRows r(p, tile * p.warps_n + wn, g);
+      const int half_n = p.n >> 1;
+      // acc[nb][q] is (row0, batch nb*8 + 2t + q); acc[nb][2 + q] is (row1, same batch row).
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int mrow = nb * 8 + 2 * t + q;
+          if (mrow >= p.m || !r.ok0) continue;
+          float v0 = acc[nb][q];
+          float v1 = acc[nb][2 + q];
+          if (p.silu) {
+            if (p.bias) {
+              v0 += detail::load_float<T>(p.bias, r.row0);
+              v1 += detail::load_float<T>(p.bias, r.row1);
+            }
+            float out = detail::silu(v0) * v1;
+            const int64_t idx = int64_t(mrow) * half_n + r.row0;
+            if (p.residual) out += detail::load_float<T>(p.residual, idx);
+            detail::store_float<T>(p.y, idx, out);
+          } else {
+            const int64_t idx0 = int64_t(mrow) * p.n + r.row0;
+            if (p.bias) v0 += detail::load_float<T>(p.bias, r.row0);
+            if (p.residual) v0 += detail::load_float<T>(p.residual, idx0);
+            detail::store_float<T>(p.y, idx0, v0);
+            if (r.ok1) {
+              const int64_t idx1 = int64_t(mrow) * p.n + r.row1;
+              if (p.bias) v1 += detail::load_float<T>(p.bias, r.row1);
+              if (p.residual) v1 += detail::load_float<T>(p.residual, idx1);
+              detail::store_float<T>(p.y, idx1, v1);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+  };
+
+  // The multistage pipeline: stages - 1 units in flight ahead of the one being multiplied, across tiles.
+  for (int s = 0; s < p.stages - 1; ++s) {
+    if (s < total) issue(s, s);
+    detail::cp_async_commit();
+  }
+  for (int it = 0; it < total; ++it) {
+    const int ahead = it + p.stages - 1;
+    if (ahead < total) issue(ahead, ahead % p.stages);
+    detail::cp_async_commit();
+    detail::cp_async_wait_dynamic(p.stages - 1);
+    compute(it % p.stages);
+    if ((it + 1) % nsteps == 0) finish_tile(cluster_id + (it / nsteps) * clusters);
+  }
+  detail::cp_async_wait<0>();
+}
+
+// Raises a kernel's dynamic shared memory limit once per (kernel, device) and size.
+cudaError_t ensure_smem(const void* kernel, int device, int64_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  static std::mutex mu;
+  static std::unordered_map<const void*, int64_t> done[64];
+  std::lock_guard<std::mutex> lock(mu);
+  int64_t& have = done[device & 63][kernel];
+  if (have >= bytes) return cudaSuccess;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (err == cudaSuccess) have = bytes;
+  return err;
+}
+
+// CTAs of this kernel resident per SM at this shared memory size (host query, cached).
+int resident_ctas_per_sm(const void* kernel, int device, int64_t smem) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, std::unordered_map<int64_t, int>> cache[64];
+  std::lock_guard<std::mutex> lock(mu);
+  auto& per_kernel = cache[device & 63][kernel];
+  auto found = per_kernel.find(smem);
+  if (found != per_kernel.end()) return found->second;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128, size_t(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    blocks = 1;
+  }
+  if (blocks < 1) blocks = 1;
+  per_kernel[smem] = blocks;
+  return blocks;
+}
+
+template <typename T, int NB>
+cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(&flat_gemm_kernel<T, NB>);
+  cudaError_t err = ensure_smem(kernel, dev.device, smem);
+  if (err != cudaSuccess) return err;
+  // As many clusters as are resident at once, each with ceil(tiles / clusters) tiles or one fewer.
+  const int64_t resident = int64_t(resident_ctas_per_sm(kernel, dev.device, smem)) * dev.num_sms / params.split_k;
+  const int64_t tiles = params.num_tiles;
+  const int64_t per_cluster = (tiles + resident - 1) / (resident > 0 ? resident : 1);
+  const int64_t clusters = (tiles + per_cluster - 1) / per_cluster;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(clusters * params.split_k));
+  cfg.blockDim = dim3(128);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (params.split_k > 1) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(params.split_k);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, flat_gemm_kernel<T, NB>, params);
+}
+
+template <typename T>
+cudaError_t launch_nb(int nb, const FlatGemmParams& params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
+  switch (nb) {
+    case 1: return launch_typed<T, 1>(params, dev, smem, stream);
+    case 2: return launch_typed<T, 2>(params, dev, smem, stream);
+    case 3: return launch_typed<T, 3>(params, dev, smem, stream);
+    case 4: return launch_typed<T, 4>(params, dev, smem, stream);
+    case 6: return launch_typed<T, 6>(params, dev, smem, stream);
+    case 8: return launch_typed<T, 8>(params, dev, smem, stream);
+    default: set_detail("ImplB: internal error, unsupported batch block count"); return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad_m, cudaStream_t stream) {
+  if (p.m < 1 || p.m > kImplBMaxM) {
+    set_detail("ImplB handles 1 <= M <= 64");
+    return cudaErrorInvalidValue;
+  }
+  if (pad_m != 8 && pad_m != 16 && pad_m != 64) {
+    set_detail("ImplB pad_m must be 8, 16 or 64");
+    return cudaErrorInvalidValue;
+  }
+  DeviceInfo dev;
+  cudaError_t err = current_device_info(&dev);
+  if (err != cudaSuccess) return err;
+  const int nb = implb_batch_blocks(p.m, pad_m);
+  // A profile picks one config per shape, usually at small M; at larger M each stage also holds more batch
+  // rows, so the depth shrinks (never below 2) until the stages fit in shared memory.
+  ImplBConfig config = requested;
+  while (config.stages > 2 && implb_smem_bytes(config, nb) > dev.max_smem_optin) --config.stages;
+  if (const char* why = implb_config_problem(config, p.k, nb, dev.max_smem_optin, dev.cc_major)) {
+    set_detail(why);
+    return cudaErrorInvalidValue;
+  }
+  FlatGemmParams params{};
+  params.x = p.x;
+  params.w = p.w;
+  params.bias = p.bias;
+  params.residual = p.residual;
+  params.y = p.y;
+  params.m = int(p.m);
+  params.n = int(p.n);
+  params.k = int(p.k);
+  params.silu = p.silu_mul() ? 1 : 0;
+  params.warps_n = implb_warps_n(config);
+  params.kw = implb_kw(config);
+  params.stages = config.stages;
+  params.split_k = config.split_k;
+  params.steps_total = int((p.k + config.k_tile - 1) / config.k_tile);
+  params.num_blocks = int(implb_row_blocks(p.n, p.silu_mul()));
+  params.num_tiles = int(implb_grid(p.n, p.silu_mul(), ImplBConfig{config.n_tile, config.k_tile, config.stages, 1}));
+  const int64_t smem = implb_smem_bytes(config, nb);
+  if (p.dtype == Dtype::kBFloat16) return launch_nb<__nv_bfloat16>(nb, params, dev, smem, stream);
+  return launch_nb<__half>(nb, params, dev, smem, stream);
+}
+
+}  // namespace gemm
+}  // namespace fdpp

@@ -1,0 +1,343 @@
+"""fdpp::AsyncSoftmaxAttention on the GPU: decode (split-KV), prefill, rowwise, against a float32 reference with
+torch's own low-precision error as the tolerance; odd sizes, GQA, variable lengths, masks, adversarial scores,
+the fallback counter, CUDA-graph capture, and bad input."""
+
+import pytest
+
+from attention_reference import check_close
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmul():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+
+
+def _att():
+    from fdpp_rewrite.gpu import attention
+
+    return attention
+
+
+def make_inputs(batch, heads, kv_heads, seq, kv_len, dim, dtype, *, capacity=None, q_scale=1.0, spread=False):
+    """q [B, Hq, S, D] and caches [B, Hkv, capacity, D] whose first past_len[b] + S rows are set; the rest of the
+    cache holds NaN so that reading past a sequence's end cannot go unnoticed. past_len varies per sequence."""
+    capacity = capacity or kv_len
+    q = (torch.randn(batch, heads, seq, dim, device="cuda") * q_scale).to(dtype)
+    k = torch.full((batch, kv_heads, capacity, dim), float("nan"), device="cuda", dtype=dtype)
+    v = torch.full_like(k, float("nan"))
+    past = torch.tensor([max(kv_len - seq - (i * 7 if spread else 0), 0) for i in range(batch)], dtype=torch.int64)
+    for b in range(batch):
+        n = int(past[b]) + seq
+        k[b, :, :n] = torch.randn(kv_heads, n, dim, device="cuda").to(dtype)
+        v[b, :, :n] = torch.randn(kv_heads, n, dim, device="cuda").to(dtype)
+    return q, k, v, past.cuda()
+
+
+def reference_view(k, v, past, seq):
+    """The caches cut to the longest sequence with NaN rows zeroed (the reference masks them anyway)."""
+    n = int(past.max()) + seq
+    return torch.nan_to_num(k[:, :, :n]), torch.nan_to_num(v[:, :, :n])
+
+
+DTYPES = [torch.float16, torch.bfloat16]
+HEADS = [(1, 32, 32), (3, 9, 3), (2, 8, 1)]  # (batch, query heads, kv heads): MHA, GQA 3:1, MQA
+
+
+@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+@pytest.mark.parametrize("kv_len", [1, 97, 4099])
+@pytest.mark.parametrize("batch,heads,kv_heads", HEADS)
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_matches_reference(dtype, dim, batch, heads, kv_heads, kv_len, softmax):
+    att = _att()
+    q, k, v, past = make_inputs(batch, heads, kv_heads, 1, kv_len, dim, dtype, capacity=kv_len + 5,
+                                spread=kv_len > 64)
+    counters = att.Counters()
+    out = att.attention(q, k, v, past, kernel="decode", softmax=softmax, counters=counters)
+    kr, vr = reference_view(k, v, past, 1)
+    check_close(out, q, kr, vr, f"decode {dtype} d{dim} {batch}x{heads}/{kv_heads} L{kv_len} {softmax}",
+                scale=dim ** -0.5, past_len=past)
+    assert counters.fallback_rows == 0, "unit-scale scores stay inside the default window"
+    assert counters.clamped_rows == 0
+
+
+@pytest.mark.parametrize("seq", [2, 5, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_several_query_tokens_per_sequence(dtype, seq):
+    att = _att()
+    q, k, v, past = make_inputs(3, 9, 3, seq, 300, 128, dtype, spread=True)
+    out = att.attention(q, k, v, past, kernel="decode")
+    kr, vr = reference_view(k, v, past, seq)
+    check_close(out, q, kr, vr, f"decode seq={seq}", scale=128 ** -0.5, past_len=past)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 64])
+def test_decode_any_split_count_gives_the_same_result(num_splits):
+    att = _att()
+    q, k, v, past = make_inputs(2, 8, 2, 1, 2000, 128, torch.float16)
+    out = att.attention(q, k, v, past, kernel="decode", num_splits=num_splits)
+    kr, vr = reference_view(k, v, past, 1)
+    check_close(out, q, kr, vr, f"splits={num_splits}", scale=128 ** -0.5, past_len=past)
+
+
+def test_decode_grid_sized_for_the_cache_handles_short_sequences():
+    """The split count comes from max_kv_len (the cache size in a captured graph); shorter sequences spread over
+    the same splits."""
+    att = _att()
+    q, k, v, past = make_inputs(3, 8, 8, 1, 50, 128, torch.float16, capacity=8192, spread=True)
+    out = att.attention(q, k, v, past, kernel="decode", max_kv_len=8192)
+    kr, vr = reference_view(k, v, past, 1)
+    check_close(out, q, kr, vr, "short sequences in a long cache", scale=128 ** -0.5, past_len=past)
+
+
+@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+@pytest.mark.parametrize("seq,past_len", [(1000, 0), (97, 0), (300, 200), (129, 4000)])
+@pytest.mark.parametrize("batch,heads,kv_heads", [(1, 4, 4), (3, 9, 3)])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_matches_reference(dtype, dim, batch, heads, kv_heads, seq, past_len, softmax):
+    att = _att()
+    q, k, v, past = make_inputs(batch, heads, kv_heads, seq, past_len + seq, dim, dtype)
+    counters = att.Counters()
+    out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, counters=counters)
+    kr, vr = reference_view(k, v, past, seq)
+    check_close(out, q, kr, vr, f"prefill {dtype} d{dim} S{seq} past{past_len} {softmax}", scale=dim ** -0.5,
+                past_len=past)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_rowwise_float32_matches_reference(dim):
+    att = _att()
+    q, k, v, past = make_inputs(2, 6, 3, 4, 333, dim, torch.float32, spread=True)
+    out = att.attention(q, k, v, past)  # float32 -> rowwise
+    kr, vr = reference_view(k, v, past, 4)
+    check_close(out, q, kr, vr, "rowwise float32", scale=dim ** -0.5, past_len=past)
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill", "rowwise"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_mask_with_fully_masked_rows(dtype, kernel):
+    """Additive bias with finite values, -inf, and the -10000 threshold; some rows fully masked: they give 0."""
+    att = _att()
+    seq = 3 if kernel == "decode" else 70
+    q, k, v, _ = make_inputs(2, 4, 2, seq, 300, 128, dtype)
+    bias = torch.randn(2, 1, seq, 300, device="cuda").to(dtype)
+    bias[:, :, :, 250:] = float("-inf")
+    bias[:, :, :, 100:110] = -10000.0
+    bias[1, 0, 1, :] = float("-inf")  # one fully masked row in every head of sequence 1
+    out = att.attention(q, k, v, bias=bias, mask_mode="bias", kernel=kernel)
+    check_close(out, q, k, v, f"bias {kernel}", scale=128 ** -0.5, mask_mode="bias", bias=bias)
+    assert out[1, :, 1].abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_mask_mode_none_sees_every_key(kernel):
+    att = _att()
+    seq = 2 if kernel == "decode" else 40
+    q, k, v, _ = make_inputs(2, 8, 4, seq, 500, 64, torch.float16)
+    out = att.attention(q, k, v, mask_mode="none", kernel=kernel)
+    check_close(out, q, k, v, f"none {kernel}", scale=64 ** -0.5, mask_mode="none")
+
+
+@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+@pytest.mark.parametrize("kernel,seq", [("decode", 1), ("decode", 4), ("prefill", 200)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adversarial_scores_stay_exact(dtype, kernel, seq, softmax):
+    """Scores up to +-1e4, rows mixing in-range and far-out-of-range tiles: never NaN/Inf, always within
+    tolerance; the unified kernels send exactly the out-of-window rows to the fallback."""
+    att = _att()
+    q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
+    kr, vr = reference_view(k, v, past, seq)
+    # One tile with huge positive scores for head group 0, one with huge negative scores for group 1.
+    k[:, 0, 700] = q[:, 0, 0] * 8
+    k[:, 1, 900] = -q[:, 4, 0] * 8
+    kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
+    for scale in (128 ** -0.5, 30.0):  # the second puts ordinary scores near +-1e4 too
+        counters = att.Counters()
+        out = att.attention(q, k, v, past, kernel=kernel, softmax=softmax, scale=scale, counters=counters)
+        check_close(out, q, kr, vr, f"adversarial {kernel} {softmax} scale={scale}", scale=scale, past_len=past)
+        if softmax == "unified":
+            assert counters.fallback_rows > 0
+        else:
+            assert counters.fallback_rows == 0
+
+
+@pytest.mark.parametrize("kernel,seq", [("decode", 1), ("decode", 3), ("prefill", 150)])
+def test_fallback_counter_counts_rows(kernel, seq):
+    att = _att()
+    q, k, v, past = make_inputs(2, 6, 3, seq, 400, 128, torch.float16)
+    rows = 2 * 6 * seq
+    counters = att.Counters()
+    att.attention(q, k, v, past, kernel=kernel, phi=-50.0, counters=counters)  # every s - phi ~ 50 > guard_hi
+    assert counters.fallback_rows == rows
+    counters.reset()
+    att.attention(q, k, v, past, kernel=kernel, phi=60.0, guard_lo=-80.0, counters=counters)  # s - phi < ... -> none
+    expected = rows if kernel == "prefill" else 0  # prefill fp16: a row max below -2 falls back (P precision)
+    assert counters.fallback_rows == expected
+    counters.reset()
+    att.attention(q, k, v, past, kernel=kernel, phi=2.0, counters=counters)
+    assert counters.fallback_rows == 0
+
+
+def test_unified_equals_synchronized():
+    att = _att()
+    q, k, v, past = make_inputs(4, 32, 8, 1, 3000, 128, torch.float16, spread=True)
+    a = att.attention(q, k, v, past, softmax="unified").float()
+    b = att.attention(q, k, v, past, softmax="synchronized").float()
+    assert (a - b).abs().max().item() < 4e-3
+
+
+def test_library_counters_when_none_passed():
+    att = _att()
+    att.read_library_counters(reset=True)
+    q, k, v, past = make_inputs(1, 4, 4, 1, 100, 64, torch.float16)
+    att.attention(q, k, v, past, phi=-50.0)
+    fallback, clamped = att.read_library_counters(reset=True)
+    assert (fallback, clamped) == (4, 0)
+
+
+def test_kv_length_beyond_the_cache_is_clamped_and_counted_on_device():
+    att = _att()
+    q, k, v, past = make_inputs(2, 4, 4, 1, 64, 64, torch.float16)
+    past_bad = torch.tensor([63, 500], dtype=torch.int64, device="cuda")  # sequence 1 overruns the 64-row cache
+    counters = att.Counters()
+    out = att.attention(q, k, v, past_bad, counters=counters)
+    assert torch.isfinite(out).all()
+    assert counters.clamped_rows == 4
+
+
+def test_cuda_graph_capture_and_replay():
+    """rope_append + decode attention captured once, replayed after the inputs change in place."""
+    att = _att()
+    batch, heads, kv_heads, dim, cap = 2, 8, 2, 128, 1024
+    q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=torch.float16)
+    k_new = torch.randn(batch, kv_heads, 1, dim, device="cuda", dtype=torch.float16)
+    v_new = torch.randn_like(k_new)
+    k_cache = torch.randn(batch, kv_heads, cap, dim, device="cuda", dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    past = torch.tensor([100, 700], dtype=torch.int64, device="cuda")
+    q_rot = torch.empty_like(q)
+    out = torch.empty_like(q)
+    counters = att.Counters()
+    probe = att.attention(q, k_cache, v_cache, past, max_kv_len=cap)  # sizes the workspace; warms up
+    workspace = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            att.rope_append(q, k_new, v_new, k_cache, v_cache, past, q_out=q_rot, counters=counters)
+            att.attention(q_rot, k_cache, v_cache, past, out=out, workspace=workspace, max_kv_len=cap,
+                          counters=counters)
+    torch.cuda.current_stream().wait_stream(stream)
+    del probe
+    for step in range(3):
+        q.copy_(torch.randn_like(q))
+        k_new.copy_(torch.randn_like(k_new))
+        v_new.copy_(torch.randn_like(v_new))
+        past += 1
+        graph.replay()
+        torch.cuda.synchronize()
+        expected_q = q.clone()
+        kc, vc = k_cache.clone(), v_cache.clone()
+        att.rope_append(expected_q, k_new, v_new, kc, vc, past)
+        expected = att.attention(expected_q, kc, vc, past)
+        assert torch.equal(q_rot, expected_q), f"replay {step}: rotated q differs"
+        assert torch.equal(out, expected), f"replay {step}: attention differs from eager"
+    assert counters.fallback_rows == 0
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_append_matches_torch(dtype, interleaved):
+    att = _att()
+    batch, heads, kv_heads, seq, dim, cap, theta = 3, 8, 2, 4, 64, 40, 10000.0
+    q = torch.randn(batch, heads, seq, dim, device="cuda").to(dtype)
+    k_new = torch.randn(batch, kv_heads, seq, dim, device="cuda").to(dtype)
+    v_new = torch.randn_like(k_new)
+    k_cache = torch.zeros(batch, kv_heads, cap, dim, device="cuda", dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    past = torch.tensor([0, 17, 38], dtype=torch.int64, device="cuda")  # tokens 40, 41 of the last overflow
+    counters = att.Counters()
+    q_out = att.rope_append(q.clone(), k_new, v_new, k_cache, v_cache, past, rope_theta=theta,
+                            interleaved=interleaved, counters=counters)
+
+    def rotate(x, positions):
+        inv = 1.0 / theta ** (torch.arange(0, dim, 2, device="cuda").float() / dim)
+        ang = positions.float()[:, None] * inv[None]  # [S, D/2]
+        cos, sin = ang.cos(), ang.sin()
+        xf = x.float()
+        if interleaved:
+            x0, x1 = xf[..., 0::2], xf[..., 1::2]
+            out = torch.empty_like(xf)
+            out[..., 0::2], out[..., 1::2] = x0 * cos - x1 * sin, x1 * cos + x0 * sin
+        else:
+            x0, x1 = xf[..., : dim // 2], xf[..., dim // 2:]
+            out = torch.cat([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
+        return out
+
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    for b in range(batch):
+        pos = int(past[b]) + torch.arange(seq, device="cuda")
+        torch.testing.assert_close(q_out[b].float(), rotate(q[b], pos), atol=tol, rtol=tol)
+        keep = pos < cap
+        torch.testing.assert_close(k_cache[b][:, pos[keep]].float(), rotate(k_new[b], pos)[:, keep], atol=tol, rtol=tol)
+        assert torch.equal(v_cache[b][:, pos[keep]], v_new[b][:, keep])
+    assert counters.clamped_rows == 2 * kv_heads  # tokens at 40 and 41 of sequence 2 do not fit
+
+
+# --- bad input: a clear error, never a crash ----------------------------------------------------------------------
+
+def test_bad_inputs_raise_clear_errors():
+    from fdpp_rewrite.errors import FdppError
+
+    att = _att()
+    q, k, v, past = make_inputs(1, 4, 4, 1, 64, 128, torch.float16)
+    with pytest.raises(FdppError, match="head_dim 96"):
+        att.attention(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous(), past)
+    with pytest.raises(FdppError, match="float16, bfloat16 or float32"):
+        att.attention(q.double(), k.double(), v.double(), past)
+    with pytest.raises(FdppError, match="KV cache holds 64"):
+        att.attention(q, k, v, torch.tensor([64]))
+    with pytest.raises(FdppError, match="not a multiple"):
+        att.attention(q[:, :3], k, v, past)
+    with pytest.raises(FdppError, match="exceeds the KV cache length"):
+        att.attention(q, k, v, past, max_kv_len=65)
+    storage = torch.zeros(q.numel() + 1, dtype=torch.float16, device="cuda")
+    misaligned = storage[1:].view(q.shape)
+    with pytest.raises(FdppError, match="16-byte aligned"):
+        att.attention(misaligned, k, v, past)
+    with pytest.raises(FdppError, match="bfloat16 but query is torch.float16|is torch.bfloat16"):
+        att.attention(q, k.bfloat16(), v, past)
+
+
+def test_c_abi_rejects_bad_arguments_without_crashing():
+    import ctypes
+
+    att = _att()
+    lib = att.library()
+    q, k, v, past = make_inputs(1, 4, 4, 1, 64, 128, torch.float16)
+    out = torch.empty_like(q)
+    args = att._args(q, k, v, out, past, None, **att._defaults({}))
+    args.kv_capacity = 64
+    args.max_kv_len = 100
+    assert lib.fdpp_attention_forward(ctypes.byref(args), None, 0, None) == 1
+    assert b"exceeds the KV cache length" in lib.fdpp_last_error()
+    args.max_kv_len = 0
+    args.head_dim = 80
+    assert lib.fdpp_attention_forward(ctypes.byref(args), None, 0, None) == 2
+    args.head_dim = 128
+    args.dtype = 7
+    assert lib.fdpp_attention_forward(ctypes.byref(args), None, 0, None) == 1
+    args.dtype = 0
+    args.key = k.data_ptr() + 2
+    assert lib.fdpp_attention_forward(ctypes.byref(args), None, 0, None) == 1
+    assert b"16-byte aligned" in lib.fdpp_last_error()
+    args.key = k.data_ptr()
+    assert lib.fdpp_attention_forward(ctypes.byref(args), None, 0, None) == 1  # decode needs its workspace
+    assert b"workspace" in lib.fdpp_last_error()

@@ -1,0 +1,249 @@
+"""The flat GEMM (ImplA GEMV, ImplB flat GEMM, ImplC cuBLASLt / CUTLASS, and the dispatch) against a float32
+reference, with a tolerance relative to cuBLAS's own fp16/bf16 error: |ours - ref| <= 2 |torch - ref| (max over
+the output) plus a hair. Odd M, N and K that are not multiples of any tile, every epilogue, both dtypes; the
+output is poisoned with NaN first so an unwritten element fails."""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ["float16", "bfloat16"]
+MS = [1, 3, 5, 7, 9, 13, 64, 100]
+# (n, k): N not a multiple of 16 and K not a multiple of any k_tile; a Llama-sized square; a tiny one.
+SHAPES = [(1000, 1032), (4096, 4096), (40, 200)]
+EPILOGUES = ["none", "bias", "residual", "bias+residual", "silu_mul", "silu_mul+bias+residual"]
+IMPLS = ["impla", "implb", "cublaslt", "cutlass"]
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _tdtype(name):
+    torch = _torch()
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def _inputs(m, n, k, dtype, epilogue, seed=0):
+    torch = _torch()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    t = _tdtype(dtype)
+    x = torch.randn(m, k, device="cuda", dtype=t, generator=gen)
+    w = (torch.randn(n, k, device="cuda", dtype=t, generator=gen) / k**0.5).to(t)
+    bias = torch.randn(n, device="cuda", dtype=t, generator=gen) if "bias" in epilogue else None
+    n_out = n // 2 if epilogue.startswith("silu_mul") else n
+    residual = torch.randn(m, n_out, device="cuda", dtype=t, generator=gen) if "residual" in epilogue else None
+    return x, w, bias, residual
+
+
+def _reference(x, w, bias, residual, silu, dtype_path):
+    """(float32 reference, torch's own result in the input dtype through cuBLAS)."""
+    torch = _torch()
+    F = torch.nn.functional
+
+    def compute(xx, ww, bb, rr):
+        y = F.linear(xx, ww, bb)
+        if silu:
+            g, u = y.chunk(2, dim=-1)
+            y = F.silu(g) * u
+        if rr is not None:
+            y = y + rr
+        return y
+
+    ref = compute(x.float(), w.float(), None if bias is None else bias.float(),
+                  None if residual is None else residual.float())
+    ours_peer = compute(x, w, bias, residual)
+    return ref, ours_peer
+
+
+def _check(out, ref, peer):
+    torch = _torch()
+    assert not torch.isnan(out).any(), "some output element was not written (NaN poison survived) or is NaN"
+    err = (out.float() - ref).abs().max().item()
+    peer_err = (peer.float() - ref).abs().max().item()
+    floor = 1e-5 * ref.abs().max().item() + 1e-6
+    assert err <= 2 * peer_err + floor, f"max error {err:.3g} > 2 x cuBLAS's {peer_err:.3g}"
+
+
+def _run(impl, x, w, bias, residual, epilogue, config=None, plan=None, pad_m=8):
+    torch = _torch()
+    from fdpp_rewrite.gpu import gemm
+
+    n = w.shape[0]
+    silu = epilogue.startswith("silu_mul")
+    n_out = n // 2 if silu else n
+    out = torch.full((x.shape[0], n_out), float("nan"), device="cuda", dtype=x.dtype)
+    ep = "silu_mul" if silu else "none"
+    if impl == "auto":
+        gemm.linear(x, w, bias, residual, epilogue=ep, plan=plan, out=out)
+    elif impl == "implb" and pad_m != 8:
+        args = gemm.make_args(x, w, bias, residual, out, ep)
+        gemm.run_impl(args, "implb", config, pad_m=pad_m)
+    else:
+        gemm.linear(x, w, bias, residual, epilogue=ep, impl=impl, implb_config=config, out=out)
+    torch.cuda.synchronize()
+    return out
+
+
+def _skip_unavailable(impl):
+    from fdpp_rewrite.gpu import gemm
+
+    if impl == "cublaslt" and not gemm.cublaslt_available():
+        pytest.skip("libcublasLt not found (set FDPP_CUBLASLT_LIBRARY)")
+    if impl == "cutlass" and not gemm.cutlass_available():
+        pytest.skip("library built without the CUTLASS headers")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_fp32_reference(impl, m, shape, epilogue, dtype):
+    if impl == "impla" and m > 8:
+        pytest.skip("ImplA handles M <= 8")
+    if impl == "implb" and m > 64:
+        pytest.skip("ImplB handles M <= 64")
+    _skip_unavailable(impl)
+    n, k = shape
+    x, w, bias, residual = _inputs(m, n, k, dtype, epilogue)
+    silu = epilogue.startswith("silu_mul")
+    out = _run(impl, x, w, bias, residual, epilogue)
+    ref, peer = _reference(x, w, bias, residual, silu, dtype)
+    _check(out, ref, peer)
+
+
+# ImplB configs: every n_tile, k_tile per warp 32..256, no overlap (stages 1) to deep, split-K over clusters.
+IMPLB_CONFIGS = [
+    {"n_tile": 16, "k_tile": 128, "stages": 1, "split_k": 1},
+    {"n_tile": 16, "k_tile": 256, "stages": 2, "split_k": 2},
+    {"n_tile": 16, "k_tile": 512, "stages": 4, "split_k": 4},
+    {"n_tile": 32, "k_tile": 64, "stages": 3, "split_k": 8},
+    {"n_tile": 32, "k_tile": 256, "stages": 2, "split_k": 1},
+    {"n_tile": 64, "k_tile": 32, "stages": 4, "split_k": 2},
+    {"n_tile": 64, "k_tile": 128, "stages": 8, "split_k": 1},
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("epilogue", ["none", "silu_mul+bias+residual"])
+@pytest.mark.parametrize("m", [1, 7, 13, 33, 64])
+@pytest.mark.parametrize("config", IMPLB_CONFIGS, ids=lambda c: "n{n_tile}k{k_tile}s{stages}x{split_k}".format(**c))
+def test_implb_configs(config, m, epilogue, dtype):
+    from fdpp_rewrite.gpu import gemm
+
+    if config["split_k"] > 1 and gemm.device_info()["cc_major"] < 9:
+        pytest.skip("split_k > 1 needs thread-block clusters (sm_90)")
+    n, k = (1000, 2056) if not epilogue.startswith("silu") else (688, 2056)
+    x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m)
+    out = _run("implb", x, w, bias, residual, epilogue, config=config)
+    ref, peer = _reference(x, w, bias, residual, epilogue.startswith("silu"), dtype)
+    _check(out, ref, peer)
+
+
+@pytest.mark.parametrize("pad_m", [16, 64])
+@pytest.mark.parametrize("m", [1, 9, 17])
+def test_implb_padding_ablation_is_exact_math(pad_m, m):
+    x, w, bias, residual = _inputs(m, 1000, 1032, "float16", "none")
+    out = _run("implb", x, w, None, None, "none", config={"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1},
+               pad_m=pad_m)
+    ref, peer = _reference(x, w, None, None, False, "float16")
+    _check(out, ref, peer)
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_impla_split_k(split_k, m):
+    from fdpp_rewrite.gpu import gemm
+
+    if split_k > 1 and gemm.device_info()["cc_major"] < 9:
+        pytest.skip("split_k > 1 needs thread-block clusters (sm_90)")
+    torch = _torch()
+    x, w, bias, residual = _inputs(m, 1003, 4104, "bfloat16", "bias+residual")
+    out = torch.full((m, 1003), float("nan"), device="cuda", dtype=x.dtype)
+    gemm.run_impl(gemm.make_args(x, w, bias, residual, out), "impla", impla_split_k=split_k)
+    torch.cuda.synchronize()
+    ref, peer = _reference(x, w, bias, residual, False, "bfloat16")
+    _check(out, ref, peer)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 12, 40, 100])
+def test_dispatch_through_plan(m):
+    """The plan's thresholds route M to ImplA / ImplB / ImplC; each route is right."""
+    from fdpp_rewrite.gpu import gemm
+
+    plan = {"m1": 2, "m2": 40, "implb": {"n_tile": 32, "k_tile": 128, "stages": 3, "split_k": 2}, "implc": "cutlass"}
+    if gemm.device_info()["cc_major"] < 9:
+        plan["implb"]["split_k"] = 1
+    x, w, bias, residual = _inputs(m, 688, 1032, "float16", "silu_mul+bias+residual")
+    out = _run("auto", x, w, bias, residual, "silu_mul+bias+residual", plan=plan)
+    ref, peer = _reference(x, w, bias, residual, True, "float16")
+    _check(out, ref, peer)
+
+
+def test_cuda_graph_capture_and_replay():
+    """One graph holding an ImplA, an ImplB and an ImplC launch; replayed on new inputs it matches eager runs."""
+    torch = _torch()
+    from fdpp_rewrite.gpu import gemm
+
+    n, k = 1000, 1032
+    plan = {"m1": 1, "m2": 16, "implb": {"n_tile": 16, "k_tile": 256, "stages": 4, "split_k": 1}, "implc": "cublaslt"}
+    if not gemm.cublaslt_available():
+        plan["implc"] = "cutlass"
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k**0.5
+    xs = {m: torch.randn(m, k, device="cuda", dtype=torch.float16) for m in (1, 7, 40)}
+    outs = {m: torch.empty(m, n, device="cuda", dtype=torch.float16) for m in xs}
+    ws = torch.empty(gemm.workspace_bytes(40, n, "float16", plan=plan), dtype=torch.uint8, device="cuda")
+    args = {m: gemm.make_args(xs[m], w, out=outs[m]) for m in xs}
+    for m in xs:
+        gemm.prepare(args[m], plan)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for m in xs:  # warm-up outside the capture
+            gemm.run(args[m], plan, ws)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for m in xs:
+            gemm.run(args[m], plan, ws)
+    for trial in range(2):
+        for m in xs:
+            xs[m].copy_(torch.randn(m, k, device="cuda", dtype=torch.float16))
+            outs[m].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for m in xs:
+            expected = torch.empty_like(outs[m])
+            gemm.run(gemm.make_args(xs[m], w, out=expected), plan, ws)
+            torch.cuda.synchronize()
+            assert torch.equal(outs[m], expected), f"graph replay {trial} differs from eager at M={m}"
+
+
+def test_unsupported_inputs_fail_clearly():
+    torch = _torch()
+    from fdpp_rewrite.errors import FdppError
+    from fdpp_rewrite.gpu import gemm
+
+    w = torch.randn(64, 100, device="cuda", dtype=torch.float16)
+    x = torch.randn(2, 100, device="cuda", dtype=torch.float16)
+    with pytest.raises(FdppError, match="multiple of 8"):
+        gemm.linear(x, w, impl="implb")
+    buf = torch.randn(2 * 64 + 1, device="cuda", dtype=torch.float16)
+    w2 = torch.randn(32, 64, device="cuda", dtype=torch.float16)
+    x_misaligned = buf[1:].view(2, 64)
+    with pytest.raises(FdppError, match="16-byte aligned"):
+        gemm.linear(x_misaligned, w2, impl="implb")
+    x9 = torch.randn(9, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(FdppError, match="M <= 8"):
+        gemm.linear(x9, w2, impl="impla")
+    x65 = torch.randn(65, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(FdppError, match="M <= 64"):
+        gemm.linear(x65, w2, impl="implb")
+    x2 = torch.randn(2, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(FdppError, match="n_tile"):
+        gemm.linear(x2, w2, impl="implb", implb_config={"n_tile": 48, "k_tile": 64, "stages": 2, "split_k": 1})
+    with pytest.raises(FdppError, match="float16"):
+        gemm.linear(x.float(), w2.float())

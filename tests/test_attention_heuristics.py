@@ -1,0 +1,36 @@
+"""The attention planner's pure host heuristics, through the C ABI, without a GPU: the worked examples of
+plugins/kernels/attention_heuristics.h."""
+
+import pytest
+
+from fdpp_rewrite.gpu import lib as fdpp_lib
+
+pytestmark = pytest.mark.skipif(not fdpp_lib.library_path().exists(), reason="plugin library not built")
+
+H200_SLOTS = 132 * 2
+
+
+@pytest.mark.parametrize("units,tiles,expected", [
+    (32, 16, 8),     # B=1, 32 KV heads, L=1K: 8 splits of 2 tiles, 256 CTAs in one wave
+    (32, 512, 8),    # B=1, L=32K: still one wave, 2 MB per CTA
+    (256, 512, 1),   # B=8: 256 units already fill the slots
+    (8, 128, 33),    # GQA, 8 KV heads, L=8K
+    (8, 16, 16),     # capped by the number of tiles
+    (512, 64, 1),    # more units than slots: one split, equal waves
+    (1, 4096, 128),  # capped at 128 splits
+    (5, 1, 1),       # a single tile cannot be split
+])
+def test_decode_splits_worked_examples(units, tiles, expected):
+    from fdpp_rewrite.gpu.attention import decode_splits
+
+    assert decode_splits(units, tiles, H200_SLOTS) == expected
+
+
+def test_decode_splits_fill_but_never_exceed_one_wave():
+    from fdpp_rewrite.gpu.attention import decode_splits
+
+    for units in (1, 3, 7, 32, 100, 263):
+        for tiles in (2, 17, 500):
+            splits = decode_splits(units, tiles, H200_SLOTS)
+            assert 1 <= splits <= min(tiles, 128)
+            assert units * splits <= H200_SLOTS

@@ -1,0 +1,136 @@
+"""`python -m fdpp_rewrite compare`: PASS on a faithful rewrite, FAIL (exit 1) on a corrupted one."""
+
+import io
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+from rewrite_graphs import TinyConfig, build_tiny_model
+
+from fdpp_rewrite import cli
+from fdpp_rewrite.compare import compare_models, exporter_steps, generic_steps
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.rewrite import rewrite_model
+
+ALL_COMMANDS = dict(cli.COMMANDS)
+
+
+def run_compare(monkeypatch, *argv):
+    monkeypatch.setattr(cli, "COMMANDS", {"compare": ALL_COMMANDS["compare"]})
+    return cli.main(["compare", *argv])
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("compare")
+    model = build_tiny_model(TinyConfig(layers=2))
+    rewritten = rewrite_model(model, stream=io.StringIO()).model
+    onnx.save(model, str(folder / "tiny.onnx"))
+    onnx.save(rewritten, str(folder / "tiny.fdpp.onnx"))
+    return folder / "tiny.onnx", folder / "tiny.fdpp.onnx", rewritten
+
+
+def corrupted(rewritten, tmp_path, op, name, value, drop_input=None):
+    """A copy of the rewrite with one attribute of the first `op` node changed (that node chosen among those
+    with input `drop_input` when given, and that input removed so the node stays valid)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(rewritten)
+    candidates = [n for n in model.graph.node if n.op_type == op]
+    if drop_input is not None:
+        candidates = [n for n in candidates if len(n.input) == drop_input + 1]
+    node = candidates[0]
+    if drop_input is not None:
+        del node.input[drop_input]
+    attr = next(a for a in node.attribute if a.name == name)
+    attr.CopyFrom(helper.make_attribute(name, value))
+    path = tmp_path / "corrupted.fdpp.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_faithful_rewrite_passes(monkeypatch, tiny_pair, capsys):
+    original, rewritten, _ = tiny_pair
+    assert run_compare(monkeypatch, str(original), str(rewritten), "--batch", "3") == 0
+    out = capsys.readouterr().out
+    for step in ("prefill", "decode", "chunk"):
+        assert f"{step:8} logits" in out
+    assert out.count("PASS") == 3 * 5 + 1 and "FAIL" not in out  # 3 steps x 5 outputs, then the verdict
+
+
+@pytest.mark.parametrize("op, name, value, drop_input", [
+    ("AsyncSoftmaxAttention", "scale", 0.5, None),       # the true scale is 1/sqrt(8)
+    ("AsyncSoftmaxAttention", "mask_mode", "none", 3),   # no mask: reads the noise in the unwritten cache slots
+    ("FlatGemm", "epilogue", "none", 2),                 # the o projection (x, weight, residual) loses its residual
+])
+def test_corrupted_rewrite_fails(monkeypatch, tiny_pair, tmp_path, capsys, op, name, value, drop_input):
+    original, _, rewritten = tiny_pair
+    path = corrupted(rewritten, tmp_path, op, name, value, drop_input)
+    assert run_compare(monkeypatch, str(original), str(path)) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("FAIL") and "logits" in out
+
+
+def test_phi_changes_speed_not_results(tiny_pair, tmp_path):
+    """A phi far from the scores sends every row to the fallback: still exact, and the fallback is counted."""
+    original, _, rewritten = tiny_pair
+    report = compare_models(original, corrupted(rewritten, tmp_path, "AsyncSoftmaxAttention", "phi", 500.0))
+    assert report.passed and report.fallback_rows > 0
+    assert compare_models(original, rewritten).fallback_rows == 0
+
+
+def test_float16_model_passes(tmp_path):
+    model = build_tiny_model(TinyConfig(dtype="float16", layout="4d"))
+    report = compare_models(model, rewrite_model(model, stream=io.StringIO()).model)
+    assert report.passed and report.dtype == "float16" and len(report.rows) == 15
+
+
+def test_second_model_must_be_the_rewrite(monkeypatch, tiny_pair, capsys):
+    original, _, _ = tiny_pair
+    assert run_compare(monkeypatch, str(original), str(original)) == 2
+    assert "no fdpp nodes" in capsys.readouterr().err
+
+
+def test_batch_must_mix_sequences(tiny_pair):
+    original, rewritten, _ = tiny_pair
+    with pytest.raises(FdppError, match="at least 2"):
+        compare_models(original, rewritten, batch=1)
+
+
+def test_exporter_steps_are_realistic(tiny_pair):
+    original, _, _ = tiny_pair
+    session = ort.InferenceSession(str(original))
+    steps = exporter_steps(session, vocab=61, batch=3, prefill=6, rng=np.random.default_rng(0))
+    prefill, decode, chunk = steps
+    assert prefill["input_ids"].shape == (3, 6) and (prefill["past_len"] == 0).all()
+    assert decode["input_ids"].shape == (3, 1) and len(set(decode["past_len"])) > 1
+    assert chunk["input_ids"].shape == (3, 3) and len(set(chunk["past_len"])) > 1
+    for feed in steps:
+        assert feed["input_ids"].min() >= 0 and feed["input_ids"].max() < 61
+    cache = decode["key_cache.0"]
+    assert np.abs(cache[:, :, :6]).sum() > 0 and np.abs(cache[:, :, 6:]).sum() > 0  # prefill values, then noise
+    np.testing.assert_array_equal(decode["key_cache.1"], chunk["key_cache.1"])
+
+
+def test_generic_steps_for_other_graphs():
+    class Meta:
+        def __init__(self, name, type_, shape):
+            self.name, self.type, self.shape = name, type_, shape
+
+    class Session:
+        def __init__(self, metas):
+            self.metas = metas
+
+        def get_inputs(self):
+            return self.metas
+
+    session = Session([Meta("input_ids", "tensor(int64)", ["batch", "seq"]),
+                       Meta("attention_mask", "tensor(int64)", ["batch", "seq"]),
+                       Meta("position_ids", "tensor(int64)", ["batch", "seq"])])
+    (feed,) = generic_steps(session, vocab=50, batch=2, seq=5, rng=np.random.default_rng(0))
+    assert feed["input_ids"].shape == (2, 5) and feed["input_ids"].max() < 50
+    assert (feed["attention_mask"] == 1).all() and (feed["position_ids"][1] == np.arange(5)).all()
+    with pytest.raises(FdppError, match="token_type_ids"):
+        generic_steps(Session([Meta("token_type_ids", "tensor(int64)", ["batch", "seq"])]), 50, 2, 5,
+                      np.random.default_rng(0))

@@ -1,0 +1,122 @@
+"""The heuristic dataflow's host code (plugins/kernels/gemm_heuristics.h) through the C ABI, on the CPU: the
+worked examples in the header's comments, config validation and the profiler's candidate list."""
+
+import pytest
+
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.gpu import lib as fdpp_lib
+
+pytestmark = pytest.mark.skipif(not fdpp_lib.library_path().exists(), reason="plugin library not built (make lib)")
+
+H200 = {"num_sms": 132, "cc_major": 9, "max_smem": 232448}
+A100 = {"num_sms": 108, "cc_major": 8, "max_smem": 166912}
+
+
+def gemm():
+    from fdpp_rewrite.gpu import gemm as module
+
+    return module
+
+
+def plan(m1, m2, implc="cublaslt", **implb):
+    config = {"n_tile": 16, "k_tile": 256, "stages": 4, "split_k": 1}
+    config.update(implb)
+    return {"m1": m1, "m2": m2, "implb": config, "implc": implc}
+
+
+@pytest.mark.parametrize("m, expected", [(1, "impla"), (2, "implb"), (32, "implb"), (33, "cublaslt"), (4096, "cublaslt")])
+def test_select_worked_example(m, expected):
+    # gemm_heuristics.h: o_proj with m1 = 1, m2 = 32, ImplC = cuBLASLt.
+    assert gemm().select(m, plan(1, 32)) == expected
+
+
+def test_select_without_impla_and_with_cutlass():
+    assert gemm().select(1, plan(0, 16, "cutlass")) == "implb"
+    assert gemm().select(17, plan(0, 16, "cutlass")) == "cutlass"
+    assert gemm().select(5, plan(4, 4)) == "cublaslt"  # ImplB never used when m2 == m1
+
+
+def test_select_caps_thresholds_at_what_each_implementation_handles():
+    # The contract allows any m1/m2; ImplA stops at 8 rows and ImplB at 64.
+    assert gemm().select(8, plan(100, 200)) == "impla"
+    assert gemm().select(9, plan(100, 200)) == "implb"
+    assert gemm().select(65, plan(100, 200)) == "cublaslt"
+
+
+def test_select_accepts_the_contracts_cublas_spelling():
+    assert gemm().select(100, plan(0, 16, "cublas")) == "cublaslt"
+
+
+@pytest.mark.parametrize("bad, message", [
+    (plan(-1, 4), "m1 must be >= 0"),
+    (plan(8, 4), "m2 must be >= m1"),
+])
+def test_bad_plans_are_rejected(bad, message):
+    with pytest.raises(FdppError, match=message):
+        gemm().select(1, bad)
+
+
+def test_unknown_implc_is_rejected():
+    with pytest.raises(FdppError, match="implc"):
+        gemm().select(1, plan(0, 4, "magma"))
+
+
+@pytest.mark.parametrize("n, k, silu, expected", [
+    (12288, 4096, False, {"n_tile": 32, "k_tile": 128, "stages": 4, "split_k": 1}),   # qkv
+    (4096, 4096, False, {"n_tile": 16, "k_tile": 256, "stages": 4, "split_k": 2}),    # o
+    (576, 576, False, {"n_tile": 16, "k_tile": 256, "stages": 4, "split_k": 2}),      # smollm2 o
+])
+def test_default_plan_worked_examples(n, k, silu, expected):
+    p = gemm().default_plan(n, k, "silu_mul" if silu else "none", num_sms=132, cc_major=9)
+    assert p["implb"] == expected
+    assert (p["m1"], p["m2"], p["implc"]) == (0, 16, "cublaslt")
+
+
+def test_default_plan_never_splits_k_without_clusters():
+    p = gemm().default_plan(4096, 4096, num_sms=108, cc_major=8)
+    assert p["implb"]["split_k"] == 1
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"n_tile": 48, "k_tile": 64, "stages": 2, "split_k": 1}, "n_tile"),
+    ({"n_tile": 16, "k_tile": 96, "stages": 2, "split_k": 1}, "must be 32, 64, 128 or 256"),
+    ({"n_tile": 64, "k_tile": 512, "stages": 2, "split_k": 1}, "must be 32, 64, 128 or 256"),
+    ({"n_tile": 16, "k_tile": 256, "stages": 0, "split_k": 1}, "stages"),
+    ({"n_tile": 16, "k_tile": 256, "stages": 9, "split_k": 1}, "stages"),
+    ({"n_tile": 16, "k_tile": 256, "stages": 2, "split_k": 16}, "split_k"),
+    ({"n_tile": 16, "k_tile": 1024, "stages": 8, "split_k": 1}, "shared memory"),
+    ({"n_tile": 16, "k_tile": 512, "stages": 2, "split_k": 8}, "k_tile steps"),
+])
+def test_invalid_implb_configs_name_the_problem(config, message):
+    with pytest.raises(FdppError, match=message):
+        gemm().check_implb_config(config, m=1, k=2048, max_smem=H200["max_smem"], cc_major=9)
+
+
+def test_split_k_needs_clusters():
+    config = {"n_tile": 16, "k_tile": 256, "stages": 2, "split_k": 2}
+    gemm().check_implb_config(config, m=1, k=4096, max_smem=H200["max_smem"], cc_major=9)
+    with pytest.raises(FdppError, match="clusters"):
+        gemm().check_implb_config(config, m=1, k=4096, max_smem=A100["max_smem"], cc_major=8)
+
+
+@pytest.mark.parametrize("n, k", [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008), (960, 576), (576, 1536)])
+@pytest.mark.parametrize("device", [H200, A100], ids=["h200", "a100"])
+def test_candidates_are_valid_and_within_the_contract(n, k, device):
+    configs = gemm().implb_candidates(n, k, 1, device["num_sms"], device["max_smem"], device["cc_major"])
+    assert 10 <= len(configs) <= 200
+    assert len({tuple(c.values()) for c in configs}) == len(configs)
+    for c in configs:
+        gemm().check_implb_config(c, 1, k, device["max_smem"], device["cc_major"])
+        assert c["n_tile"] in (16, 32, 64) and c["k_tile"] <= 512 and c["stages"] <= 4 and c["split_k"] <= 8
+        if device["cc_major"] < 9:
+            assert c["split_k"] == 1
+
+
+def test_workspace_only_when_implc_is_reachable():
+    g = gemm()
+    assert g.workspace_bytes(16, 4096, "float16", plan=plan(1, 16)) == 0
+    assert g.workspace_bytes(64, 4096, "float16", plan=plan(1, 200)) == 0
+    plain = g.workspace_bytes(17, 4096, "float16", plan=plan(1, 16))
+    silu = g.workspace_bytes(256, 22016, "float16", "silu_mul", plan=plan(1, 16))
+    assert plain >= 8 << 20
+    assert silu >= plain + 256 * 22016 * 2  # the pre-activation buffer for silu_mul

@@ -1,0 +1,125 @@
+"""The profiler's pure parts on the CPU: which shapes a model has, how M1/M2/ImplC are chosen from curves,
+how a profile file is merged, and the CLI's error without a GPU."""
+
+import argparse
+
+import pytest
+
+from fdpp_rewrite import profile
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.models import get_config
+
+
+def test_model_shapes_llama2_7b():
+    assert profile.model_shapes(get_config("llama2-7b")) == [
+        ("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096), ("down", 4096, 11008),
+        ("lm_head", 32000, 4096)]
+
+
+def test_model_shapes_gqa_and_relu_families():
+    glm = dict((name, (n, k)) for name, n, k in profile.model_shapes(get_config("chatglm2-6b")))
+    assert glm["qkv"] == (4096 + 2 * 2 * 128, 4096) and glm["gate_up"] == (2 * 13696, 4096)
+    opt = [name for name, _, _ in profile.model_shapes(get_config("opt-6.7b"))]
+    assert opt == ["qkv", "o", "fc1", "fc2", "lm_head"]
+    smol = dict((name, (n, k)) for name, n, k in profile.model_shapes(get_config("smollm2-135m")))
+    assert smol["qkv"] == (576 + 2 * 3 * 64, 576) and smol["lm_head"] == (49152, 576)
+
+
+def curves(ms, a, b, lt, cutlass):
+    return {"m": ms, "impla_us": a, "implb_us": b, "cublaslt_us": lt, "cutlass_us": cutlass}
+
+
+def test_choose_plan_finds_the_crossovers():
+    ms = [1, 2, 4, 8, 16, 32, 64, 128]
+    a = [10, 12, 20, 40, None, None, None, None]          # GEMV best only at M = 1
+    b = [11, 11, 11, 12, 13, 20, 40, None]                # flat GEMM best up to 16
+    lt = [30, 30, 30, 30, 30, 18, 19, 25]                 # library best from 32
+    cut = [35, 35, 35, 35, 35, 22, 24, 30]
+    choice = profile.choose_plan(ms, curves(ms, a, b, lt, cut))
+    assert (choice["m1"], choice["m2"], choice["implc"]) == (1, 16, "cublaslt")
+    assert choice["worst_ratio"] == 1.0
+
+
+def test_choose_plan_without_impla_and_with_cutlass_faster():
+    ms = [1, 2, 4, 8, 16, 32]
+    a = [12, 14, 20, 30, None, None]
+    b = [10, 10, 10, 11, 13, 30]
+    lt = [30, 30, 30, 30, 30, 25]
+    cut = [30, 30, 30, 30, 30, 20]
+    choice = profile.choose_plan(ms, curves(ms, a, b, lt, cut))
+    assert (choice["m1"], choice["m2"], choice["implc"]) == (0, 16, "cutlass")
+
+
+def test_choose_plan_prefers_the_smallest_worst_ratio_over_noise():
+    # ImplA and ImplB trade places within noise at M = 2; the thresholds must not chase it into a big loss.
+    ms = [1, 2, 3, 4]
+    a = [10.0, 10.0, 15.0, 20.0]
+    b = [10.2, 9.9, 10.0, 10.0]
+    lt = [40.0] * 4
+    choice = profile.choose_plan(ms, curves(ms, a, b, lt, [None] * 4))
+    assert choice["m1"] in (0, 1, 2) and choice["m2"] == 4
+    assert choice["worst_ratio"] <= 1.02
+
+
+def test_choose_plan_respects_where_implb_cannot_run():
+    ms = [1, 8, 16, 32, 64]
+    b = [10, 10, 10, None, 9]  # a config that does not fit at M = 32
+    lt = [20, 20, 20, 20, 20]
+    choice = profile.choose_plan(ms, curves(ms, [None] * 5, b, lt, [None] * 5))
+    assert choice["m2"] == 16
+
+
+def test_choose_plan_without_any_implc_is_an_error():
+    with pytest.raises(FdppError, match="ImplC"):
+        profile.choose_plan([1], curves([1], [1.0], [1.0], [None], [None]))
+
+
+def entry(n, k, m1=1, dtype="float16"):
+    return {"n": n, "k": k, "dtype": dtype, "m1": m1, "m2": 16,
+            "implb": {"n_tile": 16, "k_tile": 256, "stages": 4, "split_k": 1}, "implc": "cublaslt"}
+
+
+HEADER = {"schema": profile.PROFILE_SCHEMA, "gpu": "NVIDIA H200", "presets": ["llama2-7b"]}
+
+
+def test_merge_keeps_other_shapes_and_skips_known_ones_without_force():
+    existing = dict(HEADER, presets=["opt-6.7b"], shapes=[entry(4096, 4096, m1=3), entry(50272, 4096)])
+    data, replaced = profile.merge_profile(existing, HEADER, [entry(4096, 4096, m1=1), entry(12288, 4096)], False)
+    keys = [(e["n"], e["k"]) for e in data["shapes"]]
+    assert keys == [(4096, 4096), (12288, 4096), (50272, 4096)]
+    assert data["shapes"][0]["m1"] == 3 and replaced == []
+    assert data["presets"] == ["llama2-7b", "opt-6.7b"]
+
+
+def test_merge_with_force_replaces_and_reports():
+    existing = dict(HEADER, shapes=[entry(4096, 4096, m1=3)])
+    data, replaced = profile.merge_profile(existing, HEADER, [entry(4096, 4096, m1=1)], True)
+    assert data["shapes"][0]["m1"] == 1 and replaced == [(4096, 4096, "float16")]
+
+
+def test_merge_refuses_another_gpus_file():
+    existing = dict(HEADER, gpu="NVIDIA A100-SXM4-80GB", shapes=[])
+    with pytest.raises(FdppError, match="A100"):
+        profile.merge_profile(existing, HEADER, [], False)
+
+
+def test_gpu_slug():
+    assert profile.gpu_slug("NVIDIA H200") == "h200"
+    assert profile.gpu_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
+
+
+def test_m_grid_is_the_issues_sweep():
+    assert profile.M_GRID[:16] == list(range(1, 17))
+    assert profile.M_GRID[16:] == [24, 32, 48, 64, 96, 128, 192, 256]
+
+
+def test_without_gpu_the_command_fails_with_a_one_line_error():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    parser = argparse.ArgumentParser()
+    profile.add_arguments(parser)
+    args = parser.parse_args(["llama2-7b", "smollm2-135m", "--plots", "/tmp/unused"])
+    with pytest.raises(FdppError, match="GPU") as info:
+        profile.run(args)
+    assert "\n" not in str(info.value)

@@ -1,0 +1,91 @@
+"""Profile files (engines/profiles/<gpu>.json): loading, validation and the rewriter's choice rule."""
+
+import json
+
+import pytest
+
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.profiles import UNPROFILED, UNPROFILED_DEFAULT, load_profile, resolve_choices
+
+QKV, O_PROJ = (960, 576, "float16"), (576, 576, "float16")
+
+
+def shape_entry(n, k, dtype="float16", m1=2, m2=24, **implb):
+    tiles = {"n_tile": 64, "k_tile": 128, "stages": 2, "split_k": 1, **implb}
+    return {"n": n, "k": k, "dtype": dtype, "m1": m1, "m2": m2, "implb": tiles, "implc": "cutlass",
+            "curves": {"m": [1, 2], "implA_us": [3.0, 5.0], "cublas_us": [4.0, 4.1]}}
+
+
+def write_profile(path, entries, **extra):
+    data = {"schema": "fdpp-profile/1", "gpu": "NVIDIA H200", "compute_capability": "9.0", "num_sms": 132,
+            "created": "2026-11-29T00:00:00Z", "command": "python -m fdpp_rewrite profile smollm2-135m",
+            "presets": ["smollm2-135m"], "shapes": entries, **extra}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_load_and_lookup(tmp_path):
+    path = write_profile(tmp_path / "h200.json", [shape_entry(960, 576, m1=3, m2=40, n_tile=32),
+                                                  shape_entry(576, 576)])
+    profile = load_profile(path)
+    choice = profile.lookup(*QKV)
+    assert (choice.m1, choice.m2, choice.implb_n_tile, choice.implb_k_tile) == (3, 40, 32, 128)
+    assert choice.profile == "h200.json (NVIDIA H200)" and profile.label == choice.profile
+    assert profile.lookup(960, 576, "bfloat16") is None  # keyed by dtype too
+    assert profile.presets == ("smollm2-135m",)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"schema": "fdpp-profile/0"}, "expected \"schema\""),
+    ({"shapes": {}}, "must be a list"),
+    ({"shapes": [{"n": 960, "k": 576, "dtype": "float16", "m1": 1}]}, "lacks or mistypes"),
+    ({"shapes": [shape_entry(960, 576, m1=30, m2=24)]}, "m1 <= m2"),
+    ({"shapes": [shape_entry(960, 576, n_tile=48)]}, "implb_n_tile"),
+    ({"shapes": [shape_entry(960, 576, dtype="int8")]}, "dtype='int8'"),
+    ({"shapes": [shape_entry(960, 576), shape_entry(960, 576)]}, "repeats"),
+])
+def test_malformed_profiles(tmp_path, change, message):
+    path = write_profile(tmp_path / "bad.json", [shape_entry(960, 576)], **change)
+    with pytest.raises(FdppError, match=message):
+        load_profile(path)
+
+
+def test_not_json_and_missing(tmp_path):
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(FdppError, match="not valid JSON"):
+        load_profile(tmp_path / "broken.json")
+    with pytest.raises(FdppError, match="no profile at"):
+        load_profile(tmp_path / "absent.json")
+
+
+def test_explicit_profile_must_cover_every_shape(tmp_path):
+    path = write_profile(tmp_path / "other-model.json", [shape_entry(4096, 4096)])
+    with pytest.raises(FdppError) as info:
+        resolve_choices([QKV, O_PROJ], explicit_path=path)
+    message = str(info.value)
+    assert "has no entry for [576, 576] float16" in message and "(and 1 more: [960, 576] float16)" in message
+    assert "a profile for another model?" in message and "fdpp_rewrite profile" in message
+
+
+def test_explicit_profile_used(tmp_path):
+    path = write_profile(tmp_path / "p.json", [shape_entry(960, 576, m1=5, m2=9), shape_entry(576, 576)])
+    choices, label, warnings = resolve_choices([QKV, O_PROJ, QKV], explicit_path=path)
+    assert choices[QKV].m1 == 5 and label == str(path) and warnings == []
+
+
+def test_default_profile_used_when_it_covers_the_model(tmp_path):
+    default = write_profile(tmp_path / "h200.json", [shape_entry(960, 576), shape_entry(576, 576)])
+    choices, label, warnings = resolve_choices([QKV, O_PROJ], default_path=default)
+    assert label == str(default) and not warnings and choices[O_PROJ].profile.startswith("h200.json")
+
+
+def test_unprofiled_default_when_the_default_misses_a_shape(tmp_path):
+    default = write_profile(tmp_path / "h200.json", [shape_entry(960, 576)])
+    choices, label, warnings = resolve_choices([QKV, O_PROJ], default_path=default)
+    assert label == UNPROFILED and set(choices.values()) == {UNPROFILED_DEFAULT}  # all shapes, not a mix
+    assert len(warnings) == 1 and "[576, 576] float16" in warnings[0] and "h200.json has no entry" in warnings[0]
+
+
+def test_unprofiled_default_without_any_profile(tmp_path):
+    choices, label, warnings = resolve_choices([QKV], default_path=tmp_path / "h200.json")
+    assert label == UNPROFILED and choices[QKV].profile == "unprofiled-default" and "no profile at" in warnings[0]
