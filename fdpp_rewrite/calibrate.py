@@ -160,8 +160,9 @@ def fallback_rows(row_max, row_min, phi: float, guard_lo: float, guard_hi: float
 
 
 def choose_phi(row_max, row_min, guard_lo: float = GUARD_LO, guard_hi: float = GUARD_HI, step: float = 0.05) -> float:
-    """The phi that sends the fewest rows to the fallback, the middle of the best run of candidates so that the
-    margin is largest on both sides."""
+    """A phi that sends the fewest calibration rows to the fallback. Among those (an interval [A, B]) it takes the
+    one nearest the median row max, as the paper's phi sits near the maxima (typical rows then have p near 1),
+    but keeps a margin of min(10, (B - A) / 4) from both ends for held-out rows beyond the calibration's."""
     import torch
 
     rmax = torch.sort(row_max.double()).values
@@ -176,7 +177,10 @@ def choose_phi(row_max, row_min, guard_lo: float = GUARD_LO, guard_hi: float = G
     best_idx = torch.nonzero(cost == best).flatten()
     runs = torch.split(best_idx, torch.diff(best_idx, prepend=best_idx[:1] - 1).ne(1).cumsum(0).bincount().tolist())
     longest = max(runs, key=len)
-    return round(float(candidates[longest[len(longest) // 2]]), 4)
+    a, b = float(candidates[longest[0]]), float(candidates[longest[-1]])
+    margin = min(10.0, (b - a) / 4)
+    target = float(row_max.double().median())
+    return round(min(max(target, a + margin), b - margin), 4)
 
 
 def summarize_layer(i, cal: LayerStats, held: LayerStats | None, phi: float) -> dict:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from tqdm import tqdm
 
 from fdpp_rewrite.contracts import OP_NAMES, load_contract
 from fdpp_rewrite.errors import FdppError
@@ -140,10 +141,11 @@ def _reference_runner_class():
     class ReferenceRunner(BaseRunner):
         """Polygraphy runner over fdpp_rewrite.ref_ops.make_reference_session (the CPU reference ops)."""
 
-        def __init__(self, model, name="fdpp-reference"):
+        def __init__(self, model, name="fdpp-reference", progress=None):
             super().__init__(name=name)
             self._model = model
             self._session = None
+            self._progress = progress  # a tqdm bar: the reference ops are the slow side of the comparison
 
         def activate_impl(self):
             self._session = make_reference_session(self._model)
@@ -159,6 +161,8 @@ def _reference_runner_class():
             start = time.perf_counter()
             outputs = self._session.run(names, dict(feed_dict))
             self.inference_time = time.perf_counter() - start  # polygraphy sums these
+            if self._progress is not None:
+                self._progress.update(1)
             return OrderedDict(zip(names, outputs))
 
         def deactivate_impl(self):
@@ -235,8 +239,10 @@ def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: 
     G_LOGGER.module_severity = G_LOGGER.ERROR  # our table says it all
     COUNTERS.reset()
     reference_source = rewritten if isinstance(rewritten, onnx.ModelProto) else str(rewritten)
-    runners = [OnnxrtRunner(session, name="onnxruntime-original"), _reference_runner_class()(reference_source)]
-    results = Comparator.run(runners, data_loader=steps)
+    with tqdm(total=len(steps), desc="reference run", unit="step", leave=False, disable=None) as progress:
+        runners = [OnnxrtRunner(session, name="onnxruntime-original"),
+                   _reference_runner_class()(reference_source, progress=progress)]
+        results = Comparator.run(runners, data_loader=steps)
     accuracy = Comparator.compare_accuracy(
         results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat="elemwise"))
     report = CompareReport(atol=atol, rtol=rtol, dtype=dtype, fallback_rows=COUNTERS.fallback_rows,

@@ -39,12 +39,14 @@ class GemmChoice:
         return asdict(self)
 
 
-# Without a profile for this GPU and shape: GEMV for one row (decode at batch 1 is a pure weight stream),
-# the flat GEMM up to 16 rows (the paper's decode range, M padded to 8 or 16), a tensor-core GEMM beyond.
-# Tiles: 64 output features x 64 K per stage, double buffered. These are guesses, labelled as such on
-# every node (profile="unprofiled-default"); `fdpp_rewrite profile` measures the real inflection points.
-UNPROFILED_DEFAULT = GemmChoice(m1=1, m2=16, implb_n_tile=64, implb_k_tile=64, implb_stages=2, implb_split_k=1,
-                                implc="cutlass", profile=UNPROFILED)
+# Without a profile for this GPU and shape: the flat GEMM from one row up to 16 (the paper's decode range; it
+# streams the weight as well as a GEMV does at M = 1, and without a measurement we do not know where the
+# CUDA-core GEMV stops keeping up, so m1 = 0), a tensor-core GEMM beyond. Tiles and ImplC: the contract's
+# defaults (64 output features x 64 K per stage, double buffered, no split-K, cuBLASLt), valid for any shape.
+# These are guesses, labelled as such on every node (profile="unprofiled-default"); `fdpp_rewrite profile` measures the real inflection points.
+_GEMM_DEFAULTS = load_contract("FlatGemm").defaults()  # the tile defaults live in the contract
+UNPROFILED_DEFAULT = GemmChoice(m1=0, m2=16, profile=UNPROFILED, **{
+    name: _GEMM_DEFAULTS[name] for name in ("implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k", "implc")})
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def load_profile(path) -> Profile:
             implb = entry["implb"]
             choice = GemmChoice(m1=int(entry["m1"]), m2=int(entry["m2"]), implb_n_tile=int(implb["n_tile"]),
                                 implb_k_tile=int(implb["k_tile"]), implb_stages=int(implb["stages"]),
-                                implb_split_k=int(implb["split_k"]), implc=str(entry.get("implc", "cutlass")),
+                                implb_split_k=int(implb["split_k"]), implc=str(entry.get("implc", "cublaslt")),
                                 profile=label)
         except (KeyError, TypeError, ValueError) as exc:
             raise FdppError(f"profile {path} is malformed: {where} lacks or mistypes {exc}; re-run "
@@ -107,6 +109,15 @@ def load_profile(path) -> Profile:
         shapes[(n, k, dtype)] = choice
     return Profile(path=path, gpu=str(data["gpu"]), compute_capability=str(data.get("compute_capability", "")),
                    presets=tuple(data.get("presets", ())), shapes=shapes)
+
+
+def _display(path) -> str:
+    """A path as the user would type it: relative to the repository when inside it."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
 
 
 def _shape_list(shapes) -> str:
@@ -134,7 +145,7 @@ def resolve_choices(shapes, explicit_path=None, default_path=DEFAULT_PROFILE):
         profile = load_profile(default_path)
         missing = [s for s in shapes if profile.lookup(*s) is None]
         if not missing:
-            return {s: profile.lookup(*s) for s in shapes}, str(default_path), []
+            return {s: profile.lookup(*s) for s in shapes}, _display(default_path), []
         reason = f"{Path(default_path).name} has no entry for {_shape_list(missing)}"
     else:
         reason = f"no profile at {default_path}"

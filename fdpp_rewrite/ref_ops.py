@@ -188,11 +188,25 @@ def flat_gemm(x, weight, bias=None, residual=None, *, epilogue: str = "none", m1
 # --- running a rewritten graph in onnxruntime ----------------------------------------------------------------
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"
-# (fdpp op, variant key) -> contrib op type; a variant is which optional inputs are present
+# onnxruntime-extensions Python ops take no optional inputs, so each input variant is its own contrib op type:
+# attention by mask_mode, FlatGemm by (has_bias, has a residual)
 _ATTENTION_VARIANTS = {"past_len": "FdppAttentionPastLen", "bias": "FdppAttentionBias", "none": "FdppAttentionNoMask"}
 _GEMM_VARIANTS = {(False, False): "FdppFlatGemm", (True, False): "FdppFlatGemmBias",
                   (False, True): "FdppFlatGemmResidual", (True, True): "FdppFlatGemmBiasResidual"}
 _registered = False
+
+
+def _run_attention(query, key, value, *mask, **attrs):
+    return async_softmax_attention(query, key, value, *(mask or (None,)), **attrs)
+
+
+def _gemm_variant(has_bias: bool, has_residual: bool):
+    def run_gemm(x, weight, *extra, **attrs):
+        bias = extra[0] if has_bias else None
+        residual = extra[-1] if has_residual else None
+        return flat_gemm(x, weight, bias, residual, **{k: v for k, v in attrs.items() if k != "has_bias"})
+
+    return run_gemm
 
 
 def _register_python_ops() -> None:
@@ -209,22 +223,14 @@ def _register_python_ops() -> None:
     attention_attrs = {name: attr_codes[spec["type"]] for name, spec in attention.attributes.items()}
     fourth_input = {"past_len": [i64], "bias": [f32], "none": []}
     for mode, op_type in _ATTENTION_VARIANTS.items():
-        def run_attention(query, key, value, *mask, **attrs):
-            return async_softmax_attention(query, key, value, *(mask or (None,)), **attrs)
-
         onnx_op(op_type=op_type, inputs=[f32, f32, f32] + fourth_input[mode], outputs=[f32],
-                attrs=attention_attrs)(run_attention)
+                attrs=attention_attrs)(_run_attention)
 
     gemm = load_contract("FlatGemm")
     gemm_attrs = {name: attr_codes[spec["type"]] for name, spec in gemm.attributes.items()}
     for (has_bias, has_residual), op_type in _GEMM_VARIANTS.items():
-        def run_gemm(x, weight, *extra, _has_bias=has_bias, _has_residual=has_residual, **attrs):
-            bias = extra[0] if _has_bias else None
-            residual = extra[-1] if _has_residual else None
-            return flat_gemm(x, weight, bias, residual, **{k: v for k, v in attrs.items() if k != "has_bias"})
-
         onnx_op(op_type=op_type, inputs=[f32] * (2 + has_bias + has_residual), outputs=[f32],
-                attrs=gemm_attrs)(run_gemm)
+                attrs=gemm_attrs)(_gemm_variant(has_bias, has_residual))
     _registered = True
 
 

@@ -103,36 +103,55 @@ def main():
         w_bytes = 2 * n * k
         copies = max(2, math.ceil(3 * timer.l2_bytes / w_bytes))
         bench = ShapeBench(n, k, args.dtype, max(MS), copies=copies)
+        # What reading the weight once costs with the same timing: a plain torch reduction over it.
+        w0 = bench.ws[0]
+        read_us = timer.flushed_us(lambda: w0.sum())
+        read_graph_us = timer.graph_us([lambda c=c: bench.ws[c].sum() for c in range(copies)])
+        plans[name]["weight_read"] = {"flushed_us": read_us, "graph_us": read_graph_us}
         print(f"\n== {name} [N={n}, K={k}] {args.dtype}: m1={plan['m1']} m2={plan['m2']} implb={plan['implb']} "
-              f"implc={plan['implc']} ({source}); floor at 4.27 TB/s: {w_bytes / 4.27e6:.1f} us")
+              f"implc={plan['implc']} ({source}); floor at 4.27 TB/s: {w_bytes / 4.27e6:.1f} us; torch.sum of the "
+              f"weight: {read_us:.2f} us flushed ({w_bytes / read_us / 1e6:.2f} TB/s), {read_graph_us:.2f} us in a "
+              f"graph ({w_bytes / read_graph_us / 1e6:.2f} TB/s)")
         print(f"{'M':>4} {'dispatch':>8} {'impla':>8} {'implb':>8} {'cublasLt':>8} {'cutlass':>8} {'cuBLAS':>8} "
-              f"{'TB/s':>6} {'TFLOP/s':>7} {'vs cuBLAS':>9} {'graph':>7} {'cuBLAS g':>8} {'vs g':>5}")
+              f"{'TB/s':>6} {'TFLOP/s':>7} {'vs cuBLAS':>9} {'graph':>7} {'no PDL':>7} {'cuBLAS g':>8} {'vs g':>5}")
         for m in MS:
-            t = {}
-            t["dispatched"] = timer.flushed_us(bench.launcher("auto", m, plan=plan))
-            t["impla"] = safe_time(lambda: timer.flushed_us(bench.launcher("impla", m))) if m <= 8 else None
-            t["implb"] = (safe_time(lambda: timer.flushed_us(bench.launcher("implb", m, plan["implb"])))
-                          if m <= 64 else None)
-            t["cublaslt"] = safe_time(lambda: timer.flushed_us(bench.launcher("cublaslt", m)))
-            t["cutlass"] = safe_time(lambda: timer.flushed_us(bench.launcher("cutlass", m)))
-            t["cublas"] = timer.flushed_us(bench.launcher("cublas", m))
+            fns = {"dispatched": bench.launcher("auto", m, plan=plan), "impla": bench.launcher("impla", m),
+                   "implb": bench.launcher("implb", m, plan["implb"]), "cublaslt": bench.launcher("cublaslt", m),
+                   "cutlass": bench.launcher("cutlass", m), "cublas": bench.launcher("cublas", m)}
+            if m > 8:
+                del fns["impla"]
+            if m > 64:
+                del fns["implb"]
+            gemm.set_pdl(False)  # flushed timing: each launch alone, nothing to overlap with
+            t = {"impla": None, "implb": None, **timer.flushed_many_us(fns)}
+            if t["dispatched"] is None or t["cublas"] is None:
+                raise FdppError(f"{name} M={m}: the dispatched GEMM or cuBLAS failed to run")
+            # Back to back in a graph: with programmatic dependent launch (each GEMM streams its weights while
+            # the previous one finishes), without it, and cuBLAS.
+            gemm.set_pdl(True)
             g_disp = timer.graph_us([bench.launcher("auto", m, plan=plan, copy=c) for c in range(copies)])
+            gemm.set_pdl(False)
+            g_disp_nopdl = timer.graph_us([bench.launcher("auto", m, plan=plan, copy=c) for c in range(copies)])
             g_cublas = timer.graph_us([bench.launcher("cublas", m, copy=c) for c in range(copies)])
             moved = bytes_moved(m, n, k)
             singles = [v for key, v in t.items() if key in ("impla", "implb", "cublaslt", "cutlass") and v]
             row = {"shape": name, "n": n, "k": k, "m": m, **{f"{key}_us": v for key, v in t.items()},
-                   "graph_dispatched_us": g_disp, "graph_cublas_us": g_cublas,
+                   "graph_dispatched_us": g_disp, "graph_dispatched_no_pdl_us": g_disp_nopdl,
+                   "graph_cublas_us": g_cublas,
                    "dispatched_impl": gemm.select(m, plan),
                    "tbps": moved / t["dispatched"] / 1e6, "tflops": 2 * m * n * k / t["dispatched"] / 1e6,
                    "graph_tbps": moved / g_disp / 1e6,
                    "speedup_vs_cublas": t["cublas"] / t["dispatched"], "graph_speedup_vs_cublas": g_cublas / g_disp,
+                   "graph_no_pdl_speedup_vs_cublas": g_cublas / g_disp_nopdl,
                    "vs_best_single": t["dispatched"] / min(singles)}
             rows.append(row)
             print(f"{m:>4} {fmt(t['dispatched'])} {fmt(t['impla'])} {fmt(t['implb'])} {fmt(t['cublaslt'])} "
                   f"{fmt(t['cutlass'])} {fmt(t['cublas'])} {row['tbps']:6.2f} {row['tflops']:7.1f} "
-                  f"{row['speedup_vs_cublas']:8.3f}x {g_disp:7.2f} {g_cublas:8.2f} {row['graph_speedup_vs_cublas']:5.2f}")
+                  f"{row['speedup_vs_cublas']:8.3f}x {g_disp:7.2f} {g_disp_nopdl:7.2f} {g_cublas:8.2f} "
+                  f"{row['graph_speedup_vs_cublas']:5.2f}")
 
-        # Ablations on ImplB with the shape's config.
+        # Ablations on ImplB with the shape's config (flushed, PDL off like every flushed timing).
+        gemm.set_pdl(False)
         cfg = plan["implb"]
         for m in (1, 8, 16):
             variants = {"pad8": (cfg, 8), "pad16": (cfg, 16), "pad64": (cfg, 64),
@@ -154,14 +173,18 @@ def main():
 
     summary = summarize(rows, ablation)
     print_summary(summary, ablation, epilogue_rows)
+    gemm.set_pdl(True)
     results = {
         "command": "PYTHONPATH=. python " + " ".join(shlex.quote(a) for a in sys.argv),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "device": device, "torch": torch.__version__, "dtype": args.dtype, "reps": args.reps,
-        "method": {"flushed": "CUDA events around each launch, L2 flushed by reading 4x L2 before it, median",
+        "method": {"flushed": "CUDA events around each launch, L2 flushed by reading 4x L2 before it, median; "
+                              "all implementations of one (shape, M) interleaved rep by rep; PDL off",
                    "graph": "launches back to back in one CUDA graph over rotating weight copies (> 3x L2), "
-                            "per-launch time = replay / launches, median of 10 replays"},
-        "plans": {k: {"plan": v["plan"], "source": v["source"]} for k, v in plans.items()},
+                            "per-launch time = replay / launches, median of 10 replays; fdpp with programmatic "
+                            "dependent launch (graph_dispatched_us) and without (graph_dispatched_no_pdl_us)"},
+        "plans": {k: {"plan": v["plan"], "source": v["source"], "weight_read": v.get("weight_read")}
+                  for k, v in plans.items()},
         "profile_entries": {k: v["entry"] for k, v in plans.items()},
         "rows": rows, "ablation": ablation, "epilogues": epilogue_rows, "summary": summary,
     }
@@ -229,7 +252,9 @@ def summarize(rows, ablation):
                                       "worst": {k: worst[k] for k in ("shape", "m", "speedup_vs_cublas")}},
         "bar_geomean_small_m_vs_cublas": {"pass": geomean(ratios_small) >= 1.10, "value": geomean(ratios_small),
                                           "graph_value": geomean([r["graph_speedup_vs_cublas"] for r in rows
-                                                                  if r["m"] in GEOMEAN_MS])},
+                                                                  if r["m"] in GEOMEAN_MS]),
+                                          "graph_no_pdl_value": geomean([r["graph_no_pdl_speedup_vs_cublas"]
+                                                                         for r in rows if r["m"] in GEOMEAN_MS])},
         "bar_read_bandwidth_m_le_8": {"pass": not low_bw, "target_tbps": READ_BW_TARGET,
                                       "below": [(r["shape"], r["m"], round(r["tbps"], 3)) for r in low_bw],
                                       "graph_below": [(r["shape"], r["m"], round(r["graph_tbps"], 3))

@@ -62,14 +62,16 @@ def test_unknown_implc_is_rejected():
 
 
 @pytest.mark.parametrize("n, k, silu, expected", [
-    (12288, 4096, False, {"n_tile": 32, "k_tile": 128, "stages": 4, "split_k": 1}),   # qkv
-    (4096, 4096, False, {"n_tile": 16, "k_tile": 256, "stages": 4, "split_k": 2}),    # o
-    (576, 576, False, {"n_tile": 16, "k_tile": 256, "stages": 4, "split_k": 2}),      # smollm2 o
+    (12288, 4096, False, {"n_tile": 32, "k_tile": 256, "stages": 3, "split_k": 1}),   # qkv
+    (4096, 4096, False, {"n_tile": 16, "k_tile": 512, "stages": 3, "split_k": 2}),    # o
+    (22016, 4096, True, {"n_tile": 64, "k_tile": 128, "stages": 3, "split_k": 1}),    # gate_up, silu_mul
+    (576, 576, False, {"n_tile": 16, "k_tile": 512, "stages": 3, "split_k": 2}),      # smollm2 o
 ])
 def test_default_plan_worked_examples(n, k, silu, expected):
     p = gemm().default_plan(n, k, "silu_mul" if silu else "none", num_sms=132, cc_major=9)
     assert p["implb"] == expected
-    assert (p["m1"], p["m2"], p["implc"]) == (0, 16, "cublaslt")
+    assert (p["m1"], p["m2"], p["implc"]) == (0, 8, "cublaslt")
+    gemm().check_implb_config(p["implb"], 8, k, H200["max_smem"], 9)
 
 
 def test_default_plan_never_splits_k_without_clusters():

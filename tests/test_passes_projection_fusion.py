@@ -42,11 +42,12 @@ def test_fuses_qkv_and_gate_up_per_layer(cfg):
     report = projection_fusion.run(graph)
     fused_model = gs.export_onnx(graph)
     assert report.replaced == {"qkv": cfg.layers, "gate_up": cfg.layers}
-    assert len(projection_fusion.weight_matmuls(graph)) == before - 3 * cfg.layers  # per layer: q, k, v -> 1 and gate, up -> 1
+    # per layer: q, k, v -> 1 and gate, up -> 1
+    assert len(projection_fusion.weight_matmuls(graph)) == before - 3 * cfg.layers
     splits = [n for n in fused_model.graph.node if n.op_type == "Split"]
     sizes = sorted(tuple(numpy_helper.to_array(next(i for i in fused_model.graph.initializer if i.name == n.input[1])))
                    for n in splits)
-    hq, hkv, d = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.head_dim
+    hq, hkv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     assert sizes == sorted([(hq, hkv, hkv)] * cfg.layers + [(cfg.intermediate, cfg.intermediate)] * cfg.layers)
     # biases are concatenated: one Add per fused qkv, none left on the single projections
     if cfg.qkv_bias:
@@ -84,8 +85,8 @@ def _mlp_graph(activation="silu", shared=True, k=8, n=12):
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", k])]
     if not shared:
         inputs.append(helper.make_tensor_value_info("x2", TensorProto.FLOAT, ["batch", k]))
-    graph = helper.make_graph(nodes, "mlp", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n])],
-                              initializer=[wg, wu])
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n])
+    graph = helper.make_graph(nodes, "mlp", inputs, [output], initializer=[wg, wu])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

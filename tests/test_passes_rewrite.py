@@ -98,7 +98,7 @@ def test_profile_for_another_model(monkeypatch, tiny_path, tmp_path, capsys):
     profile = tmp_path / "llama2-7b-h200.json"
     profile.write_text(json.dumps({"schema": "fdpp-profile/1", "gpu": "NVIDIA H200", "shapes": [
         {"n": 12288, "k": 4096, "dtype": "float16", "m1": 2, "m2": 32,
-         "implb": {"n_tile": 128, "k_tile": 64, "stages": 2, "split_k": 1}}]}))
+         "implb": {"n_tile": 64, "k_tile": 64, "stages": 2, "split_k": 1}}]}))
     assert run_command(monkeypatch, "rewrite", str(tiny_path), "--profile", str(profile)) == 2
     err = capsys.readouterr().err
     assert "has no entry for [32, 32] float32" in err and "a profile for another model?" in err
@@ -163,3 +163,29 @@ def test_real_exports_rewrite_and_compare(monkeypatch, tmp_path, capsys, preset)
     assert "attention: replaced" in out and "qkv x" in out
     assert run_command(monkeypatch, "compare", str(path), str(tmp_path / f"{preset}.fdpp.onnx")) == 0
     assert "PASS: tolerance float32" in capsys.readouterr().out
+
+
+def test_attention_the_pass_cannot_read_fails_loudly(monkeypatch):
+    """A second attention chain whose softmax runs over the wrong axis: the rewrite must not leave it behind
+    as a mere warning."""
+    from rewrite_graphs import build_attention_graph
+
+    good = build_tiny_model(TinyConfig(layers=1))
+    odd = build_attention_graph(softmax_axis=2)
+    graph = good.graph
+    for info in odd.graph.input:
+        if info.name in ("query", "key", "value"):
+            graph.input.append(info)
+    prefix = {name: f"odd_{name}" for name in [i.name for i in odd.graph.initializer]}
+    for init in odd.graph.initializer:
+        init.name = prefix[init.name]
+        graph.initializer.append(init)
+    for node in odd.graph.node:
+        renamed = onnx.helper.make_node(node.op_type, [prefix.get(i, i if i in ("query", "key", "value", "past_len")
+                                                                   else f"odd_{i}") for i in node.input],
+                                        [f"odd_{o}" for o in node.output], name=f"odd_{node.name}")
+        renamed.attribute.extend(node.attribute)
+        graph.node.append(renamed)
+    graph.output.append(onnx.helper.make_tensor_value_info("odd_attention_out", onnx.TensorProto.FLOAT, None))
+    with pytest.raises(Exception, match="rewrite incomplete: 1 attention softmax chain"):
+        rewrite_model(good, stream=open("/dev/null", "w"))

@@ -123,3 +123,20 @@ def test_without_gpu_the_command_fails_with_a_one_line_error():
     with pytest.raises(FdppError, match="GPU") as info:
         profile.run(args)
     assert "\n" not in str(info.value)
+
+
+def test_written_profile_loads_in_the_rewriter(tmp_path):
+    """What the profiler writes is what fdpp_rewrite.profiles (the rewriter's reader) accepts."""
+    from fdpp_rewrite.profiles import load_profile
+
+    header = dict(HEADER, compute_capability="9.0", num_sms=132, created="2026-11-29T00:00:00+00:00",
+                  command="python -m fdpp_rewrite profile llama2-7b")
+    e = entry(4096, 4096)
+    e.update(implb={"n_tile": 32, "k_tile": 512, "stages": 4, "split_k": 8}, implc="cutlass",
+             curves={"m": [1], "implb_us": [9.0]}, used_by=["llama2-7b:o"])
+    data, _ = profile.merge_profile(None, header, [e, entry(12288, 4096)], False)
+    path = tmp_path / "h200.json"
+    path.write_text(__import__("json").dumps(data))
+    loaded = load_profile(path)
+    choice = loaded.lookup(4096, 4096, "float16")
+    assert (choice.m1, choice.m2, choice.implb_k_tile, choice.implb_split_k, choice.implc) == (1, 16, 512, 8, "cutlass")

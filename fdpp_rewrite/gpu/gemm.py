@@ -87,6 +87,8 @@ def library() -> ctypes.CDLL:
             raise FdppError(f"{_lib.library_path()} has no {name}; rebuild the library from this checkout")
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
+    cdll.fdpp_gemm_set_pdl.argtypes = [ctypes.c_int32]
+    cdll.fdpp_gemm_set_pdl.restype = ctypes.c_int32
     cdll.fdpp_gemm_cublaslt_available.restype = ctypes.c_int32
     cdll.fdpp_gemm_cutlass_available.restype = ctypes.c_int32
     return cdll
@@ -108,6 +110,12 @@ def _locate_cublaslt() -> None:
 def cublaslt_available() -> bool:
     _locate_cublaslt()
     return bool(library().fdpp_gemm_cublaslt_available())
+
+
+def set_pdl(enabled: bool = None) -> bool:
+    """Programmatic dependent launch of ImplA/ImplB (sm_90; speed only). Sets it when enabled is not None;
+    returns the previous setting."""
+    return bool(library().fdpp_gemm_set_pdl(-1 if enabled is None else int(bool(enabled))))
 
 
 def cutlass_available() -> bool:

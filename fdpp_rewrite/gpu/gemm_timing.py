@@ -48,6 +48,33 @@ class Timer:
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
 
+    def flushed_many_us(self, fns: dict) -> dict:
+        """{name: median microseconds} for several launch functions timed in interleaved order (each
+        repetition runs every function once, L2 flushed before each), so clock or thermal drift during the
+        measurement affects all of them alike. A function whose warm-up raises FdppError maps to None."""
+        torch = self.torch
+        live = {}
+        for name, fn in fns.items():
+            try:
+                for _ in range(self.warmup):
+                    fn()
+                live[name] = fn
+            except FdppError:
+                pass
+        events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                         for _ in range(self.reps)] for name in live}
+        for i in range(self.reps):
+            for name, fn in live.items():
+                self.flush()
+                events[name][i][0].record()
+                fn()
+                events[name][i][1].record()
+        torch.cuda.synchronize()
+        out = {name: None for name in fns}
+        for name in live:
+            out[name] = statistics.median(s.elapsed_time(e) * 1000.0 for s, e in events[name])
+        return out
+
     def graph_us(self, fns: list, iters: int = 60, replays: int = 10) -> float:
         """Microseconds per launch of fns[i % len(fns)], i < iters, replayed as one CUDA graph (median of
         replays). Each fn must be capturable (no allocation, no sync)."""

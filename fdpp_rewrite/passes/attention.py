@@ -31,16 +31,17 @@ import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, constant_value, dtype_name, is_constant, is_standard,
-                                        producer, producer_op, rank, scalar_value, skip_backward, skip_forward,
-                                        sole_consumer, static_dim)
+from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, constant_value, dtype_name, is_constant,
+                                        is_standard, producer, producer_op, rank, scalar_value, skip_backward,
+                                        skip_forward, sole_consumer, static_dim)
 
 OP = "AsyncSoftmaxAttention"
 PAST_LEN_INPUT = "past_len"  # the exported graph's input name (TEAM contract), not an exporter-made node name
-SHAPE_ONLY_OPS = ("Shape", "Size")
-NOT_FROM_MATMUL = "the scores do not come from a MatMul read only by this softmax chain"  # their output depends on the input's shape, never on its values
+SHAPE_ONLY_OPS = ("Shape", "Size")  # their output depends on the input's shape, never on its values
+NOT_FROM_MATMUL = "the scores do not come from a MatMul read only by this softmax chain"
 
-# Defaults when no calibration is given. phi = 0 with the guard [-60, 10] is safe for any score range:
+# Defaults when no calibration is given: the contract's attribute defaults, phi = 0 with the guard [-60, 10].
+# They are safe for any score range:
 #  - a visible s - phi above 10 sends the row to the exact fallback, so every exponent the fast path takes is
 #    at most e^10 = 22026: it fits float16 (max 65504) if a kernel keeps P in half precision, and a float32
 #    sum over 2^20 keys stays below 2.4e10 (x |v| <= 65504: 1.5e15, far under float32's 3.4e38);
@@ -48,9 +49,8 @@ NOT_FROM_MATMUL = "the scores do not come from a MatMul read only by this softma
 #    float32 (smallest normal 1.2e-38): no row can underflow to a zero denominator.
 # Calibration narrows this to where real scores live (paper: Llama2-7B scores in [-16.8, 6.5]) so that
 # the fallback is rare; without it, rows whose max score exceeds 10 simply take the exact path.
-DEFAULT_PHI = 0.0
-DEFAULT_GUARD_LO = -60.0
-DEFAULT_GUARD_HI = 10.0
+_DEFAULTS = load_contract(OP).defaults()
+DEFAULT_PHI, DEFAULT_GUARD_LO, DEFAULT_GUARD_HI = _DEFAULTS["phi"], _DEFAULTS["guard_lo"], _DEFAULTS["guard_hi"]
 CALIBRATION_SCHEMA = "fdpp-calibration/1"
 
 
@@ -73,7 +73,8 @@ def load_calibration(path) -> list[SoftmaxSettings]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise FdppError(f"calibration {path} is not valid JSON ({exc}); re-run calibrate") from exc
-    if not isinstance(data, dict) or data.get("schema") != CALIBRATION_SCHEMA or not isinstance(data.get("layers"), list):
+    if (not isinstance(data, dict) or data.get("schema") != CALIBRATION_SCHEMA
+            or not isinstance(data.get("layers"), list)):
         raise FdppError(f"calibration {path} is not a '{CALIBRATION_SCHEMA}' file with a 'layers' list; "
                         "re-run `python -m fdpp_rewrite calibrate`")
     layers = sorted(data["layers"], key=lambda entry: entry.get("layer", -1) if isinstance(entry, dict) else -1)
@@ -320,7 +321,9 @@ def _mask_follows_past_len(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor
     batch_dim = (past_len.shape or [None])[0]
     batch = symbols.get(batch_dim, batch_dim) if batch_dim is not None else 2
     try:
-        session = ort.InferenceSession(gs.export_onnx(sub, do_type_check=False).SerializeToString(),
+        options = ort.SessionOptions()
+        options.log_severity_level = 4  # a mask that cannot be evaluated is an answer here, not an error to log
+        session = ort.InferenceSession(gs.export_onnx(sub, do_type_check=False).SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
         probe = session.run(None, {**feeds, past_len.name: np.zeros(batch, np.int64)})[0]
         seq, kv_len = probe.shape[-2], probe.shape[-1]
@@ -378,9 +381,9 @@ def _bias_input(graph: gs.Graph, match: AttentionMatch, names: NameMaker, cache:
         bias = squeezed
     elif mask_rank is None or mask_rank > 4 or (mask_rank == 4 and static_dim(bias, 1) != 1):
         return f"the mask has shape {bias.shape}; the op takes a bias broadcastable to [B, 1, S, L]"
-    if match.query.dtype is not None and bias.dtype is not None and np.dtype(bias.dtype) != np.dtype(match.query.dtype):
+    if _dtypes_differ(bias, match.query):
         cast = gs.Variable(names("bias_cast"), dtype=match.query.dtype, shape=bias.shape)
-        to = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(match.query.dtype))
+        to = _onnx_dtype(match.query)
         graph.nodes.append(gs.Node("Cast", name=names("cast"), attrs={"to": to}, inputs=[bias], outputs=[cast]))
         bias = cast
     cache[key] = bias
@@ -439,23 +442,52 @@ def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> Pa
     return report
 
 
+def _dtypes_differ(a: gs.Tensor, b: gs.Tensor) -> bool:
+    return a.dtype is not None and b.dtype is not None and dtype_name(a) != dtype_name(b)
+
+
+def _onnx_dtype(tensor: gs.Tensor) -> int:
+    name = dtype_name(tensor)
+    return onnx.TensorProto.BFLOAT16 if name == "bfloat16" else onnx.helper.np_dtype_to_tensor_dtype(np.dtype(name))
+
+
 def _replace(graph, match: AttentionMatch, attrs: dict, fourth: list, names: NameMaker) -> None:
     output = match.output
     output.inputs.clear()  # disconnects the old chain; cleanup() removes it
     op_output = output
-    query_dtype = match.query.dtype
-    if query_dtype is not None and output.dtype is not None and np.dtype(query_dtype) != np.dtype(output.dtype):
-        op_output = gs.Variable(names("output"), dtype=query_dtype, shape=output.shape)
-        to = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(output.dtype))
+    if _dtypes_differ(match.query, output):  # e.g. a chain that ended in a Cast: the op answers in q's dtype
+        op_output = gs.Variable(names("output"), dtype=match.query.dtype, shape=output.shape)
+        to = _onnx_dtype(output)
         graph.nodes.append(gs.Node("Cast", name=names("cast"), attrs={"to": to}, inputs=[op_output], outputs=[output]))
     graph.nodes.append(gs.Node(OP, name=names("attention"), domain=DOMAIN, attrs=attrs,
                                inputs=[match.query, match.key, match.value] + fourth, outputs=[op_output]))
 
 
+def looks_like_attention(graph: gs.Graph, softmax: gs.Node) -> bool:
+    """Loosely: a Softmax between a MatMul of two activations and a MatMul reading the probabilities, whatever
+    else the chain holds. The final check uses this, so a chain the pass could not express fails the rewrite
+    instead of staying behind as a near-miss."""
+    probs, _ = skip_forward(graph, softmax.outputs[0])
+    if not any(n.op == "MatMul" and n.inputs[0] is probs for n in probs.outputs):
+        return False
+    frontier = [softmax.inputs[0]]
+    for _ in range(6):  # Cast / Add(mask) / Mul|Div(scale) / Where between the scores and the softmax
+        next_frontier = []
+        for tensor in frontier:
+            node = producer(tensor)
+            if node is None:
+                continue
+            if node.op == "MatMul" and not any(is_constant(t) for t in node.inputs):
+                return True
+            if node.op in ("Cast", "Add", "Mul", "Div", "Where", "Identity", "Dropout"):
+                next_frontier.extend(t for t in node.inputs if not is_constant(t))
+        frontier = next_frontier
+    return False
+
+
 def remaining_attention(graph: gs.Graph) -> list[str]:
-    """Names of Softmax nodes still forming an attention chain (for the final check)."""
-    return [node.name for node in graph.nodes
-            if node.op == "Softmax" and not isinstance(match_attention(graph, node), str)]
+    """Names of Softmax nodes that still look like attention (for the final check)."""
+    return [node.name for node in graph.nodes if node.op == "Softmax" and looks_like_attention(graph, node)]
 
 
 def describe(match: AttentionMatch) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from tqdm import tqdm
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract
 from fdpp_rewrite.passes.common import (NameMaker, PassReport, constant_dtype, constant_shape, constant_value,
@@ -122,8 +123,10 @@ def run(graph: gs.Graph, profile_path=None, default_profile=DEFAULT_PROFILE, sto
                             f"ImplB n_tile={choice.implb_n_tile} k_tile={choice.implb_k_tile} "
                             f"stages={choice.implb_stages} split_k={choice.implb_split_k}")
     names = NameMaker(graph, "fdpp_gemm")
-    for match in matches:
-        attrs = dict(choices[match.shape_key].attributes(), epilogue=match.epilogue, has_bias=int(match.bias is not None))
+    # each weight is read, transposed and written once: minutes for a 7B model, hence the bar
+    for match in tqdm(matches, desc="flat gemm", unit="weight", leave=False, disable=None):
+        attrs = dict(choices[match.shape_key].attributes(), epilogue=match.epilogue,
+                     has_bias=int(match.bias is not None))
         attrs = contract.validate_attributes(attrs, where=f"[{match.n}, {match.k}] {match.dtype}")
         _replace(graph, match, attrs, names, store)
         report.replaced[match.epilogue] += 1

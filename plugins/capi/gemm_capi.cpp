@@ -220,6 +220,16 @@ fdpp_status fdpp_gemm_device_info(int32_t* num_sms, int32_t* cc_major, int32_t* 
   });
 }
 
+int32_t fdpp_gemm_set_pdl(int32_t enable) {
+  try {
+    const int32_t before = fdpp::gemm::pdl_enabled() ? 1 : 0;
+    if (enable >= 0) fdpp::gemm::set_pdl_enabled(enable != 0);
+    return before;
+  } catch (...) {
+    return 0;
+  }
+}
+
 int32_t fdpp_gemm_cublaslt_available(void) {
   try {
     return fdpp::gemm::cublaslt_available() ? 1 : 0;

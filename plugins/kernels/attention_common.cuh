@@ -29,6 +29,7 @@ struct AttnArgs {
 
   // decode split-KV
   int num_splits, row_blocks;
+  int prefill_slots;   // prefill: CTAs resident on the GPU at once (orders the work, see prefill_kernel)
   float* ws_acc;       // [rows][splits][head_dim] partial sums of p * v
   float* ws_l;         // [rows][splits] partial sums of p
   uint32_t* ws_stat;   // [rows][splits] guard flag bits (unified) or the running max as float bits (synchronized)

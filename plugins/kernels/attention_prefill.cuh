@@ -18,16 +18,24 @@
 namespace fdpp {
 namespace attn {
 
-template <typename T, int D, bool kUnified>
+template <typename T, int D, bool kUnified, int kStepN>
 __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
-  using Tr = PrefillTraits<D>;
+  using Tr = PrefillTraits<D, kStepN>;
   constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles;
   using State = std::conditional_t<kUnified, AnchoredUnifiedSoftmax<2 * kMT>, SynchronizedSoftmax<2 * kMT>>;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int b = blockIdx.x / a.num_heads, hq = blockIdx.x - b * a.num_heads;
+  // Work order: causal query blocks get heavier with their index. Heaviest first (longest-processing-time); but
+  // when the whole grid fits in about two waves of resident CTAs, the second wave takes the lightest blocks first
+  // so that each SM pairs a heavy CTA with a light one (B=1, L=1K: the busiest SM does 18 tiles instead of 24).
+  const int bh = static_cast<int>(gridDim.x), blocks = static_cast<int>(gridDim.y);
+  const int total = bh * blocks;
+  int order = blockIdx.y * bh + blockIdx.x;  // launch order
+  if (total <= 2 * a.prefill_slots && order >= a.prefill_slots) order = total - 1 - (order - a.prefill_slots);
+  const int bhi = order % bh;
+  const int b = bhi / a.num_heads, hq = bhi - b * a.num_heads;
   const int hkv = hq / a.group;
-  const int m0 = (gridDim.y - 1 - blockIdx.y) * Tr::kBlockM;  // heaviest (last) query blocks are scheduled first
+  const int m0 = (blocks - 1 - order / bh) * Tr::kBlockM;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   bool clamped = false;
@@ -81,6 +89,9 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
   const bool warp_has_rows = wrow0 < rows_here;
   // Keys below unmasked_end are visible to every row of this warp; keys at or past warp_end to none of them.
   const int unmasked_end = a.mask_mode == MaskMode::kBias ? -1 : visible_end(a, b, m0 + wrow0, kv_len);
+  const bool causal = a.mask_mode == MaskMode::kPastLen;
+  const long long past_raw = causal ? a.past_len[b] : 0;  // clamped like kv_len_of(): never an int overflow
+  const int past = past_raw < 0 ? -1 : (past_raw > a.kv_capacity ? a.kv_capacity : static_cast<int>(past_raw));
   const int last_row = wrow0 + Tr::kRowsPerWarp - 1 < rows_here - 1 ? wrow0 + Tr::kRowsPerWarp - 1 : rows_here - 1;
   const int warp_end = warp_has_rows ? visible_end(a, b, m0 + last_row, kv_len) : 0;
 
@@ -98,7 +109,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
     if (it + 1 < num_tiles) load_tile(it + 1);
     cp_async_commit();
     if constexpr (kUnified) {
-      if (it == Tr::kAnchorTiles) state.freeze(a.phi_log2);
+      if (it == Tr::kAnchorTiles) state.freeze();
     }
     const int tile = tile_at(it);
     const uint32_t kbuf = kv_smem + (it % Tr::kStages) * 2 * Tr::kTileBytes;
@@ -135,12 +146,16 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
         }
       }
 
+      // x = s * log2(e); once the unified max is frozen, x - phi_row directly (one FFMA per score).
+      bool frozen = false;
+      if constexpr (kUnified) frozen = state.frozen;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int n = 0; n < kNT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sc[mt][n][e] *= a.scale_log2;
+          for (int e = 0; e < 4; ++e)
+            sc[mt][n][e] = fmaf(sc[mt][n][e], a.scale_log2, frozen ? -state.m_sub[2 * mt + (e >> 1)] : 0.f);
       const bool masked = key0 + Tr::kStepN > unmasked_end;
       if (masked) {
 #pragma unroll
@@ -152,7 +167,8 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
               const int lr = wrow0 + mt * 16 + g + 8 * (e >> 1);
               const int s_row = m0 + (lr < rows_here ? lr : 0);
               const int key = key0 + n * 8 + 2 * t4 + (e & 1);
-              bool visible = key < visible_end(a, b, s_row, kv_len);
+              const int end = causal ? (past + s_row + 1 < kv_len ? past + s_row + 1 : kv_len) : kv_len;
+              bool visible = key < end;
               if (a.mask_mode == MaskMode::kBias && visible) {
                 bool unmasked;
                 sc[mt][n][e] += bias_log2<T>(a, b, s_row, key, unmasked);
@@ -161,9 +177,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
               if (!visible) sc[mt][n][e] = -kInf;
             }
       }
-      bool rescale = true;  // synchronized: always; anchored unified: only until the anchor freezes
-      if constexpr (kUnified) rescale = !state.frozen;
-      if (rescale) {
+      if (!frozen) {  // synchronized: every tile; anchored unified: only until the anchor freezes
 #pragma unroll
         for (int r = 0; r < 2 * kMT; ++r) {
           float tmax = -kInf;

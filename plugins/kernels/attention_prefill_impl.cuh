@@ -1,29 +1,61 @@
 // The prefill launcher template, instantiated once per element type (attention_prefill_f16.cu, _bf16.cu).
 #pragma once
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/attention_launch.h"
 #include "kernels/attention_prefill.cuh"
 
 namespace fdpp {
 namespace attn {
 
-template <typename T, int D, bool kUnified>
-cudaError_t launch_prefill_impl(const AttnArgs& a, cudaStream_t stream) {
-  using Tr = PrefillTraits<D>;
-  constexpr auto kernel = prefill_kernel<T, D, kUnified>;
-  const cudaError_t err = allow_smem<kernel>(Tr::kSmemBytes);
+template <typename T, int D, bool kUnified, int kStepN>
+cudaError_t launch_prefill_impl(const AttnArgs& args, cudaStream_t stream) {
+  using Tr = PrefillTraits<D, kStepN>;
+  constexpr auto kernel = prefill_kernel<T, D, kUnified, kStepN>;
+  cudaError_t err = allow_smem<kernel>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
+  // Resident CTAs on the whole GPU (host queries, cached per device) for the kernel's work order.
+  static std::atomic<int> cached[64] = {};  // per instantiation and device
+  int device = 0;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
+  int slots = cached[device & 63].load(std::memory_order_relaxed);
+  if (slots == 0) {
+    int per_sm = 0, sms = 0;
+    if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tr::kThreads, Tr::kSmemBytes)) !=
+        cudaSuccess)
+      return err;
+    if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
+    slots = (per_sm > 0 ? per_sm : 1) * sms;
+    cached[device & 63].store(slots, std::memory_order_relaxed);
+  }
+  AttnArgs a = args;
+  a.prefill_slots = slots;
   const dim3 grid(a.batch * a.num_heads, (a.seq + Tr::kBlockM - 1) / Tr::kBlockM);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
+// Keys per compute step: 32 by default; FDPP_ATTN_PREFILL_STEP=64 selects the 64-key step (fewer shared-memory
+// reads of Q, more registers: it spills at head_dim 128) for measuring one against the other.
+inline int prefill_step() {
+  const char* env = std::getenv("FDPP_ATTN_PREFILL_STEP");
+  return env != nullptr && std::strcmp(env, "64") == 0 ? 64 : 32;
+}
+
+template <typename T, int D>
+cudaError_t launch_prefill_dim(const AttnArgs& a, bool unified, cudaStream_t stream) {
+  if (prefill_step() == 64)
+    return unified ? launch_prefill_impl<T, D, true, 64>(a, stream) : launch_prefill_impl<T, D, false, 64>(a, stream);
+  return unified ? launch_prefill_impl<T, D, true, 32>(a, stream) : launch_prefill_impl<T, D, false, 32>(a, stream);
+}
+
 template <typename T>
 cudaError_t launch_prefill(const AttnArgs& a, bool unified, cudaStream_t stream) {
-  if (a.head_dim == 128)
-    return unified ? launch_prefill_impl<T, 128, true>(a, stream) : launch_prefill_impl<T, 128, false>(a, stream);
-  if (a.head_dim == 64)
-    return unified ? launch_prefill_impl<T, 64, true>(a, stream) : launch_prefill_impl<T, 64, false>(a, stream);
+  if (a.head_dim == 128) return launch_prefill_dim<T, 128>(a, unified, stream);
+  if (a.head_dim == 64) return launch_prefill_dim<T, 64>(a, unified, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -127,19 +127,17 @@ struct AnchoredUnifiedSoftmax {
   float l[kRows];      // sum of 2^(x - m_sub) over this thread's keys
   float m[kRows];      // running max while anchoring (quad-wide), then frozen
   float m_sub[kRows];  // what exp() subtracts: the running max (0 while -inf), after the freeze phi_row
-  float x_max[kRows];  // after the freeze: largest / smallest visible x - phi_row (for the guard)
-  float x_min[kRows];
-  uint32_t unanchored;  // bit r: row r saw no visible key before the freeze; its phi_row is the calibrated phi
+  float x_max[kRows];  // after the freeze: largest visible x - phi_row (the guard's overflow check)
+  uint32_t unanchored;  // bit r: row r saw no visible key before the freeze (only possible in mask_mode bias)
   bool frozen;
 
   __device__ __forceinline__ void init() {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) l[r] = 0.f, m[r] = -kInf, m_sub[r] = 0.f, x_max[r] = -kInf, x_min[r] = kInf;
+    for (int r = 0; r < kRows; ++r) l[r] = 0.f, m[r] = -kInf, m_sub[r] = 0.f, x_max[r] = -kInf;
     unanchored = 0;
     frozen = false;
   }
   __device__ __forceinline__ float begin_tile(int r, float tile_max) {
-    if (frozen) return 1.f;
     const float m_new = fmaxf(m[r], quad_max(tile_max));
     const float sub = m_new == -kInf ? 0.f : m_new;
     const float alpha = fast_exp2(m[r] - sub);
@@ -148,38 +146,34 @@ struct AnchoredUnifiedSoftmax {
     l[r] *= alpha;
     return alpha;
   }
-  // From now on phi_row = the running max (or phi_log2 for a row with nothing visible yet).
-  __device__ __forceinline__ void freeze(float phi_log2) {
+  // From now on phi_row = the running max.
+  __device__ __forceinline__ void freeze() {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if (m[r] == -kInf) m_sub[r] = phi_log2, unanchored |= 1u << r;
+      if (m[r] == -kInf) unanchored |= 1u << r;
     }
     frozen = true;
   }
+  // While anchoring: x is the scaled score; after the freeze the caller passes x - phi_row already (one FFMA).
   template <bool kMasked>
   __device__ __forceinline__ float exp(int r, float x) {
-    const float xs = x - m_sub[r];
-    if (frozen) {
-      x_max[r] = fmaxf(x_max[r], xs);
-      x_min[r] = fminf(x_min[r], kMasked && x == -kInf ? kInf : xs);
-    }
+    const float xs = frozen ? x : x - m_sub[r];
+    if (frozen) x_max[r] = fmaxf(x_max[r], xs);
     const float p = fast_exp2(xs);
     l[r] += p;
     return p;
   }
   __device__ __forceinline__ void finish() {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) l[r] = quad_sum(l[r]), x_max[r] = quad_max(x_max[r]), x_min[r] = quad_min(x_min[r]);
+    for (int r = 0; r < kRows; ++r) l[r] = quad_sum(l[r]), x_max[r] = quad_max(x_max[r]);
   }
-  // An anchored row has p = 1 at its anchor, so only overflow can hurt it; a row without an anchor is guarded like
-  // UnifiedMaxSoftmax's.
-  __device__ __forceinline__ uint32_t guard_bits(int r, float lo, float hi, float max_floor) const {
+  // An anchored row has p = 1 at its anchor, so only overflow can hurt it (elements far below it underflow no
+  // sooner than in the synchronized softmax, whose max is at least phi_row). A row without an anchor that sees
+  // keys later takes the exact path.
+  __device__ __forceinline__ uint32_t guard_bits(int r, float, float hi, float) const {
     uint32_t bits = 0;
     if (x_max[r] > hi) bits |= kGuardAbove;
-    if ((unanchored >> r) & 1u) {
-      if (x_min[r] < lo) bits |= kGuardBelow;
-      if (x_max[r] < max_floor && x_max[r] > -kInf) bits |= kGuardLowMax;
-    }
+    if (((unanchored >> r) & 1u) && x_max[r] > -kInf) bits |= kGuardLowMax;
     return bits;
   }
 };

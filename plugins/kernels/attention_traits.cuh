@@ -38,7 +38,7 @@ struct DecodeTraits {
 // Prefill: a CTA = 4 warps x 32 query rows (two m16 fragments each) of one query head; key tiles of 64 through a
 // 2-stage pipeline, computed 32 keys at a time (to stay within 255 registers). Each K/V fragment loaded from shared memory feeds both m16 fragments, which halves the
 // shared-memory traffic per mma against 16 rows per warp (the kernel would otherwise wait on ldmatrix).
-template <int D>
+template <int D, int StepN = 32>
 struct PrefillTraits {
   static constexpr int kHeadDim = D;
   static constexpr int kWarps = 4;
@@ -47,7 +47,7 @@ struct PrefillTraits {
   static constexpr int kMTiles = kRowsPerWarp / 16;
   static constexpr int kBlockM = kWarps * kRowsPerWarp;  // 128 query rows per CTA
   static constexpr int kBlockN = 64;                     // keys per tile (one cp.async stage)
-  static constexpr int kStepN = 32;                      // keys per compute step: 32 score registers, not 64
+  static constexpr int kStepN = StepN;  // keys per compute step: 32 keeps the scores in 32 registers (64 spills)
   static constexpr int kNTiles = kStepN / 8;
   static constexpr int kStages = 2;
   static constexpr int kAnchorTiles = 4;  // unified variant: 3 diagonal tiles + tile 0 anchor each row's max

@@ -42,6 +42,12 @@ struct Problem {
   bool silu_mul() const { return epilogue == Epilogue::kSiluMul; }
 };
 
+// Programmatic dependent launch for ImplA/ImplB (sm_90): each kernel lets the next one start early and streams
+// its weights before waiting for the previous kernel's output. Off by default; FDPP_GEMM_PDL=1 in the
+// environment or set_pdl_enabled(true) turns it on where the device supports it (sm_90+). Changes speed only.
+bool pdl_enabled();
+void set_pdl_enabled(bool enabled);
+
 // What the launchers need to know about the current device; cached per device, host queries only.
 struct DeviceInfo {
   int device = 0;

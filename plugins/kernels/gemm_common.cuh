@@ -94,6 +94,22 @@ __device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
 
 __device__ __forceinline__ uint4 lds16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 
+// ---- programmatic dependent launch (sm_90) ------------------------------------------------------------------
+// The weight is a constant, so a GEMM may start streaming it while the kernel before it (which produces X)
+// is still finishing: let the next grid launch early, and wait for the previous grid only before touching X,
+// the residual or Y. Both are no-ops when the launch did not ask for programmatic serialization.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ---- tensor cores ----------------------------------------------------------------------------------------------
 // D = A(16x16, row) * B(16x8, col) + D, fp32 accumulators. Fragment ownership (lane = 4 * g + t):
 //   a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9]
@@ -134,6 +150,48 @@ __device__ __forceinline__ float load_float(const void* base, int64_t index) {
 template <typename T>
 __device__ __forceinline__ void store_float(void* base, int64_t index, float v) {
   reinterpret_cast<T*>(base)[index] = Elem<T>::from_float(v);
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(params) as a cluster of cluster_x CTAs along x (when > 1)
+// and, when pdl_enabled(), with programmatic stream serialization (see pdl_* above). If the launch with
+// programmatic serialization fails and a plain one succeeds, programmatic serialization is switched off for
+// the process (it only ever changes speed, never results).
+template <typename Params>
+cudaError_t launch_kernel(void (*kernel)(Params), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
+                          int cluster_x, const Params& params) {
+  const bool pdl = pdl_enabled();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const bool with_pdl = pdl && attempt == 0;
+    cudaLaunchAttribute attrs[2];
+    unsigned n = 0;
+    if (cluster_x > 1) {
+      attrs[n].id = cudaLaunchAttributeClusterDimension;
+      attrs[n].val.clusterDim.x = unsigned(cluster_x);
+      attrs[n].val.clusterDim.y = 1;
+      attrs[n].val.clusterDim.z = 1;
+      ++n;
+    }
+    if (with_pdl) {
+      attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = n ? attrs : nullptr;
+    cfg.numAttrs = n;
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, params);
+    if (err == cudaSuccess) {
+      if (attempt == 1) set_pdl_enabled(false);
+      return cudaSuccess;
+    }
+    if (!with_pdl) return err;
+    cudaGetLastError();  // a refused launch configuration is not sticky; try once more without PDL
+  }
+  return cudaErrorUnknown;
 }
 
 }  // namespace detail

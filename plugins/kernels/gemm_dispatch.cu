@@ -1,5 +1,8 @@
 // Host side of the GEMM: device facts, problem validation, and run_gemm -- the heuristic dataflow's run-time
 // half, a table lookup (select_impl) and a call, never a measurement.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -10,6 +13,9 @@ namespace gemm {
 namespace {
 
 thread_local std::string t_detail;
+
+// -1: not decided yet (decided on first use from the environment and the device).
+std::atomic<int> g_pdl{-1};
 
 constexpr int kMaxDevices = 64;
 
@@ -23,6 +29,29 @@ void set_detail(const char* msg) {
   } catch (...) {
     // Out of memory storing a message: the status code still tells the caller what happened.
   }
+}
+
+bool pdl_enabled() {
+  int value = g_pdl.load();
+  if (value < 0) {
+    const char* env = std::getenv("FDPP_GEMM_PDL");
+    DeviceInfo dev;
+    const bool supported = current_device_info(&dev) == cudaSuccess && dev.cc_major >= 9;
+    // Off unless asked for: the engine (or the benchmark) turns it on where it has been measured to help.
+    value = supported && env && std::strcmp(env, "1") == 0 ? 1 : 0;
+    int expected = -1;
+    g_pdl.compare_exchange_strong(expected, value);
+    value = g_pdl.load();
+  }
+  return value == 1;
+}
+
+void set_pdl_enabled(bool enabled) {
+  if (enabled) {
+    DeviceInfo dev;
+    enabled = current_device_info(&dev) == cudaSuccess && dev.cc_major >= 9;
+  }
+  g_pdl.store(enabled ? 1 : 0);
 }
 
 cudaError_t current_device_info(DeviceInfo* out) {

@@ -144,23 +144,24 @@ inline int impla_split_k(int64_t n, int64_t k, bool silu_mul, int num_sms, int c
 }
 
 // The ImplB configuration used when a shape has no profile ("unprofiled-default"). Pick the widest n_tile
-// that still gives every SM two CTAs, then split K until it does, with kw = 64 and 4 stages.
+// that still gives every SM two CTAs, give each warp a 128-wide K slice per stage (the H200 profiles' winners
+// all use kw = 128), 3 stages, then split K across a cluster until there are two CTAs per SM.
 //   qkv [12288, 4096], 132 SMs: 768 row blocks; n_tile 64 -> 192 CTAs < 264; n_tile 32 -> 384 >= 264
-//       -> {n_tile 32, k_tile 128, stages 4, split_k 1}
-//   o [4096, 4096]: 256 blocks; n_tile 16 -> 256 < 264 -> split_k 2 (512 CTAs) -> {16, 256, 4, 2}
-//   smollm2 o [576, 576]: 36 blocks -> n_tile 16, split 8 would need 9 k steps of 256 (576 / 256 -> 3 steps)
-//       -> split_k 2 (3 steps >= 2; 4 > 3 steps) -> {16, 256, 4, 2}
+//       -> {n_tile 32, k_tile 256, stages 3, split_k 1}
+//   o [4096, 4096]: 256 blocks; n_tile 16 -> 256 CTAs < 264 -> split_k 2 (512 CTAs) -> {16, 512, 3, 2}
+//   gate_up [22016, 4096] silu_mul: 1376 blocks; n_tile 64 -> 344 >= 264 -> {64, 128, 3, 1}
+//   smollm2 o [576, 576]: 36 blocks -> n_tile 16, K = 576 is 2 steps of 512 -> split_k 2 -> {16, 512, 3, 2}
 inline ImplBConfig default_implb_config(int64_t n, int64_t k, bool silu_mul, int num_sms, int cc_major) {
   const int64_t blocks = implb_row_blocks(n, silu_mul);
   const int64_t want = 2 * int64_t(num_sms);
-  ImplBConfig c{16, 256, 4, 1};
+  ImplBConfig c{16, 512, 3, 1};
   for (int n_tile : {64, 32, 16}) {
     if ((blocks + n_tile / 16 - 1) / (n_tile / 16) >= want || n_tile == 16) {
       c.n_tile = n_tile;
       break;
     }
   }
-  c.k_tile = 64 * implb_warps_k(c);
+  c.k_tile = 128 * implb_warps_k(c);
   if (cc_major >= 9) {
     const int64_t steps = (k + c.k_tile - 1) / c.k_tile;
     while (c.split_k < kMaxSplitK && implb_grid(n, silu_mul, c) < want && steps >= 2 * c.split_k) c.split_k *= 2;
@@ -168,13 +169,13 @@ inline ImplBConfig default_implb_config(int64_t n, int64_t k, bool silu_mul, int
   return c;
 }
 
-// The plan for a shape with no profile: ImplB from M = 1 up to 16 (where it should beat an M-padded-to-64
-// library GEMM on any recent GPU), cuBLASLt above. Never ImplA: without a measurement we do not know where its
-// CUDA-core arithmetic stops keeping up, and ImplB at M = 1 streams the weight just as well.
+// The plan for a shape with no profile: ImplB from M = 1 up to 8 (one batch block: where it streams the weight
+// as fast as the libraries do on the H200, and where the paper's padding argument is strongest), cuBLASLt
+// above. Never ImplA: without a measurement we do not know where its CUDA-core arithmetic stops keeping up.
 inline Plan default_plan(int64_t n, int64_t k, bool silu_mul, int num_sms, int cc_major) {
   Plan p{};
   p.m1 = 0;
-  p.m2 = 16;
+  p.m2 = 8;
   p.implb = default_implb_config(n, k, silu_mul, num_sms, cc_major);
   p.implc = static_cast<int32_t>(Impl::kCublasLt);
   return p;

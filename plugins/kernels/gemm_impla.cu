@@ -198,7 +198,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
   };
 
   uint4 a0[U], b0[U], a1[U], b1[U];
-  if (total > 0) load(0, a0, b0);
+  detail::pdl_launch_dependents();
+  if (total > 0) load(0, a0, b0);  // weights only: they do not depend on the previous kernel
+  detail::pdl_wait_for_previous_grid();
   for (int u = 0; u < total; u += 2) {
     if (u + 1 < total) load(u + 1, a1, b1);
     compute(u, a0, b0);
@@ -234,21 +236,8 @@ cudaError_t launch_typed(const GemvParams& params, const DeviceInfo& dev, cudaSt
   const int64_t needed = (params.pairs + kWarps - 1) / kWarps;  // clusters if every warp had one pair
   const int64_t rounds = (needed + resident - 1) / resident;
   const int64_t clusters = (needed + rounds - 1) / rounds;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(clusters * params.split_k));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  if (params.split_k > 1) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(params.split_k);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, gemv_kernel<T, M>, params);
+  return detail::launch_kernel(gemv_kernel<T, M>, unsigned(clusters * params.split_k), unsigned(kWarps * 32), 0,
+                               stream, params.split_k, params);
 }
 
 template <typename T>

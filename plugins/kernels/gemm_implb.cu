@@ -105,8 +105,9 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
   unsigned char* warp_smem = smem + warp * slot_bytes + lane * 16;
   const uint32_t warp_smem_u32 = detail::smem_u32(warp_smem);
 
-  // Unit u of this CTA's stream: tile index u / nsteps of its list, K step s_begin + u % nsteps.
-  auto issue = [&](int u, int slot) {
+  // Unit u of this CTA's stream: tile index u / nsteps of its list, K step s_begin + u % nsteps. The weight
+  // part and the activation part can be issued separately (the prologue streams weights before X exists).
+  auto issue_part = [&](int u, int slot, bool weights, bool activations) {
     const int tile = cluster_id + (u / nsteps) * clusters;
     const int step = s_begin + u % nsteps;
     const LaneRows r(p, tile * p.warps_n + wn, g);
@@ -117,18 +118,24 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
     for (int j = 0; j < kgroups; ++j) {
       const int kk = k0 + 32 * j;
       const bool kin = kk < p.k;
-      cp_async16(base + j * 512, kin && r.ok0 ? wrow0 + kk : w, kin && r.ok0);
-      cp_async16(base + (kgroups + j) * 512, kin && r.ok1 ? wrow1 + kk : w, kin && r.ok1);
+      if (weights) {
+        cp_async16(base + j * 512, kin && r.ok0 ? wrow0 + kk : w, kin && r.ok0);
+        cp_async16(base + (kgroups + j) * 512, kin && r.ok1 ? wrow1 + kk : w, kin && r.ok1);
+      }
+      if (activations) {
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        const int mrow = nb * 8 + g;
-        // Batch rows past M are never loaded; compute() feeds zeros for them. X goes through L1: every warp
-        // of the SM reads the same rows.
-        if (mrow < p.m)
-          detail::cp_async16_ca(base + ((2 + nb) * kgroups + j) * 512, kin ? x + int64_t(mrow) * p.k + kk : x, kin);
+        for (int nb = 0; nb < NB; ++nb) {
+          const int mrow = nb * 8 + g;
+          // Batch rows past M are never loaded; compute() feeds zeros for them. X goes through L1: every
+          // warp of the SM reads the same rows.
+          if (mrow < p.m)
+            detail::cp_async16_ca(base + ((2 + nb) * kgroups + j) * 512, kin ? x + int64_t(mrow) * p.k + kk : x,
+                                  kin);
+        }
       }
     }
   };
+  auto issue = [&](int u, int slot) { issue_part(u, slot, true, true); };
 
   float acc[NB][4];
 #pragma unroll
@@ -233,15 +240,24 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
   };
 
   // The multistage pipeline: stages - 1 units in flight ahead of the one being multiplied, across tiles.
+  // Prologue: the first units' weights (one commit group each), then -- once the kernel that produced X is
+  // done -- their activations (one more group).
+  detail::pdl_launch_dependents();
   for (int s = 0; s < p.stages - 1; ++s) {
-    if (s < total) issue(s, s);
+    if (s < total) issue_part(s, s, true, false);
     detail::cp_async_commit();
   }
+  detail::pdl_wait_for_previous_grid();
+  for (int s = 0; s < p.stages - 1; ++s)
+    if (s < total) issue_part(s, s, false, true);
+  detail::cp_async_commit();
   for (int it = 0; it < total; ++it) {
     const int ahead = it + p.stages - 1;
     if (ahead < total) issue(ahead, ahead % p.stages);
     detail::cp_async_commit();
-    detail::cp_async_wait_dynamic(p.stages - 1);
+    // Groups after the prologue's activation group: it + 1. Unit it is complete once at most
+    // min(it + 1, stages - 1) newer groups are pending (the activation group counts as older than all of them).
+    detail::cp_async_wait_dynamic(it + 1 < p.stages - 1 ? it + 1 : p.stages - 1);
     compute(it % p.stages);
     if ((it + 1) % nsteps == 0) finish_tile(cluster_id + (it / nsteps) * clusters);
   }
@@ -289,21 +305,8 @@ cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t s
   const int64_t tiles = params.num_tiles;
   const int64_t per_cluster = (tiles + resident - 1) / (resident > 0 ? resident : 1);
   const int64_t clusters = (tiles + per_cluster - 1) / per_cluster;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(clusters * params.split_k));
-  cfg.blockDim = dim3(128);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  if (params.split_k > 1) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(params.split_k);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, flat_gemm_kernel<T, NB>, params);
+  return detail::launch_kernel(flat_gemm_kernel<T, NB>, unsigned(clusters * params.split_k), 128u, size_t(smem),
+                               stream, params.split_k, params);
 }
 
 template <typename T>

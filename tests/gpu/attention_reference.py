@@ -42,7 +42,9 @@ def check_close(out, q, k, v, what, **kw):
     assert torch.isfinite(out).all(), f"{what}: {int((~torch.isfinite(out)).sum())} non-finite outputs"
     err = (out.float() - ref).abs().max().item()
     torch_err = (low - ref).abs().max().item()
-    ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -20}[q.dtype]
+    # one unit in the last place of the output's scale (float32: a few, for the kernels' exp2 and summation order
+    # where torch's float32 "error" is 0 against itself)
+    ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -17}[q.dtype]
     tol = 2 * torch_err + ulp * max(ref.abs().max().item(), 1e-3)
     if err > tol:
         worst = (out.float() - ref).abs().flatten().argmax().item()

