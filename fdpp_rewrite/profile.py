@@ -324,17 +324,17 @@ def _command_line() -> str:
 
 
 def run(args) -> int:
+    from fdpp_rewrite.models import get_config
+
+    configs = {name: get_config(name) for name in args.presets}  # FdppError for an unknown preset
+    if args.reps < 3:
+        raise FdppError("--reps must be at least 3")
     require_gpu("profiling GEMMs")
     import torch
     from tqdm import tqdm
 
     from fdpp_rewrite.gpu import gemm
     from fdpp_rewrite.gpu.gemm_timing import Timer
-    from fdpp_rewrite.models import get_config
-
-    configs = {name: get_config(name) for name in args.presets}  # FdppError for an unknown preset
-    if args.reps < 3:
-        raise FdppError("--reps must be at least 3")
     device = _device_facts(torch)
     slug = gpu_slug(device["name"])
     out = args.out or REPO_ROOT / "engines" / "profiles" / f"{slug}.json"

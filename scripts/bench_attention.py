@@ -26,7 +26,6 @@ import ctypes
 import datetime
 import json
 import math
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -44,7 +43,7 @@ class Ours:
     """A prepared call of our attention: the argument struct and workspace built once, so a timed call is one
     ctypes call (the Python wrapper's checks would otherwise be timed too)."""
 
-    def __init__(self, q, k, v, past_len, *, softmax, kernel="auto"):
+    def __init__(self, q, k, v, past_len, *, softmax, kernel="auto", num_splits=0):
         import torch
 
         from fdpp_rewrite.gpu import attention as att
@@ -53,7 +52,7 @@ class Ours:
         self.att, self.check = att, fdpp_lib.check
         self.out = torch.empty_like(q)
         self.args = att._args(q, k, v, self.out, past_len, None, **att._defaults(
-            {"softmax": softmax, "kernel": kernel, "max_kv_len": k.shape[2]}))
+            {"softmax": softmax, "kernel": kernel, "max_kv_len": k.shape[2], "num_splits": num_splits}))
         self.need = att.workspace_bytes(self.args)
         self.workspace = torch.empty(max(self.need, 1), dtype=torch.uint8, device="cuda")
         self.lib = att.library()
@@ -197,6 +196,10 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
         row[name], note = try_time(calls, quick)
         if note:
             row[name.replace("_us", "_note")] = note
+    # A check of the split heuristic: twice the splits it picks (more, shorter CTAs in two waves) should be slower.
+    twice = min(2 * row["splits"], 128)
+    row["ours_unified_2x_splits_us"], _ = try_time(
+        [Ours(q, k, v, p, softmax="unified", num_splits=twice) for q, k, v, p in sets], quick)
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, gqa=gqa)()
     row["max_abs_diff_vs_flash"] = (unified[0]().float() - ref.float()).abs().max().item()
@@ -226,15 +229,6 @@ def bench_prefill(seq, quick, heads=32):
         row[name], note = try_time(calls, quick)
         if note:
             row[name.replace("_us", "_note")] = note
-    # The 64-key compute step (FDPP_ATTN_PREFILL_STEP=64: fewer Q reads from shared memory, some register spills)
-    os.environ["FDPP_ATTN_PREFILL_STEP"] = "64"
-    try:
-        for name, softmax in (("ours_unified_step64_us", "unified"), ("ours_sync_step64_us", "synchronized")):
-            row[name], note = try_time([Ours(q, k, v, p, softmax=softmax) for q, k, v, p in sets], quick)
-            if note:
-                row[name.replace("_us", "_note")] = note
-    finally:
-        del os.environ["FDPP_ATTN_PREFILL_STEP"]
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, causal=True)()
     row["max_abs_diff_vs_flash"] = (unified[0]().float() - ref.float()).abs().max().item()
@@ -304,9 +298,9 @@ def print_table(rows, read_tbps):
             rate = f"{r.get('ours_unified_tbps', float('nan')):.2f} TB/s"
         else:
             rate = f"{r.get('ours_unified_tflops', float('nan')):.0f} TFLOP/s"
-        if r.get("ours_unified_step64_us"):
-            print(f"         (64-key step: unified {r['ours_unified_step64_us']:.1f}u, synchronized "
-                  f"{r.get('ours_sync_step64_us') or float('nan'):.1f}u)")
+        if r.get("ours_unified_2x_splits_us"):
+            print(f"         (twice the splits, {min(2 * r['splits'], 128)}: unified "
+                  f"{r['ours_unified_2x_splits_us']:.1f}u)")
         print(f"{r['phase']:8} {r['batch']:>2} {r['heads']:>3}/{r['kv_heads']:<2} {r['kv_len']:>6} {us('ours_unified')} "
               f"{us('ours_sync')} {us('cudnn')} {us('flash')} {rate:>12} {r.get('speedup_vs_cudnn', float('nan')):7.3f} "
               f"{r.get('speedup_vs_flash', float('nan')):7.3f} {r.get('unified_speedup_over_sync', float('nan')):5.2f} "

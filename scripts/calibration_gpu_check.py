@@ -3,7 +3,7 @@
 phi per layer, counting the rows that take the exact fallback.
 
     python -m fdpp_rewrite calibrate -o out/calibration/calibration.json --save-heldout-qkv out/calibration/heldout_qkv.pt
-    python3 scripts/calibration_gpu_check.py --out out/calibration-gpu      # on the GPU machine
+    PYTHONPATH=. python3 scripts/calibration_gpu_check.py --out out/calibration-gpu   # on the GPU machine
 
 Every held-out token is a query row of every head: the decode kernel runs them as one multi-token step (each row
 sees exactly the keys a one-token decode step at that position would see), the prefill kernel as the prompt.

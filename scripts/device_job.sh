@@ -1,48 +1,67 @@
 #!/usr/bin/env bash
-# The one project script for the GPU machine: build, GPU tests, sanitizer, benchmarks, profiles, calibration
-# check. Results go under $OUT (default ./out), packed into one archive because the device tool returns at most
-# 8 files. Each stage runs even if an earlier one failed; the summary at the end says which passed.
+# The one project script for the GPU machine: GPU tests, compute-sanitizer, benchmarks, the calibration check
+# and the GEMM profiles, in one call. Everything lands in $OUT/results/ and is packed into $OUT/results.tgz
+# (the device tool returns at most 8 files). A stage that fails or times out does not stop the others; the
+# summary at the end says which passed.
 #
-#   scripts/device_job.sh                 # every stage
-#   scripts/device_job.sh build test      # only these
+#   scripts/device_job.sh                          # every stage
+#   scripts/device_job.sh attention_tests gemm_bench   # only these
+#
+# The library: $FDPP_PLUGIN_LIB if set and loadable, else build/libfdpp_plugins.so, else it is built here
+# (without CUTLASS headers unless the nvidia-cutlass wheel is installed: ImplC is then cuBLASLt only).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
-RESULTS=$OUT/results
+OUT=${OUT:-$PWD/out/device}
+WORK=$(mktemp -d)
+RESULTS=$WORK/results
 mkdir -p "$RESULTS"
-export PYTHONUNBUFFERED=1 FDPP_RESULTS="$RESULTS"
-JOBS=$(nproc)
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export FDPP_PLUGIN_LIB=${FDPP_PLUGIN_LIB:-$PWD/build/libfdpp_plugins.so}
+CALIBRATION=${CALIBRATION:-out/calibration}
 
-# Wheels carried in .whl/ (packages the GPU image lacks).
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if ! python3 -c "from fdpp_rewrite.gpu import lib; lib.load()" 2>/dev/null; then
+  echo "=== $FDPP_PLUGIN_LIB does not load; building the library here"
+  cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DFDPP_CUDA_ARCHS=90a >"$RESULTS/cmake.log" 2>&1 \
+    && cmake --build build-device -j "$(nproc)" >>"$RESULTS/cmake.log" 2>&1
+  export FDPP_PLUGIN_LIB=$PWD/build-device/libfdpp_plugins.so
 fi
 
-stage_build() {
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFDPP_CUDA_ARCHS=90a >/dev/null && cmake --build build -j "$JOBS"
-}
-stage_test() { python3 -m pytest -q -m gpu tests/gpu -rs --junitxml="$RESULTS/gpu-tests.xml"; }
-stage_sanitize() { scripts/sanitize.sh; }
-stage_bench_gemm() { python3 scripts/bench_gemm.py --out "$RESULTS/gemm"; }
-stage_bench_attention() { python3 scripts/bench_attention.py --out "$RESULTS/attention"; }
-stage_profile() {
-  python3 -m fdpp_rewrite profile llama2-7b llama2-13b opt-6.7b chatglm2-6b smollm2-135m \
-    --out "$RESULTS/profiles/h200.json" --plots "$RESULTS/profiles/plots"
-}
-stage_calibration_check() { python3 scripts/calibration_gpu_check.py --out "$RESULTS/calibration"; }
+PYTEST_GPU="python3 -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu"
+SANITIZE="compute-sanitizer --error-exitcode 7 --tool"
 
-ALL="build test sanitize bench_gemm bench_attention profile calibration_check"
+stage_smoke()             { $PYTEST_GPU tests/gpu/test_axpy.py; }
+stage_attention_tests()   { timeout 120 $PYTEST_GPU tests/gpu/test_attention.py; }
+stage_attention_sanitize() {
+  timeout 60 $SANITIZE memcheck python3 scripts/sanitize_attention.py \
+    && timeout 60 $SANITIZE racecheck python3 scripts/sanitize_attention.py
+}
+stage_attention_bench()   { timeout 180 python3 scripts/bench_attention.py --out "$RESULTS/attention"; }
+stage_calibration_check() {
+  timeout 60 python3 scripts/calibration_gpu_check.py --calibration "$CALIBRATION/calibration.json" \
+    --qkv "$CALIBRATION/heldout_qkv.pt" --out "$RESULTS/calibration"
+}
+stage_gemm_tests()        { timeout 200 $PYTEST_GPU --maxfail=25 tests/gpu/test_gemm.py; }
+stage_gemm_sanitize()     { timeout 240 $PYTEST_GPU tests/gpu/test_gemm_sanitizer.py; }
+stage_gemm_bench()        { timeout 240 python3 scripts/bench_gemm.py --out "$RESULTS/gemm" --force; }
+stage_profile() {
+  timeout "${PROFILE_TIMEOUT:-300}" python3 -m fdpp_rewrite profile \
+    ${PRESETS:-llama2-7b llama2-13b opt-6.7b chatglm2-6b smollm2-135m} \
+    --out "$RESULTS/profiles/h200.json" --plots "$RESULTS/profiles/plots" --force
+}
+
+ALL="smoke attention_tests attention_sanitize attention_bench calibration_check gemm_tests gemm_sanitize gemm_bench profile"
 STAGES=${*:-$ALL}
 declare -A VERDICT
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$RESULTS/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RESULTS/gpu.txt"
+echo "library: $FDPP_PLUGIN_LIB" | tee -a "$RESULTS/gpu.txt"
 for stage in $STAGES; do
-  stage=${stage//-/_}
-  echo "=== $stage"
+  echo "=== $stage ($(date +%T))"
   start=$(date +%s)
-  if "stage_$stage" 2>&1 | tee "$RESULTS/$stage.log"; then VERDICT[$stage]=ok; else VERDICT[$stage]=FAILED; fi
+  if "stage_$stage" >"$RESULTS/$stage.log" 2>&1; then VERDICT[$stage]=ok; else VERDICT[$stage]="FAILED (rc $?)"; fi
+  tail -n 25 "$RESULTS/$stage.log"
   echo "=== $stage: ${VERDICT[$stage]} in $(( $(date +%s) - start )) s"
+  tar -C "$WORK" -czf "$OUT/results.tgz" results   # after every stage, so a timeout still returns what ran
 done
-tar -C "$OUT" -czf "$OUT/results.tgz" results
 echo "=== summary"
-for stage in $STAGES; do stage=${stage//-/_}; echo "$stage: ${VERDICT[$stage]}"; done
+for stage in $STAGES; do echo "$stage: ${VERDICT[$stage]}"; done | tee "$RESULTS/summary.txt" "$OUT/summary.txt"
+tar -C "$WORK" -czf "$OUT/results.tgz" results

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A small run of every attention kernel path, for compute-sanitizer:
 
-    compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_attention.py
-    compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_attention.py
+    PYTHONPATH=. compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_attention.py
+    PYTHONPATH=. compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_attention.py
 
 Decode (both softmax variants, GQA, odd lengths, several tokens, the fallback), prefill (both, causal with a
 past, bias), rowwise float32 and rope_append, each once on small shapes."""

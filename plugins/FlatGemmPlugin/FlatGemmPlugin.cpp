@@ -71,9 +71,9 @@ gemm::Dtype to_dtype(nvinfer1::DataType t) {
 
 FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollection* fc) {
   FlatGemmAttributes a;
-  // Contract defaults for the optional fields.
+  // Contract defaults for the optional fields (contract.json "default").
   a.plan.implb = gemm::ImplBConfig{64, 64, 2, 1};
-  a.plan.implc = static_cast<int32_t>(gemm::Impl::kCutlass);
+  a.plan.implc = static_cast<int32_t>(gemm::Impl::kCublasLt);
   bool have_m1 = false, have_m2 = false;
   for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i) {
     const PluginField& f = fc->fields[i];

@@ -19,7 +19,7 @@ struct FlatGemmAttributes {
   std::string epilogue = "none";  // "none" | "silu_mul" | "residual"
   int32_t has_bias = 0;
   gemm::Plan plan{};
-  std::string implc = "cutlass";  // as written in the node ("cutlass" | "cublaslt" | "cublas")
+  std::string implc = "cublaslt";  // as written in the node ("cutlass" | "cublaslt" | "cublas" = cuBLASLt)
   std::string profile = "unprofiled-default";
 
   // Reads a field collection (any order, unknown fields rejected); throws std::invalid_argument with a

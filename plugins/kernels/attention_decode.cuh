@@ -40,7 +40,20 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   const int b = blockIdx.z;
   const int kv_len = kv_len_of(a, b);
   const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
-  if (range.begin >= range.end) return;  // the combine derives the same range and skips this split
+  if (range.begin >= range.end) {
+    // The combine derives the same range and skips this split; with one split (no combine) the rows are empty:
+    // they output 0, as a row with no visible key does.
+    if (a.num_splits == 1) {
+      const int rows_total = a.group * a.seq, row0 = (blockIdx.y - hkv * a.row_blocks) * Tr::kRows;
+      for (int i = threadIdx.x; i < (rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows) * D;
+           i += Tr::kThreads) {
+        const int gr = row0 + i / D, hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+        static_cast<T*>(a.out)[b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + i % D] =
+            Elem<T>::from_float(0.f);
+      }
+    }
+    return;
+  }
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -233,6 +246,9 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   }
   __syncthreads();
 
+  // With one split this CTA holds whole rows: it normalizes and writes the output itself and no combine kernel
+  // runs (one launch less on the critical path); guard-flagged rows are recomputed below by this CTA's warps.
+  const bool direct = a.num_splits == 1;
   for (int i = tid; i < rows_here * (D / 4); i += Tr::kThreads) {
     const int r = i / (D / 4), d4 = i - r * (D / 4);
     float wt[Tr::kWarps];
@@ -246,38 +262,67 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
       wt[w] = kUnified ? 1.f : State::merge_weight(__uint_as_float(red_stat[w * Tr::kRows + r]), m_all);
     }
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float l = 0.f;
+    uint32_t stat = 0;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) {
       const float4 part = *reinterpret_cast<const float4*>(red + (w * Tr::kRows + r) * Tr::kRedStride + d4 * 4);
       acc.x = fmaf(wt[w], part.x, acc.x), acc.y = fmaf(wt[w], part.y, acc.y);
       acc.z = fmaf(wt[w], part.z, acc.z), acc.w = fmaf(wt[w], part.w, acc.w);
+      l = fmaf(wt[w], red_l[w * Tr::kRows + r], l);
+      stat |= red_stat[w * Tr::kRows + r];
     }
     const int gr = row0 + r;
     const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    if (direct) {  // a flagged row's values here are overwritten by its recompute below
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + d4 * 4;
+      const uint2 packed = make_uint2(Elem<T>::pack(acc.x * inv, acc.y * inv), Elem<T>::pack(acc.z * inv, acc.w * inv));
+      *reinterpret_cast<uint2*>(out) = packed;
+      continue;
+    }
     const size_t slot = (static_cast<size_t>(b * a.num_heads + hq) * a.seq + s) * a.num_splits + split;
     *reinterpret_cast<float4*>(a.ws_acc + slot * D + d4 * 4) = acc;
     if (d4 == 0) {
-      float l = 0.f;
-      uint32_t stat = 0;
-#pragma unroll
-      for (int w = 0; w < Tr::kWarps; ++w) {
-        l = fmaf(wt[w], red_l[w * Tr::kRows + r], l);
-        stat |= red_stat[w * Tr::kRows + r];
-      }
       a.ws_l[slot] = l;
       a.ws_stat[slot] = kUnified ? stat : __float_as_uint(m_all);
     }
   }
+  if (!direct) return;
+  // Direct rows: count clamped lengths; recompute guard-flagged rows (one warp per row; q scratch in the Q area).
+  __syncthreads();  // every normalized row is stored before a recompute overwrites it
+  bool clamped = false;
+  kv_len_of(a, b, &clamped);
+  float* q_scratch = reinterpret_cast<float*>(smem) + warp * D;
+  for (int r = warp; r < rows_here; r += Tr::kWarps) {
+    const int gr = row0 + r;
+    const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    if (lane == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
+    if constexpr (kUnified) {
+      uint32_t stat = 0;
+#pragma unroll
+      for (int w = 0; w < Tr::kWarps; ++w) stat |= red_stat[w * Tr::kRows + r];
+      if (stat & (kGuardAbove | kGuardBelow | kGuardLowMax)) {
+        if (lane == 0) atomicAdd(a.counters, 1ull);
+        recompute_row_warp<T, D>(a, b, hq, s, kv_len, q_scratch);
+      }
+    }
+  }
 }
 
-// One CTA (128 threads) per query row (b, hq, s).
+// One CTA (128 threads) per query row (b, hq, s). Warp w adds splits w, w + 4, ... (lane = 4 output dims), so the
+// loads of many splits are in flight at once; then the 4 warps' sums add in shared memory.
 template <typename T, int D, bool kUnified>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
   using Tr = DecodeTraits<D>;
+  constexpr int kLanes = D / 4;  // lanes holding a float4 of the row
+  __shared__ __align__(16) float part[4][D];
+  __shared__ float part_l[4], part_m[4];
   const int row = blockIdx.x;
   const int s = row % a.seq;
   const int hq = (row / a.seq) % a.num_heads;
   const int b = row / (a.seq * a.num_heads);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   bool clamped = false;
   const int kv_len = kv_len_of(a, b, &clamped);
   const SplitRange first = split_range(kv_len, a.num_splits, Tr::kTile, 0);
@@ -288,6 +333,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
   T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss;
   const size_t base = static_cast<size_t>(row) * a.num_splits;
 
+  float M = -kInf;  // synchronized: the largest of the splits' maxima
   if constexpr (kUnified) {
     uint32_t bits = 0;
     for (int i = threadIdx.x; i < n; i += 128) bits |= a.ws_stat[base + i];
@@ -296,28 +342,34 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
       recompute_row_cta<T, D>(a, b, hq, s, kv_len);
       return;
     }
-    float l = 0.f;
-    for (int i = 0; i < n; ++i) l += a.ws_l[base + i];
-    for (int d = threadIdx.x; d < D; d += 128) {
-      float acc = 0.f;
-#pragma unroll 4
-      for (int i = 0; i < n; ++i) acc += a.ws_acc[(base + i) * D + d];
-      out[d] = Elem<T>::from_float(l > 0.f ? acc / l : 0.f);
-    }
   } else {
-    float m_all = -kInf;
-    for (int i = 0; i < n; ++i) m_all = fmaxf(m_all, __uint_as_float(a.ws_stat[base + i]));
-    float l = 0.f;
-    for (int i = 0; i < n; ++i)
-      l = fmaf(SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), m_all), a.ws_l[base + i], l);
-    for (int d = threadIdx.x; d < D; d += 128) {
-      float acc = 0.f;
-      for (int i = 0; i < n; ++i)
-        acc = fmaf(SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), m_all),
-                   a.ws_acc[(base + i) * D + d], acc);
-      out[d] = Elem<T>::from_float(l > 0.f ? acc / l : 0.f);
-    }
+    for (int i = threadIdx.x; i < n; i += 128) M = fmaxf(M, __uint_as_float(a.ws_stat[base + i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) part_m[warp] = M;
+    __syncthreads();
+    M = fmaxf(fmaxf(part_m[0], part_m[1]), fmaxf(part_m[2], part_m[3]));
   }
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float l = 0.f;
+  if (lane < kLanes) {
+    const float4* acc4 = reinterpret_cast<const float4*>(a.ws_acc) + base * kLanes + lane;
+#pragma unroll 4
+    for (int i = warp; i < n; i += 4) {
+      const float wt = kUnified ? 1.f
+                                : SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), M);
+      const float4 p = acc4[static_cast<size_t>(i) * kLanes];
+      acc.x = fmaf(wt, p.x, acc.x), acc.y = fmaf(wt, p.y, acc.y), acc.z = fmaf(wt, p.z, acc.z), acc.w = fmaf(wt, p.w, acc.w);
+      l = fmaf(wt, a.ws_l[base + i], l);
+    }
+    *reinterpret_cast<float4*>(&part[warp][lane * 4]) = acc;
+  }
+  if (lane == 0) part_l[warp] = l;
+  __syncthreads();
+  const float l_all = part_l[0] + part_l[1] + part_l[2] + part_l[3];
+  const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+  for (int d = threadIdx.x; d < D; d += 128)
+    out[d] = Elem<T>::from_float((part[0][d] + part[1][d] + part[2][d] + part[3][d]) * inv);
 }
 
 // One CTA per query row, float32 online softmax over all its keys: float32 inputs, and a forced exact path.

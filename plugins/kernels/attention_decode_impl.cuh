@@ -18,7 +18,7 @@ cudaError_t launch_decode_impl(const AttnArgs& a, bool use_pdl, cudaStream_t str
   const dim3 grid(a.num_splits, a.num_kv_heads * a.row_blocks, a.batch);
   split<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess || a.num_splits == 1) return err;  // one split: the split kernel wrote the output
 
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(a.batch * a.num_heads * a.seq);

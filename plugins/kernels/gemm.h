@@ -96,7 +96,8 @@ size_t implc_workspace_bytes(int64_t max_m, int64_t n, Epilogue epilogue, Dtype 
 cudaError_t launch_gemm_epilogue(const void* d, const void* bias, const void* residual, void* y, int64_t m, int64_t n,
                                  Epilogue epilogue, Dtype dtype, cudaStream_t stream);
 
-// Runs one implementation (Impl::kAuto: the plan's choice for p.m). config/pad_m apply to ImplB (config null:
+// Runs one implementation (Impl::kAuto: the plan's choice for p.m; a plan's cuBLASLt falls back to CUTLASS
+// when libcublasLt cannot be loaded). config/pad_m apply to ImplB (config null:
 // the plan's). Workspace must be at least workspace_bytes(p.m, ...).
 cudaError_t run_gemm(const Problem& p, const Plan& plan, Impl impl, const ImplBConfig* config, int pad_m,
                      void* workspace, size_t workspace_bytes, cudaStream_t stream);

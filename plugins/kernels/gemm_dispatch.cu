@@ -119,6 +119,10 @@ cudaError_t run_gemm(const Problem& p, const Plan& plan, Impl impl, const ImplBC
     case Impl::kB:
       return launch_implb(p, config ? *config : plan.implb, pad_m > 0 ? pad_m : 8, stream);
     case Impl::kCublasLt:
+      // A plan made where cuBLASLt was present, run where it is not (a TensorRT deployment without
+      // nvidia-cublas): CUTLASS computes the same product, only slower.
+      if (!cublaslt_available() && cutlass_available())
+        return launch_implc_cutlass(p, workspace, workspace_bytes, stream);
       return launch_implc_cublaslt(p, workspace, workspace_bytes, stream);
     case Impl::kCutlass:
       return launch_implc_cutlass(p, workspace, workspace_bytes, stream);

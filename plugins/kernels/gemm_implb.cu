@@ -18,6 +18,10 @@
 // Split-K: the warps of a CTA split each stage along K (reduced through shared memory); `split_k` CTAs of one
 // thread-block cluster split the K range (reduced through distributed shared memory, sm_90), one launch, no
 // global workspace.
+//
+// The grid is persistent (one wave: as many clusters as are resident, each walking an equal share of the
+// tiles through one continuous pipeline), and with programmatic dependent launch the weights of the first
+// stages are requested before waiting for the kernel that produces X (gemm.h: pdl_enabled).
 #include <cooperative_groups.h>
 
 #include <mutex>

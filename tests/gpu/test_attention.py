@@ -154,9 +154,10 @@ def test_mask_mode_none_sees_every_key(kernel):
 
 
 @pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("kernel,seq", [("decode", 1), ("decode", 4), ("prefill", 200)])
+@pytest.mark.parametrize("kernel,seq,splits", [("decode", 1, 0), ("decode", 1, 1), ("decode", 4, 0),
+                                               ("prefill", 200, 0)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_adversarial_scores_stay_exact(dtype, kernel, seq, softmax):
+def test_adversarial_scores_stay_exact(dtype, kernel, seq, splits, softmax):
     """Scores up to +-1e4, rows mixing in-range and far-out-of-range tiles: never NaN/Inf, always within
     tolerance; the unified kernels send exactly the out-of-window rows to the fallback."""
     att = _att()
@@ -168,7 +169,8 @@ def test_adversarial_scores_stay_exact(dtype, kernel, seq, softmax):
     kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
     for scale in (128 ** -0.5, 30.0):  # the second puts ordinary scores near +-1e4 too
         counters = att.Counters()
-        out = att.attention(q, k, v, past, kernel=kernel, softmax=softmax, scale=scale, counters=counters)
+        out = att.attention(q, k, v, past, kernel=kernel, softmax=softmax, scale=scale, num_splits=splits,
+                            counters=counters)
         check_close(out, q, kr, vr, f"adversarial {kernel} {softmax} scale={scale}", scale=scale, past_len=past)
         if softmax == "unified":
             assert counters.fallback_rows > 0
@@ -176,21 +178,23 @@ def test_adversarial_scores_stay_exact(dtype, kernel, seq, softmax):
             assert counters.fallback_rows == 0
 
 
+@pytest.mark.parametrize("num_splits", [0, 1])
 @pytest.mark.parametrize("seq", [1, 3])
-def test_decode_fallback_counter_counts_rows(seq):
+def test_decode_fallback_counter_counts_rows(seq, num_splits):
     """The decode kernel's unified max is the calibrated phi: rows outside [phi + guard_lo, phi + guard_hi]."""
     att = _att()
     q, k, v, past = make_inputs(2, 6, 3, seq, 400, 128, torch.float16)
     rows = 2 * 6 * seq
     counters = att.Counters()
-    att.attention(q, k, v, past, kernel="decode", phi=-50.0, counters=counters)  # every s - phi ~ 50 > guard_hi
-    assert counters.fallback_rows == rows
+    kr, vr = reference_view(k, v, past, seq)
+    for phi in (-50.0, 75.0):  # every s - phi ~ 50 > guard_hi; then ~ -75 < guard_lo
+        counters.reset()
+        out = att.attention(q, k, v, past, kernel="decode", phi=phi, num_splits=num_splits, counters=counters)
+        check_close(out, q, kr, vr, f"decode phi={phi} splits={num_splits}", scale=128 ** -0.5, past_len=past)
+        assert counters.fallback_rows == rows
     counters.reset()
-    att.attention(q, k, v, past, kernel="decode", phi=50.0, counters=counters)  # every s - phi ~ -50 < guard_lo
-    assert counters.fallback_rows == rows
-    counters.reset()
-    att.attention(q, k, v, past, kernel="decode", phi=60.0, guard_lo=-80.0, counters=counters)
-    att.attention(q, k, v, past, kernel="decode", phi=2.0, counters=counters)
+    att.attention(q, k, v, past, kernel="decode", phi=60.0, guard_lo=-80.0, num_splits=num_splits, counters=counters)
+    att.attention(q, k, v, past, kernel="decode", phi=2.0, num_splits=num_splits, counters=counters)
     assert counters.fallback_rows == 0
 
 
