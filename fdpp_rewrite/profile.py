@@ -5,8 +5,10 @@ For every [N, K] GEMM of the models (fused qkv, o, gate_up / fc1, down / fc2, lm
 1. picks the ImplB (flat GEMM) tile config: every candidate from the library's list, timed at a few decode
    batch sizes, best geometric-mean slowdown wins;
 2. sweeps M = 1..16, then powers of two and their midpoints up to 256, timing ImplA (GEMV, M <= 8), ImplB
-   (M <= 64), ImplC through cuBLASLt and through CUTLASS, and cuBLAS through torch as the peer -- each launch
-   alone with L2 flushed, CUDA events, median of repetitions;
+   (M <= 64), ImplC through cuBLASLt and through CUTLASS, and cuBLAS through torch as the peer. By default
+   (--timing graph) the way an engine runs them: launches back to back in a CUDA graph over rotating weight
+   copies (a decode step: layer after layer of different weights, none in L2), with programmatic dependent
+   launch as the library does by default; --timing flushed times each launch alone after an L2 flush;
 3. chooses ImplC (cuBLASLt or CUTLASS) and the thresholds M1, M2 that minimise the worst slowdown of the
    dispatched GEMM against the best single implementation over the sweep;
 4. merges the result into engines/profiles/<gpu>.json by (n, k, dtype) and draws one PNG per shape.
@@ -32,6 +34,13 @@ M_GRID = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256]
 SEARCH_MS = (1, 2, 4, 8, 16)  # the decode batch sizes ImplB is for; ImplC takes over at larger M
 IMPLS = ("impla", "implb", "cublaslt", "cutlass")
 IMPLA_MAX_M, IMPLB_MAX_M = 8, 64
+TIMINGS = {
+    "graph": "launches back to back in one CUDA graph over rotating weight copies (none in L2 when read), time "
+             "per launch = replay / launches, median of replays; programmatic dependent launch as the library "
+             "default (on, sm_90+)",
+    "flushed": "CUDA events around one launch after an L2 flush (reading 4x the L2), median of repetitions",
+}
+GRAPH_ITERS = 60  # launches per graph replay
 
 
 # ---- pure logic (CPU-tested) --------------------------------------------------------------------------------
@@ -145,6 +154,7 @@ class ShapeBench:
     """Tensors for one [N, K] and launch closures for each implementation (shared with scripts/bench_gemm.py)."""
 
     def __init__(self, n: int, k: int, dtype: str, max_m: int, copies: int = 1):
+        """copies: weight copies for graph timing (weight_copies()); 1 for flushed timing."""
         import torch
 
         from fdpp_rewrite.gpu import gemm
@@ -197,12 +207,36 @@ class ShapeBench:
         return run_one
 
 
-def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS, search_reps: int = 10) -> tuple:
-    """(best config, [(config, {m: us})] of every candidate) by geometric-mean slowdown over search_ms."""
-    from fdpp_rewrite.gpu import gemm
+def weight_copies(n: int, k: int, l2_bytes: int, iters: int = GRAPH_ITERS) -> int:
+    """Weight copies a graph timing cycles over so that every weight is read cold: together more than 3x the
+    L2 (at least 2), and no more than the graph has launches (each copy is then read once per replay)."""
+    return max(2, min(iters, math.ceil(3 * l2_bytes / (2 * n * k))))
+
+
+def time_impl(bench: ShapeBench, timer, timing: str, impl: str, m: int, config: dict = None, plan: dict = None,
+              replays: int = 10):
+    """Microseconds per launch of one implementation at M = m by `timing` (TIMINGS), or None when it rejects
+    the problem."""
     from fdpp_rewrite.gpu.gemm_timing import safe_time
 
+    if timing == "flushed":
+        return safe_time(lambda: timer.flushed_us(bench.launcher(impl, m, config, plan=plan)))
+    if timing != "graph":
+        raise FdppError(f"unknown timing {timing!r}; choose from {', '.join(TIMINGS)}")
+    return safe_time(lambda: timer.graph_us([bench.launcher(impl, m, config, copy=c, plan=plan)
+                                              for c in range(len(bench.ws))], iters=GRAPH_ITERS, replays=replays))
+
+
+def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS, search_reps: int = 10,
+                 timing: str = "graph", quick: bool = False) -> tuple:
+    """(best config, [(config, {m: us})] of every candidate) by geometric-mean slowdown over search_ms.
+    quick: only the kw = 128, 2- and 3-stage candidates (every earlier search's winners were among them)."""
+    from fdpp_rewrite.gpu import gemm
+
     candidates = gemm.implb_candidates(bench.n, bench.k, 1, device["num_sms"], device["max_smem"], device["cc_major"])
+    if quick:
+        short = [c for c in candidates if c["k_tile"] * c["n_tile"] // 64 == 128 and c["stages"] in (2, 3)]
+        candidates = short or candidates
     if not candidates:
         raise FdppError(f"no valid ImplB config for [{bench.n}, {bench.k}]")
     results = []
@@ -211,7 +245,7 @@ def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS, se
         for config in candidates:
             times = {}
             for m in search_ms:
-                times[m] = safe_time(lambda: timer.flushed_us(bench.launcher("implb", m, config)))
+                times[m] = time_impl(bench, timer, timing, "implb", m, config, replays=5)
             results.append((config, times))
     finally:
         timer.reps = saved_reps
@@ -226,12 +260,12 @@ def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS, se
     return results[0][0], [(cfg, times, score(times)) for cfg, times in results]
 
 
-def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, progress=None) -> dict:
-    """One profile entry (schema in TEAM.md / engines/profiles) with the raw curves."""
-    from fdpp_rewrite.gpu.gemm_timing import safe_time
-
-    bench = ShapeBench(n, k, dtype, max(ms))
-    config, search = search_implb(bench, timer, device)
+def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, progress=None, timing: str = "graph",
+                  quick: bool = False) -> dict:
+    """One profile entry (schema in TEAM.md / engines/profiles) with the raw curves, timed by `timing`."""
+    copies = weight_copies(n, k, timer.l2_bytes) if timing == "graph" else 1
+    bench = ShapeBench(n, k, dtype, max(ms), copies=copies)
+    config, search = search_implb(bench, timer, device, timing=timing, quick=quick)
     curves = {"m": list(ms)}
     for name in IMPLS + ("cublas",):
         curves[f"{name}_us"] = []
@@ -240,7 +274,7 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
             if (name == "impla" and m > IMPLA_MAX_M) or (name == "implb" and m > IMPLB_MAX_M):
                 t = None
             else:
-                t = safe_time(lambda: timer.flushed_us(bench.launcher(name, m, config if name == "implb" else None)))
+                t = time_impl(bench, timer, timing, name, m, config if name == "implb" else None)
             curves[f"{name}_us"].append(None if t is None else round(t, 3))
         if progress is not None:
             progress.update(1)
@@ -251,7 +285,7 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
         dispatched.append(curves[f"{impl}_us"][i])
     curves["dispatched_us"] = dispatched
     return {
-        "n": n, "k": k, "dtype": dtype, "m1": plan["m1"], "m2": plan["m2"], "implb": config,
+        "n": n, "k": k, "dtype": dtype, "m1": plan["m1"], "m2": plan["m2"], "implb": config, "timing": timing,
         "implc": plan["implc"], "worst_ratio_vs_best_impl": plan["worst_ratio"],
         "points_over_2pct_vs_best_impl": plan["misses"],
         "implb_search": {"m": list(SEARCH_MS),
@@ -287,7 +321,8 @@ def plot_entry(entry: dict, path: Path, title: str) -> None:
             ax.text(value, top * (1 - 0.06 * row), f" {name}={value}", va="top", fontsize=8, color="dimgray")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (rows of X: batch x tokens)")
-    ax.set_ylabel("time per GEMM (us, L2 flushed)")
+    timing = entry.get("timing", "flushed")
+    ax.set_ylabel("time per GEMM (us, " + ("graph, rotating weights" if timing == "graph" else "L2 flushed") + ")")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -306,6 +341,11 @@ def add_arguments(parser) -> None:
                         help="folder for one PNG per shape (default engines/profiles/plots/<gpu>)")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--reps", type=int, default=20, help="timed launches per point (median)")
+    parser.add_argument("--timing", default="graph", choices=sorted(TIMINGS),
+                        help="graph (default): back to back in a CUDA graph over rotating weights, as an engine "
+                             "runs a decode step; flushed: each launch alone after an L2 flush")
+    parser.add_argument("--quick", action="store_true",
+                        help="search only the kw = 128 ImplB configs (2 and 3 stages) instead of every candidate")
     parser.add_argument("--force", action="store_true",
                         help="re-measure shapes already in the profile and overwrite their plots")
 
@@ -364,12 +404,11 @@ def run(args) -> int:
         raise FdppError(f"{clobber[0]} exists (and {len(clobber) - 1} more); pass --force to overwrite the plots")
 
     timer = Timer(reps=args.reps)
-    gemm.set_pdl(False)  # each launch is timed alone after a flush; nothing to overlap with
     entries = []
     with tqdm(total=len(todo) * len(M_GRID), desc="profile", unit="M", disable=None) as progress:
         for n, k, dtype in todo:
             progress.set_postfix_str(f"[{n}, {k}]")
-            entry = profile_shape(n, k, dtype, timer, device, progress=progress)
+            entry = profile_shape(n, k, dtype, timer, device, progress=progress, timing=args.timing, quick=args.quick)
             entry["used_by"] = shapes[(n, k, dtype)]
             entries.append(entry)
             plot_entry(entry, plots / f"{n}x{k}_{dtype}.png",
@@ -382,8 +421,10 @@ def run(args) -> int:
               "num_sms": device["num_sms"], "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "command": _command_line(),
               "presets": sorted(configs),
-              "method": "CUDA events around each launch, L2 flushed before it by reading 4x the L2, median of "
-                        f"{args.reps}; ImplB config by geometric-mean slowdown over M in {list(SEARCH_MS)}"}
+              "method": f"{args.timing}: {TIMINGS[args.timing]} ({args.reps} repetitions for flushed, 10 replays "
+                        f"of {GRAPH_ITERS} launches for graph); programmatic dependent launch "
+                        f"{'on' if gemm.set_pdl() else 'off'}; ImplB config by geometric-mean slowdown over M in "
+                        f"{list(SEARCH_MS)}" + (" among the kw = 128 configs (--quick)" if args.quick else "")}
     data, replaced = merge_profile(existing, header, entries, args.force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

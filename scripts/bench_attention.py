@@ -43,7 +43,7 @@ class Ours:
     """A prepared call of our attention: the argument struct and workspace built once, so a timed call is one
     ctypes call (the Python wrapper's checks would otherwise be timed too)."""
 
-    def __init__(self, q, k, v, past_len, *, softmax, kernel="auto", num_splits=0):
+    def __init__(self, q, k, v, past_len, *, softmax, kernel="auto", num_splits=0, prefill_config=0):
         import torch
 
         from fdpp_rewrite.gpu import attention as att
@@ -52,7 +52,8 @@ class Ours:
         self.att, self.check = att, fdpp_lib.check
         self.out = torch.empty_like(q)
         self.args = att._args(q, k, v, self.out, past_len, None, **att._defaults(
-            {"softmax": softmax, "kernel": kernel, "max_kv_len": k.shape[2], "num_splits": num_splits}))
+            {"softmax": softmax, "kernel": kernel, "max_kv_len": k.shape[2], "num_splits": num_splits,
+             "prefill_config": prefill_config}))
         self.need = att.workspace_bytes(self.args)
         self.workspace = torch.empty(max(self.need, 1), dtype=torch.uint8, device="cuda")
         self.lib = att.library()
@@ -229,6 +230,12 @@ def bench_prefill(seq, quick, heads=32):
         row[name], note = try_time(calls, quick)
         if note:
             row[name.replace("_us", "_note")] = note
+    # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps), both softmax variants: the
+    # data behind prefill_tile_config() in attention_heuristics.h.
+    for config in (1, 2):
+        for softmax, short in (("unified", "unified"), ("synchronized", "sync")):
+            row[f"ours_{short}_cfg{config}_us"], _ = try_time(
+                [Ours(q, k, v, p, softmax=softmax, prefill_config=config) for q, k, v, p in sets], quick)
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, causal=True)()
     row["max_abs_diff_vs_flash"] = (unified[0]().float() - ref.float()).abs().max().item()
@@ -284,6 +291,12 @@ def bars(rows):
     return out
 
 
+def progress(row):
+    """One line of a finished row's times (us), printed as the run goes (a run cut short still reports)."""
+    return " ".join(f"{key[:-3]}={value:.1f}" for key, value in row.items()
+                    if key.endswith("_us") and isinstance(value, float))
+
+
 def print_table(rows, read_tbps):
     print(f"\nstreaming read (torch sum, 4 GiB): {read_tbps:.2f} TB/s")
     head = (f"{'phase':8} {'B':>2} {'H/Hkv':>6} {'L':>6} {'ours':>9} {'sync':>9} {'cuDNN':>9} {'FLASH':>9} "
@@ -301,6 +314,10 @@ def print_table(rows, read_tbps):
         if r.get("ours_unified_2x_splits_us"):
             print(f"         (twice the splits, {min(2 * r['splits'], 128)}: unified "
                   f"{r['ours_unified_2x_splits_us']:.1f}u)")
+        if r["phase"] == "prefill":
+            shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2)
+                               for s in ("unified", "sync") if r.get(f"ours_{s}_cfg{c}_us"))
+            print(f"         (tile shapes: {shapes})")
         print(f"{r['phase']:8} {r['batch']:>2} {r['heads']:>3}/{r['kv_heads']:<2} {r['kv_len']:>6} {us('ours_unified')} "
               f"{us('ours_sync')} {us('cudnn')} {us('flash')} {rate:>12} {r.get('speedup_vs_cudnn', float('nan')):7.3f} "
               f"{r.get('speedup_vs_flash', float('nan')):7.3f} {r.get('unified_speedup_over_sync', float('nan')):5.2f} "
@@ -349,14 +366,14 @@ def main(argv=None) -> int:
     for batch in (1, 8):
         for kv_len in (1024, 8192, 32768):
             rows.append(derive(bench_decode(batch, 32, 32, kv_len, args.quick)))
-            print(f"decode B{batch} L{kv_len}: done", flush=True)
+            print(f"decode B{batch} L{kv_len}: {progress(rows[-1])}", flush=True)
     for batch in (1, 8):
         for kv_len in (1024, 8192, 32768):
             rows.append(derive(bench_decode(batch, 32, 8, kv_len, args.quick)))
-            print(f"decode GQA B{batch} L{kv_len}: done", flush=True)
+            print(f"decode GQA B{batch} L{kv_len}: {progress(rows[-1])}", flush=True)
     for seq in (1024, 4096, 16384):
         rows.append(derive(bench_prefill(seq, args.quick)))
-        print(f"prefill L{seq}: done", flush=True)
+        print(f"prefill L{seq}: {progress(rows[-1])}", flush=True)
         torch.cuda.empty_cache()
     print_table(rows, read_tbps)
     verdict = bars(rows)

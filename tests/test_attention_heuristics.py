@@ -34,3 +34,18 @@ def test_decode_splits_fill_but_never_exceed_one_wave():
             splits = decode_splits(units, tiles, H200_SLOTS)
             assert 1 <= splits <= min(tiles, 128)
             assert units * splits <= H200_SLOTS
+
+
+@pytest.mark.parametrize("heads,seq,expected", [
+    (32, 1024, 2),     # B=1, 32 heads, L=1K: 256 blocks of 128 rows (under two waves) -> 64-row blocks
+    (32, 4096, 1),     # L=4K: 1024 blocks balance themselves -> 128-row blocks
+    (32, 16384, 1),    # L=16K
+    (8 * 32, 1024, 1),  # B=8 at L=1K: 2048 blocks
+    (4, 200, 2),       # a short prompt
+    (32, 2048, 2),     # 512 blocks <= 528
+    (32, 2304, 1),     # 576 blocks > 528
+])
+def test_prefill_tile_config_worked_examples(heads, seq, expected):
+    from fdpp_rewrite.gpu.attention import prefill_config
+
+    assert prefill_config(heads, seq, H200_SLOTS) == expected

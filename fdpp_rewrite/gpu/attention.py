@@ -22,6 +22,8 @@ SOFTMAX_MODES = {"unified": 0, "synchronized": 1}
 KERNELS = {"auto": 0, "decode": 1, "prefill": 2, "rowwise": 3}
 KERNEL_NAMES = {v: k for k, v in KERNELS.items()}
 SUPPORTED_HEAD_DIMS = (64, 128)
+# Prefill tile shapes: 0 = the plan's choice; 1 = 128 query rows x 32-key steps; 2 = 64 query rows x 64-key steps.
+PREFILL_CONFIGS = (0, 1, 2)
 
 _i32, _i64, _f32, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -40,7 +42,7 @@ class AttentionArgs(ctypes.Structure):
         ("output", _ptr), ("o_stride_b", _i64), ("o_stride_h", _i64), ("o_stride_s", _i64),
         ("past_len", _ptr),
         ("bias", _ptr), ("bias_stride_b", _i64), ("bias_stride_s", _i64), ("bias_stride_l", _i64),
-        ("counters", _ptr),
+        ("counters", _ptr), ("prefill_config", _i32),
     ]
 
 
@@ -72,6 +74,7 @@ def library() -> ctypes.CDLL:
                                          ctypes.c_int],
         "fdpp_rope_append": [ctypes.POINTER(RopeAppendArgs), _ptr],
         "fdpp_attention_decode_splits": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
+        "fdpp_attention_prefill_config": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
     }.items():
         try:
             function = getattr(lib, name)
@@ -91,6 +94,11 @@ def library() -> ctypes.CDLL:
 def decode_splits(units: int, tiles: int, slots: int) -> int:
     """The decode kernel's split-count heuristic (pure host code in the library)."""
     return int(library().fdpp_attention_decode_splits(units, tiles, slots))
+
+
+def prefill_config(heads: int, seq: int, slots: int) -> int:
+    """The prefill kernel's tile-shape heuristic (pure host code in the library): 1 or 2, see PREFILL_CONFIGS."""
+    return int(library().fdpp_attention_prefill_config(heads, seq, slots))
 
 
 def _dtype_code(tensor) -> int:
@@ -141,7 +149,7 @@ def read_library_counters(reset: bool = False) -> tuple[int, int]:
 
 
 def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard_hi, mask_mode, softmax, kernel,
-          num_splits, max_kv_len, counters) -> AttentionArgs:
+          num_splits, max_kv_len, counters, prefill_config=0) -> AttentionArgs:
     device = query.device
     if device.type != "cuda":
         raise FdppError(f"attention runs on a CUDA GPU; query is on {device}")
@@ -204,6 +212,10 @@ def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard
     args.max_kv_len = int(max_kv_len or 0)
     args.mask_mode, args.softmax_mode, args.kernel = MASK_MODES[mask_mode], SOFTMAX_MODES[softmax], KERNELS[kernel]
     args.num_splits = int(num_splits)
+    if prefill_config not in PREFILL_CONFIGS:
+        raise FdppError(f"attention: unknown prefill_config {prefill_config!r} (choose from "
+                        f"{', '.join(map(str, PREFILL_CONFIGS))})")
+    args.prefill_config = int(prefill_config)
     args.scale = float(dim ** -0.5 if scale is None else scale)
     args.phi, args.guard_lo, args.guard_hi = float(phi), float(guard_lo), float(guard_hi)
     args.query, (args.q_stride_b, args.q_stride_h, args.q_stride_s) = query.data_ptr(), query.stride()[:3]
@@ -244,7 +256,7 @@ def plan(query, key, value, past_len=None, bias=None, **kwargs) -> tuple[str, in
 
 def _defaults(kwargs: dict) -> dict:
     options = dict(scale=None, phi=0.0, guard_lo=-60.0, guard_hi=10.0, mask_mode="past_len", softmax="unified",
-                   kernel="auto", num_splits=0, max_kv_len=None, counters=None)
+                   kernel="auto", num_splits=0, max_kv_len=None, counters=None, prefill_config=0)
     unknown = set(kwargs) - set(options)
     if unknown:
         raise FdppError(f"attention: unknown option(s) {', '.join(sorted(unknown))}")
@@ -259,7 +271,8 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
     units), mask_mode ("past_len": key j visible to query i iff j <= past_len[b] + i; "bias"; "none"),
     softmax ("unified" | "synchronized"), kernel ("auto" | "decode" | "prefill" | "rowwise"), num_splits (decode;
     0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
-    or exact when past_len is on the CPU), counters (a Counters to add fallback counts to).
+    or exact when past_len is on the CPU), counters (a Counters to add fallback counts to), prefill_config
+    (0 = the plan's tile shape; 1 or 2 force one, see PREFILL_CONFIGS).
     """
     torch = _torch()
     out = torch.empty_like(query) if out is None else out

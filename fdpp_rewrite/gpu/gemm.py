@@ -113,8 +113,8 @@ def cublaslt_available() -> bool:
 
 
 def set_pdl(enabled: bool = None) -> bool:
-    """Programmatic dependent launch of ImplA/ImplB (sm_90; speed only). Sets it when enabled is not None;
-    returns the previous setting."""
+    """Programmatic dependent launch of ImplA/ImplB (sm_90; speed only; on by default, FDPP_GEMM_PDL=0 turns
+    it off). Sets it when enabled is not None; returns the previous setting."""
     return bool(library().fdpp_gemm_set_pdl(-1 if enabled is None else int(bool(enabled))))
 
 

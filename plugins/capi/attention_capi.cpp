@@ -71,6 +71,8 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
     return set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": the decode and prefill kernels take float16 or "
                                                              "bfloat16; float32 runs on the rowwise kernel (kernel 0 or 3)");
   if (x->num_splits < 0 || x->num_splits > 1024) return invalid(fn, "num_splits must be in [0, 1024]");
+  if (x->prefill_config < 0 || x->prefill_config > 2)
+    return invalid(fn, "unknown prefill_config " + str(x->prefill_config) + " (0 plan, 1 128x32, 2 64x64)");
   if (!(std::isfinite(x->scale) && x->scale > 0.f)) return invalid(fn, "scale must be finite and > 0");
   if (!std::isfinite(x->phi)) return invalid(fn, "phi must be finite");
   if (!(std::isfinite(x->guard_lo) && std::isfinite(x->guard_hi) && x->guard_lo < x->guard_hi))
@@ -82,7 +84,7 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
   const int group = x->num_heads / x->num_kv_heads;
   const int64_t row_blocks = (static_cast<int64_t>(group) * x->seq + 15) / 16;
   if (x->batch > kMaxGridYZ || static_cast<int64_t>(x->num_kv_heads) * row_blocks > kMaxGridYZ ||
-      (static_cast<int64_t>(x->seq) + 127) / 128 > kMaxGridYZ)
+      (static_cast<int64_t>(x->seq) + 63) / 64 > kMaxGridYZ)
     return invalid(fn, "shape beyond the launch grid (batch <= 65535, kv heads x row blocks <= 65535)");
 
   const int esize = elem_bytes(x->dtype);
@@ -111,6 +113,7 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
   p->softmax = static_cast<fdpp::SoftmaxMode>(x->softmax_mode);
   p->kernel = static_cast<fdpp::AttnKernel>(x->kernel);
   p->num_splits = x->num_splits;
+  p->prefill_config = x->prefill_config;
   p->scale = x->scale, p->phi = x->phi, p->guard_lo = x->guard_lo, p->guard_hi = x->guard_hi;
   p->q = x->query, p->q_sb = x->q_stride_b, p->q_sh = x->q_stride_h, p->q_ss = x->q_stride_s;
   p->k = x->key, p->k_sb = x->k_stride_b, p->k_sh = x->k_stride_h, p->k_ss = x->k_stride_s;
@@ -132,6 +135,8 @@ int fdpp_rope_append_args_size(void) { return static_cast<int>(sizeof(fdpp_rope_
 int fdpp_attention_decode_splits(int units, int tiles, int slots) {
   return fdpp::decode_num_splits(units, tiles, slots);
 }
+
+int fdpp_attention_prefill_config(int heads, int seq, int slots) { return fdpp::prefill_tile_config(heads, seq, slots); }
 
 fdpp_status fdpp_attention_workspace_bytes(const fdpp_attention_args* args, size_t* bytes) {
   return fdpp::guarded("fdpp_attention_workspace_bytes", [&] {

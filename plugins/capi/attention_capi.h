@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 // Bump when fdpp_attention_args or fdpp_rope_append_args change (checked against sizeof by the Python side).
-#define FDPP_ATTENTION_ABI 1
+#define FDPP_ATTENTION_ABI 2
 
 typedef enum fdpp_mask_mode { FDPP_MASK_PAST_LEN = 0, FDPP_MASK_BIAS = 1, FDPP_MASK_NONE = 2 } fdpp_mask_mode;
 typedef enum fdpp_softmax_mode { FDPP_SOFTMAX_UNIFIED = 0, FDPP_SOFTMAX_SYNCHRONIZED = 1 } fdpp_softmax_mode;
@@ -41,6 +41,8 @@ typedef struct fdpp_attention_args {
   const int64_t* past_len;  // [B] int64, mask_mode past_len: key j visible to query i iff j <= past_len[b] + i
   const void* bias;   int64_t bias_stride_b, bias_stride_s, bias_stride_l;  // mask_mode bias; 0 = broadcast
   unsigned long long* counters;  // device [2]: fallback rows, clamped rows (accumulated); NULL: the library's own
+  int32_t prefill_config;  // prefill tile shape: 0 = the plan's choice, 1 = 128 query rows x 32-key steps,
+                           // 2 = 64 query rows x 64-key steps (benchmarks and tests force one)
 } fdpp_attention_args;
 
 // sizeof(fdpp_attention_args) and sizeof(fdpp_rope_append_args), for bindings to check their mirror structs.
@@ -62,6 +64,10 @@ FDPP_API fdpp_status fdpp_attention_plan(const fdpp_attention_args* args, int32_
 // The pure host split heuristic (attention_heuristics.h): units = batch x kv heads x row blocks, tiles = key tiles
 // of the longest sequence, slots = resident CTAs on the GPU.
 FDPP_API int fdpp_attention_decode_splits(int units, int tiles, int slots);
+
+// The pure host prefill tile-shape heuristic (attention_heuristics.h): heads = batch x query heads, seq = query
+// tokens, slots = resident prefill CTAs on the GPU. Returns a prefill_config value (1 or 2).
+FDPP_API int fdpp_attention_prefill_config(int heads, int seq, int slots);
 
 // The library's own counters on the current device (used when args->counters is NULL): copies them to the host
 // (a synchronizing copy: diagnostics only, never inside a launch path) and zeroes them when reset != 0.

@@ -91,7 +91,7 @@ FDPP_API fdpp_status fdpp_gemm_prepare(const fdpp_gemm_args* args, const fdpp_ge
 FDPP_API fdpp_status fdpp_gemm_device_info(int32_t* num_sms, int32_t* cc_major, int32_t* cc_minor,
                                            int64_t* max_smem_optin);
 
-// Programmatic dependent launch of ImplA/ImplB on sm_90+ (default off; FDPP_GEMM_PDL=1 turns it on): enable
+// Programmatic dependent launch of ImplA/ImplB on sm_90+ (default on; FDPP_GEMM_PDL=0 turns it off): enable
 // 1/0, or -1 to only query. Returns the setting in force before the call (1/0).
 FDPP_API int32_t fdpp_gemm_set_pdl(int32_t enable);
 

@@ -20,6 +20,9 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 int decode_tile(int head_dim) { return head_dim == 128 ? 64 : 128; }
 
+// Prefill CTAs resident per SM in either tile shape (__launch_bounds__(128, 2); 96 or 80 KB of shared memory).
+constexpr int kPrefillCtasPerSm = 2;
+
 int64_t attention_rows(const AttentionParams& p) {
   return static_cast<int64_t>(p.batch) * p.num_heads * p.seq;
 }
@@ -207,10 +210,19 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       if (p.dtype == AttnDtype::kFloat16) return attn::launch_decode<__half>(a, unified, pdl, stream);
       return cudaErrorInvalidValue;
     }
-    case AttnKernel::kPrefill:
+    case AttnKernel::kPrefill: {
+      if (p.prefill_config > 0) {
+        a.prefill_config = p.prefill_config;
+      } else {
+        attn::DeviceInfo info;
+        const cudaError_t err = attn::device_info(&info);
+        if (err != cudaSuccess) return err;
+        a.prefill_config = prefill_tile_config(p.batch * p.num_heads, p.seq, info.num_sms * kPrefillCtasPerSm);
+      }
       if (p.dtype == AttnDtype::kBFloat16) return attn::launch_prefill<__nv_bfloat16>(a, unified, stream);
       if (p.dtype == AttnDtype::kFloat16) return attn::launch_prefill<__half>(a, unified, stream);
       return cudaErrorInvalidValue;
+    }
     case AttnKernel::kRowwise:
       if (p.dtype == AttnDtype::kBFloat16) return launch_rowwise<__nv_bfloat16>(a, stream);
       if (p.dtype == AttnDtype::kFloat16) return launch_rowwise<__half>(a, stream);

@@ -18,9 +18,9 @@
 namespace fdpp {
 namespace attn {
 
-template <typename T, int D, bool kUnified, int kStepN>
+template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp>
 __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
-  using Tr = PrefillTraits<D, kStepN>;
+  using Tr = PrefillTraits<D, kStepN, kRowsPerWarp>;
   constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles;
   using State = std::conditional_t<kUnified, AnchoredUnifiedSoftmax<2 * kMT>, SynchronizedSoftmax<2 * kMT>>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -185,8 +185,13 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
           for (int n = 0; n < kNT; ++n)
             tmax = fmaxf(tmax, fmaxf(sc[r >> 1][n][2 * (r & 1)], sc[r >> 1][n][2 * (r & 1) + 1]));
           const float alpha = state.begin_tile(r, tmax);
+          // Once a row's max has settled alpha is exactly 1: skip the D/4 multiplies unless some row in the warp
+          // moved (the vote is warp-uniform: every lane of the warp runs this step).
+          if (__any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-          for (int i = 0; i < D / 8; ++i) o[r >> 1][i][2 * (r & 1)] *= alpha, o[r >> 1][i][2 * (r & 1) + 1] *= alpha;
+            for (int i = 0; i < D / 8; ++i)
+              o[r >> 1][i][2 * (r & 1)] *= alpha, o[r >> 1][i][2 * (r & 1) + 1] *= alpha;
+          }
         }
       }
       if (masked) {

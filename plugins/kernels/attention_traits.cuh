@@ -38,14 +38,14 @@ struct DecodeTraits {
 // Prefill: a CTA = 4 warps x 32 query rows (two m16 fragments each) of one query head; key tiles of 64 through a
 // 2-stage pipeline, computed 32 keys at a time (to stay within 255 registers). Each K/V fragment loaded from shared memory feeds both m16 fragments, which halves the
 // shared-memory traffic per mma against 16 rows per warp (the kernel would otherwise wait on ldmatrix).
-template <int D, int StepN = 32>
+template <int D, int StepN = 32, int RowsPerWarp = 32>
 struct PrefillTraits {
   static constexpr int kHeadDim = D;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRowsPerWarp = 32;
+  static constexpr int kRowsPerWarp = RowsPerWarp;  // 32 (two m16 fragments) or 16 (one: 64-row blocks)
   static constexpr int kMTiles = kRowsPerWarp / 16;
-  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // 128 query rows per CTA
+  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // 128 (or 64) query rows per CTA
   static constexpr int kBlockN = 64;                     // keys per tile (one cp.async stage)
   static constexpr int kStepN = StepN;  // keys per compute step: 32 keeps the scores in 32 registers (64 spills)
   static constexpr int kNTiles = kStepN / 8;
@@ -59,6 +59,7 @@ struct PrefillTraits {
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
 
   static_assert(D == 64 || D == 128, "prefill supports head_dim 64 and 128");
+  static_assert(kRowsPerWarp == 16 || kRowsPerWarp == 32, "one or two m16 fragments per warp");
   static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row % 8) must stay fixed across a thread's passes");
   static_assert(kBlockN % kRowsPerPass == 0 && kBlockM % kRowsPerPass == 0, "whole passes per tile");
   static_assert(kBlockN % kStepN == 0 && kStepN % 16 == 0, "whole k16 steps per compute step");

@@ -43,8 +43,9 @@ struct Problem {
 };
 
 // Programmatic dependent launch for ImplA/ImplB (sm_90): each kernel lets the next one start early and streams
-// its weights before waiting for the previous kernel's output. Off by default; FDPP_GEMM_PDL=1 in the
-// environment or set_pdl_enabled(true) turns it on where the device supports it (sm_90+). Changes speed only.
+// its weights before waiting for the previous kernel's output. On by default where the device supports it
+// (sm_90+); FDPP_GEMM_PDL=0 in the environment or set_pdl_enabled(false) turns it off. Changes speed only: the
+// kernels read nothing but the (constant) weight before griddepcontrol.wait.
 bool pdl_enabled();
 void set_pdl_enabled(bool enabled);
 

@@ -87,12 +87,15 @@ inline int implb_warps_k(const ImplBConfig& c) { return kImplBWarps / implb_warp
 inline int implb_kw(const ImplBConfig& c) { return c.k_tile / implb_warps_k(c); }
 
 // Dynamic shared memory of one ImplB CTA: per stage and warp, 16-byte slots for 32 lanes (512 B) for each of
-// the kw/32 k-groups of the two weight rows a lane holds and of each batch block; plus the fp32 reduction area.
+// the kw/32 k-groups of the two weight rows a lane holds (per 16-row block the warp owns) and of each batch
+// block; plus the fp32 reduction area.
 //   n_tile 16, k_tile 256 (kw 64), 4 stages, 1 batch block: 4 * 4 * (2 + 1) * 2 * 512 + 2048 = 51200 bytes
-inline int64_t implb_smem_bytes(const ImplBConfig& c, int batch_blocks) {
+// row_blocks: 16-row weight blocks per warp (the launcher uses 2 when there are >= 2 batch blocks, so each
+// staged batch row feeds twice the MMAs; the config's n_tile is then per half-tile).
+inline int64_t implb_smem_bytes(const ImplBConfig& c, int batch_blocks, int row_blocks = 1) {
   const int64_t kgroups = implb_kw(c) / 32;
-  const int64_t stage = int64_t(kImplBWarps) * (2 + batch_blocks) * kgroups * 512;
-  return c.stages * stage + int64_t(kImplBWarps) * batch_blocks * 4 * 32 * 4;
+  const int64_t stage = int64_t(kImplBWarps) * (2 * row_blocks + batch_blocks) * kgroups * 512;
+  return c.stages * stage + int64_t(kImplBWarps) * row_blocks * batch_blocks * 4 * 32 * 4;
 }
 
 // Weight-row blocks of 16 (silu_mul: 8 gate rows + the matching 8 up rows) that ImplB tiles over.

@@ -3,8 +3,11 @@
 // The GEMM is computed as Y^T = W X^T so that the weight fills the MMA's 16-row side and the batch sits on its
 // 8-wide side: mma.sync m16n8k16 with 16 weight rows by 8 batch rows, M padded to 8 instead of 64.
 //
-// Each of a CTA's 4 warps owns one 16-row weight block and a kw-wide K slice of every stage; the CTA covers
-// n_tile = 16 * warps_n rows and k_tile = kw * warps_k columns per stage. Loads are 16-byte cp.async into a
+// Each of a CTA's 4 warps owns RB 16-row weight blocks and a kw-wide K slice of every stage; the CTA covers
+// RB * n_tile = RB * 16 * warps_n rows and k_tile = kw * warps_k columns per stage. RB = 2 when the batch has
+// two or more blocks of 8: every batch fragment a warp stages and reads from shared memory then feeds two
+// weight blocks' MMAs, which halves the shared-memory traffic of X per weight byte (at M > 8, one warp per
+// weight block ran out of shared-memory bandwidth; docs/notes-gemm.md). Loads are 16-byte cp.async into a
 // `stages`-deep ring of shared memory, so the loads of the next stages are in flight while the current one is
 // multiplied (stages = 1 turns the overlap off, for the ablation).
 //
@@ -24,6 +27,8 @@
 // stages are requested before waiting for the kernel that produces X (gemm.h: pdl_enabled).
 #include <cooperative_groups.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -80,7 +85,7 @@ struct LaneRows {
 // it streams its K share of every tile through one continuous cp.async pipeline, so loads for the next tile
 // are already in flight while the current one is reduced and stored; the launcher sizes the grid to what is
 // resident at once, with the same number of tiles (+-1) per cluster.
-template <typename T, int NB>
+template <typename T, int NB, int RB>
 __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5;
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
   const int nsteps = s_end - s_begin;
   const int total = my_tiles * nsteps;
 
-  const int slot_bytes = (2 + NB) * kgroups * 512;  // one warp, one stage
+  const int slot_bytes = (2 * RB + NB) * kgroups * 512;  // one warp, one stage: RB x 2 weight rows, NB batch
   const int stage_bytes = kImplBWarps * slot_bytes;
   unsigned char* warp_smem = smem + warp * slot_bytes + lane * 16;
   const uint32_t warp_smem_u32 = detail::smem_u32(warp_smem);
@@ -114,69 +119,86 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
   auto issue_part = [&](int u, int slot, bool weights, bool activations) {
     const int tile = cluster_id + (u / nsteps) * clusters;
     const int step = s_begin + u % nsteps;
-    const LaneRows r(p, tile * p.warps_n + wn, g);
-    const T* wrow0 = w + (r.ok0 ? int64_t(r.row0) * p.k : 0);
-    const T* wrow1 = w + (r.ok1 ? int64_t(r.row1) * p.k : 0);
     const uint32_t base = warp_smem_u32 + slot * stage_bytes;
     const int k0 = step * k_tile + wk * p.kw + 8 * t;
-    for (int j = 0; j < kgroups; ++j) {
-      const int kk = k0 + 32 * j;
-      const bool kin = kk < p.k;
-      if (weights) {
-        cp_async16(base + j * 512, kin && r.ok0 ? wrow0 + kk : w, kin && r.ok0);
-        cp_async16(base + (kgroups + j) * 512, kin && r.ok1 ? wrow1 + kk : w, kin && r.ok1);
+    if (weights) {
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        const LaneRows r(p, (tile * p.warps_n + wn) * RB + rb, g);
+        const T* wrow0 = w + (r.ok0 ? int64_t(r.row0) * p.k : 0);
+        const T* wrow1 = w + (r.ok1 ? int64_t(r.row1) * p.k : 0);
+        for (int j = 0; j < kgroups; ++j) {
+          const int kk = k0 + 32 * j;
+          const bool kin = kk < p.k;
+          cp_async16(base + (2 * rb * kgroups + j) * 512, kin && r.ok0 ? wrow0 + kk : w, kin && r.ok0);
+          cp_async16(base + ((2 * rb + 1) * kgroups + j) * 512, kin && r.ok1 ? wrow1 + kk : w, kin && r.ok1);
+        }
       }
-      if (activations) {
+    }
+    if (activations) {
+      for (int j = 0; j < kgroups; ++j) {
+        const int kk = k0 + 32 * j;
+        const bool kin = kk < p.k;
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           const int mrow = nb * 8 + g;
           // Batch rows past M are never loaded; compute() feeds zeros for them. X goes through L1: every
           // warp of the SM reads the same rows.
           if (mrow < p.m)
-            detail::cp_async16_ca(base + ((2 + nb) * kgroups + j) * 512, kin ? x + int64_t(mrow) * p.k + kk : x,
-                                  kin);
+            detail::cp_async16_ca(base + ((2 * RB + nb) * kgroups + j) * 512,
+                                  kin ? x + int64_t(mrow) * p.k + kk : x, kin);
         }
       }
     }
   };
   auto issue = [&](int u, int slot) { issue_part(u, slot, true, true); };
 
-  float acc[NB][4];
+  float acc[RB][NB][4];
+  auto zero_acc = [&]() {
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+    for (int rb = 0; rb < RB; ++rb)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) acc[rb][nb][0] = acc[rb][nb][1] = acc[rb][nb][2] = acc[rb][nb][3] = 0.f;
+  };
+  zero_acc();
 
   auto compute = [&](int slot) {
     const unsigned char* base = warp_smem + slot * stage_bytes;
     for (int j = 0; j < kgroups; ++j) {
-      const uint4 a_lo = lds16(base + j * 512);              // W[row0][8t .. 8t+8)
-      const uint4 a_hi = lds16(base + (kgroups + j) * 512);  // W[row1][8t .. 8t+8)
+      uint4 b[NB];  // X[batch nb*8 + g][8t .. 8t+8), read once for all RB weight blocks
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
-        uint4 b = make_uint4(0, 0, 0, 0);
-        if (nb * 8 + g < p.m) b = lds16(base + ((2 + nb) * kgroups + j) * 512);
-        detail::mma_16816<T>(acc[nb], a_lo.x, a_hi.x, a_lo.y, a_hi.y, b.x, b.y);
-        detail::mma_16816<T>(acc[nb], a_lo.z, a_hi.z, a_lo.w, a_hi.w, b.z, b.w);
+        b[nb] = make_uint4(0, 0, 0, 0);
+        if (nb * 8 + g < p.m) b[nb] = lds16(base + ((2 * RB + nb) * kgroups + j) * 512);
+      }
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        const uint4 a_lo = lds16(base + (2 * rb * kgroups + j) * 512);        // W[row0][8t .. 8t+8)
+        const uint4 a_hi = lds16(base + ((2 * rb + 1) * kgroups + j) * 512);  // W[row1][8t .. 8t+8)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          detail::mma_16816<T>(acc[rb][nb], a_lo.x, a_hi.x, a_lo.y, a_hi.y, b[nb].x, b[nb].y);
+          detail::mma_16816<T>(acc[rb][nb], a_lo.z, a_hi.z, a_lo.w, a_hi.w, b[nb].z, b[nb].w);
+        }
       }
     }
   };
 
-  float* red = reinterpret_cast<float*>(smem + p.stages * stage_bytes);  // [warp][NB * 4][32]
+  constexpr int kAcc = RB * NB * 4;  // accumulators per lane
+  float* red = reinterpret_cast<float*>(smem + p.stages * stage_bytes);  // [warp][kAcc][32]
 
   // Sum the tile over the CTA's warps and the cluster's CTAs, apply the epilogue, store; zero the sums.
   auto finish_tile = [&](int tile) {
+    float* flat = &acc[0][0][0];
     if (warps_k > 1) {
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[(warp * NB * 4 + nb * 4 + i) * 32 + lane] = acc[nb][i];
+      for (int a = 0; a < kAcc; ++a) red[(warp * kAcc + a) * 32 + lane] = flat[a];
       __syncthreads();
       if (wk == 0) {
         for (int other = 1; other < warps_k; ++other) {
           const int src = other * p.warps_n + wn;
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[nb][i] += red[(src * NB * 4 + nb * 4 + i) * 32 + lane];
+          for (int a = 0; a < kAcc; ++a) flat[a] += red[(src * kAcc + a) * 32 + lane];
         }
       }
       __syncthreads();  // red is free again for the next tile
@@ -186,35 +208,33 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
       cg::cluster_group cluster = cg::this_cluster();
       if (wk == 0) {
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) red[(wn * NB * 4 + nb * 4 + i) * 32 + lane] = acc[nb][i];
+        for (int a = 0; a < kAcc; ++a) red[(wn * kAcc + a) * 32 + lane] = flat[a];
       }
       cluster.sync();
       if (z == 0 && wk == 0) {
         for (int r = 1; r < p.split_k; ++r) {
           const float* peer = cluster.map_shared_rank(red, r);
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[nb][i] += peer[(wn * NB * 4 + nb * 4 + i) * 32 + lane];
+          for (int a = 0; a < kAcc; ++a) flat[a] += peer[(wn * kAcc + a) * 32 + lane];
         }
       }
       cluster.sync();  // peers keep red untouched until rank 0 has read it
     }
 #endif
     if (z == 0 && wk == 0) {
-      const LaneRows r(p, tile * p.warps_n + wn, g);
+#pragma unroll
+     for (int rb = 0; rb < RB; ++rb) {
+      const LaneRows r(p, (tile * p.warps_n + wn) * RB + rb, g);
       const int half_n = p.n >> 1;
-      // acc[nb][q] is (row0, batch nb*8 + 2t + q); acc[nb][2 + q] is (row1, same batch row).
+      // acc[rb][nb][q] is (row0, batch nb*8 + 2t + q); acc[rb][nb][2 + q] is (row1, same batch row).
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const int mrow = nb * 8 + 2 * t + q;
           if (mrow >= p.m || !r.ok0) continue;
-          float v0 = acc[nb][q];
-          float v1 = acc[nb][2 + q];
+          float v0 = acc[rb][nb][q];
+          float v1 = acc[rb][nb][2 + q];
           if (p.silu) {
             if (p.bias) {
               v0 += detail::load_float<T>(p.bias, r.row0);
@@ -238,9 +258,9 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
           }
         }
       }
+     }
     }
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+    zero_acc();
   };
 
   // The multistage pipeline: stages - 1 units in flight ahead of the one being multiplied, across tiles.
@@ -299,9 +319,9 @@ int resident_ctas_per_sm(const void* kernel, int device, int64_t smem) {
   return blocks;
 }
 
-template <typename T, int NB>
+template <typename T, int NB, int RB>
 cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
-  const void* kernel = reinterpret_cast<const void*>(&flat_gemm_kernel<T, NB>);
+  const void* kernel = reinterpret_cast<const void*>(&flat_gemm_kernel<T, NB, RB>);
   cudaError_t err = ensure_smem(kernel, dev.device, smem);
   if (err != cudaSuccess) return err;
   // As many clusters as are resident at once, each with ceil(tiles / clusters) tiles or one fewer.
@@ -309,21 +329,46 @@ cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t s
   const int64_t tiles = params.num_tiles;
   const int64_t per_cluster = (tiles + resident - 1) / (resident > 0 ? resident : 1);
   const int64_t clusters = (tiles + per_cluster - 1) / per_cluster;
-  return detail::launch_kernel(flat_gemm_kernel<T, NB>, unsigned(clusters * params.split_k), 128u, size_t(smem),
+  return detail::launch_kernel(flat_gemm_kernel<T, NB, RB>, unsigned(clusters * params.split_k), 128u, size_t(smem),
                                stream, params.split_k, params);
 }
 
 template <typename T>
-cudaError_t launch_nb(int nb, const FlatGemmParams& params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
-  switch (nb) {
-    case 1: return launch_typed<T, 1>(params, dev, smem, stream);
-    case 2: return launch_typed<T, 2>(params, dev, smem, stream);
-    case 3: return launch_typed<T, 3>(params, dev, smem, stream);
-    case 4: return launch_typed<T, 4>(params, dev, smem, stream);
-    case 6: return launch_typed<T, 6>(params, dev, smem, stream);
-    case 8: return launch_typed<T, 8>(params, dev, smem, stream);
-    default: set_detail("ImplB: internal error, unsupported batch block count"); return cudaErrorInvalidValue;
+cudaError_t launch_nb(int nb, int rb, const FlatGemmParams& params, const DeviceInfo& dev, int64_t smem,
+                      cudaStream_t stream) {
+  if (rb == 2) {
+    switch (nb) {
+      case 2: return launch_typed<T, 2, 2>(params, dev, smem, stream);
+      case 3: return launch_typed<T, 3, 2>(params, dev, smem, stream);
+      case 4: return launch_typed<T, 4, 2>(params, dev, smem, stream);
+      case 6: return launch_typed<T, 6, 2>(params, dev, smem, stream);
+      case 8: return launch_typed<T, 8, 2>(params, dev, smem, stream);
+      default: break;
+    }
+  } else {
+    switch (nb) {
+      case 1: return launch_typed<T, 1, 1>(params, dev, smem, stream);
+      case 2: return launch_typed<T, 2, 1>(params, dev, smem, stream);
+      case 3: return launch_typed<T, 3, 1>(params, dev, smem, stream);
+      case 4: return launch_typed<T, 4, 1>(params, dev, smem, stream);
+      case 6: return launch_typed<T, 6, 1>(params, dev, smem, stream);
+      case 8: return launch_typed<T, 8, 1>(params, dev, smem, stream);
+      default: break;
+    }
   }
+  set_detail("ImplB: internal error, unsupported batch block count");
+  return cudaErrorInvalidValue;
+}
+
+// 16-row weight blocks per warp: 2 from two batch blocks on (FDPP_IMPLB_ROW_BLOCKS=1 forces 1, an A/B switch),
+// when that fits in shared memory with as many stages as one block per warp would get.
+int row_blocks_per_warp(int nb, const ImplBConfig& config, int64_t max_smem) {
+  static const bool forced_one = [] {
+    const char* env = std::getenv("FDPP_IMPLB_ROW_BLOCKS");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  if (nb < 2 || forced_one) return 1;
+  return implb_smem_bytes(config, nb, 2) <= max_smem ? 2 : 1;
 }
 
 }  // namespace
@@ -349,6 +394,7 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
     set_detail(why);
     return cudaErrorInvalidValue;
   }
+  const int rb = row_blocks_per_warp(nb, config, dev.max_smem_optin);
   FlatGemmParams params{};
   params.x = p.x;
   params.w = p.w;
@@ -365,10 +411,11 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
   params.split_k = config.split_k;
   params.steps_total = int((p.k + config.k_tile - 1) / config.k_tile);
   params.num_blocks = int(implb_row_blocks(p.n, p.silu_mul()));
-  params.num_tiles = int(implb_grid(p.n, p.silu_mul(), ImplBConfig{config.n_tile, config.k_tile, config.stages, 1}));
-  const int64_t smem = implb_smem_bytes(config, nb);
-  if (p.dtype == Dtype::kBFloat16) return launch_nb<__nv_bfloat16>(nb, params, dev, smem, stream);
-  return launch_nb<__half>(nb, params, dev, smem, stream);
+  const int64_t blocks_per_tile = int64_t(params.warps_n) * rb;
+  params.num_tiles = int((params.num_blocks + blocks_per_tile - 1) / blocks_per_tile);
+  const int64_t smem = implb_smem_bytes(config, nb, rb);
+  if (p.dtype == Dtype::kBFloat16) return launch_nb<__nv_bfloat16>(nb, rb, params, dev, smem, stream);
+  return launch_nb<__half>(nb, rb, params, dev, smem, stream);
 }
 
 }  // namespace gemm

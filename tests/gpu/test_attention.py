@@ -95,28 +95,59 @@ def test_decode_grid_sized_for_the_cache_handles_short_sequences():
     check_close(out, q, kr, vr, "short sequences in a long cache", scale=128 ** -0.5, past_len=past)
 
 
+@pytest.mark.parametrize("config", [1, 2])  # 128 rows x 32-key steps, 64 rows x 64-key steps
 @pytest.mark.parametrize("softmax", ["unified", "synchronized"])
 @pytest.mark.parametrize("seq,past_len", [(1000, 0), (97, 0), (300, 200), (129, 4000)])
 @pytest.mark.parametrize("batch,heads,kv_heads", [(1, 4, 4), (3, 9, 3)])
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_prefill_matches_reference(dtype, dim, batch, heads, kv_heads, seq, past_len, softmax):
+def test_prefill_matches_reference(dtype, dim, batch, heads, kv_heads, seq, past_len, softmax, config):
     att = _att()
     q, k, v, past = make_inputs(batch, heads, kv_heads, seq, past_len + seq, dim, dtype)
     counters = att.Counters()
-    out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, counters=counters)
+    out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, counters=counters, prefill_config=config)
     kr, vr = reference_view(k, v, past, seq)
-    check_close(out, q, kr, vr, f"prefill {dtype} d{dim} S{seq} past{past_len} {softmax}", scale=dim ** -0.5,
-                past_len=past)
+    check_close(out, q, kr, vr, f"prefill {dtype} d{dim} S{seq} past{past_len} {softmax} cfg{config}",
+                scale=dim ** -0.5, past_len=past)
+    assert counters.fallback_rows == 0, "unit-scale scores stay inside every row's anchored window"
 
 
-def test_prefill_grid_of_about_two_waves():
-    """32 heads x 9 query blocks = 288 CTAs: the second wave runs in reverse (light-first) work order."""
+@pytest.mark.parametrize("config", [0, 1, 2])
+def test_prefill_grid_of_about_two_waves(config):
+    """32 heads x 9 query blocks = 288 CTAs (128 rows; 576 at 64): the second wave runs in reverse (light-first)
+    work order."""
     att = _att()
     q, k, v, past = make_inputs(1, 32, 32, 1100, 1100, 128, torch.float16)
-    out = att.attention(q, k, v, past, kernel="prefill")
+    out = att.attention(q, k, v, past, kernel="prefill", prefill_config=config)
     kr, vr = reference_view(k, v, past, 1100)
-    check_close(out, q, kr, vr, "prefill 288 CTAs", scale=128 ** -0.5, past_len=past)
+    check_close(out, q, kr, vr, f"prefill 1100 rows cfg{config}", scale=128 ** -0.5, past_len=past)
+
+
+@pytest.mark.parametrize("config", [1, 2])
+def test_prefill_rows_with_nothing_visible_output_zero_in_every_tile_shape(config):
+    """A bias mask that hides every key from some rows: those rows output exactly 0 (never NaN) in both tile
+    shapes, and the other rows still match the reference."""
+    att = _att()
+    q, k, v, past = make_inputs(1, 4, 4, 200, 200, 128, torch.float16)
+    bias = torch.zeros(1, 1, 200, 200, device="cuda", dtype=torch.float16)
+    bias[..., 70:140, :] = float("-inf")
+    out = att.attention(q, k, v, bias=bias, mask_mode="bias", kernel="prefill", prefill_config=config)
+    assert not torch.isnan(out).any()
+    assert (out[:, :, 70:140] == 0).all()
+    scores = (q.float() @ k.float().transpose(-1, -2)) * 128 ** -0.5 + bias.float()
+    keep = torch.ones(200, dtype=torch.bool)
+    keep[70:140] = False
+    expected = torch.softmax(scores[:, :, keep], dim=-1) @ v.float()
+    assert (out[:, :, keep].float() - expected).abs().max().item() < 2e-2
+
+
+def test_prefill_rejects_an_unknown_tile_shape():
+    from fdpp_rewrite.errors import FdppError
+
+    att = _att()
+    q, k, v, past = make_inputs(1, 4, 4, 64, 64, 128, torch.float16)
+    with pytest.raises(FdppError, match="prefill_config"):
+        att.attention(q, k, v, past, kernel="prefill", prefill_config=3)
 
 
 @pytest.mark.parametrize("dim", [64, 128])
@@ -167,11 +198,13 @@ def test_adversarial_scores_stay_exact(dtype, kernel, seq, splits, softmax):
     k[:, 0, 700] = q[:, 0, 0] * 8
     k[:, 1, 900] = -q[:, 4, 0] * 8
     kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
-    for scale in (128 ** -0.5, 30.0):  # the second puts ordinary scores near +-1e4 too
+    configs = (1, 2) if kernel == "prefill" else (0,)  # prefill: both tile shapes
+    for scale, config in ((s, c) for s in (128 ** -0.5, 30.0) for c in configs):  # 30: ordinary scores ~ +-1e4
         counters = att.Counters()
         out = att.attention(q, k, v, past, kernel=kernel, softmax=softmax, scale=scale, num_splits=splits,
-                            counters=counters)
-        check_close(out, q, kr, vr, f"adversarial {kernel} {softmax} scale={scale}", scale=scale, past_len=past)
+                            counters=counters, prefill_config=config)
+        check_close(out, q, kr, vr, f"adversarial {kernel} {softmax} scale={scale} cfg{config}", scale=scale,
+                    past_len=past)
         if softmax == "unified":
             assert counters.fallback_rows > 0
         else:
@@ -215,13 +248,20 @@ def test_prefill_fallback_counts_rows_beyond_their_anchor():
     # Key 200 of head 0 aligned with query 590, whose block (512..599) anchors on keys 0..63 and 448..599.
     k[0, 0, 200] = q[0, 0, 590] * 4
     counters.reset()
-    out = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=counters)  # the simulation's 11
+    # The simulation models 128-row blocks (tile shape 1); the guard_hi of 11 is the simulation's.
+    out = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=counters, prefill_config=1)
     check_close(out, q, k, v, "prefill spike", scale=128 ** -0.5, past_len=past)
     scores = (q[:, :1].float() @ k[:, :1].float().transpose(-1, -2)) * 128 ** -0.5
     scores = scores.masked_fill(torch.ones(seq, seq, device="cuda").triu(1).bool(), -math.inf).cpu()
     expected = anchored_prefill_fallbacks(scores)  # the same rule, simulated on the CPU
     assert expected >= 1
     assert abs(counters.fallback_rows - expected) <= 1
+    # 64-row blocks anchor every row on at least the keys a 128-row block does (the same 3 diagonal tiles end at
+    # or after the row's 128-row block start - 64), so they never flag more rows; row 590 still falls back.
+    counters.reset()
+    out = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=counters, prefill_config=2)
+    check_close(out, q, k, v, "prefill spike, 64-row blocks", scale=128 ** -0.5, past_len=past)
+    assert 1 <= counters.fallback_rows <= expected + 1
 
 
 def test_unified_equals_synchronized():
