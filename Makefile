@@ -3,7 +3,7 @@ PY ?= python3
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: setup lib demo test test-gpu clean
+.PHONY: setup lib demo test test-fast test-gpu clean
 
 setup:
 	@# torch: the CPU wheel is enough for the CPU pipeline; an existing torch (CUDA or not) is kept.
@@ -19,6 +19,9 @@ demo: setup
 	$(PY) -m fdpp_rewrite demo
 
 test: setup lib
+	$(PY) -m pytest -q tests
+
+test-fast: lib
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-gpu: lib

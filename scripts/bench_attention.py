@@ -201,6 +201,9 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
     twice = min(2 * row["splits"], 128)
     row["ours_unified_2x_splits_us"], _ = try_time(
         [Ours(q, k, v, p, softmax="unified", num_splits=twice) for q, k, v, p in sets], quick)
+    if row["splits"] > 1:  # and half of them (for B=8 L=32K, where the plan takes 2 splits over 1)
+        row["ours_unified_half_splits_us"], _ = try_time(
+            [Ours(q, k, v, p, softmax="unified", num_splits=row["splits"] // 2) for q, k, v, p in sets], quick)
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, gqa=gqa)()
     row["max_abs_diff_vs_flash"] = (unified[0]().float() - ref.float()).abs().max().item()
@@ -223,6 +226,10 @@ def bench_prefill(seq, quick, heads=32):
     unified = [Ours(q, k, v, p, softmax="unified") for q, k, v, p in sets]
     synced = [Ours(q, k, v, p, softmax="synchronized") for q, k, v, p in sets]
     row["kernel"] = unified[0].kernel
+    from fdpp_rewrite.gpu.attention import prefill_plan
+
+    slots = torch.cuda.get_device_properties(0).multi_processor_count * 2
+    row["plan_config"], row["plan_unified_runs_synchronized"] = prefill_plan(heads, seq, slots)
     variants = [("ours_unified_us", unified), ("ours_sync_us", synced),
                 ("cudnn_us", [sdpa("cudnn", q, k, v, causal=True) for q, k, v, _ in sets]),
                 ("flash_us", [sdpa("flash", q, k, v, causal=True) for q, k, v, _ in sets])]
@@ -230,9 +237,9 @@ def bench_prefill(seq, quick, heads=32):
         row[name], note = try_time(calls, quick)
         if note:
             row[name.replace("_us", "_note")] = note
-    # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps), both softmax variants: the
-    # data behind prefill_tile_config() in attention_heuristics.h.
-    for config in (1, 2):
+    # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps, 3: 1 with a rolled Q.K loop),
+    # both softmax variants: the data behind prefill_tile_config() in attention_heuristics.h.
+    for config in (1, 2, 3):
         for softmax, short in (("unified", "unified"), ("synchronized", "sync")):
             row[f"ours_{short}_cfg{config}_us"], _ = try_time(
                 [Ours(q, k, v, p, softmax=softmax, prefill_config=config) for q, k, v, p in sets], quick)
@@ -312,10 +319,12 @@ def print_table(rows, read_tbps):
         else:
             rate = f"{r.get('ours_unified_tflops', float('nan')):.0f} TFLOP/s"
         if r.get("ours_unified_2x_splits_us"):
+            half = (f", half the splits, {r['splits'] // 2}: {r['ours_unified_half_splits_us']:.1f}u"
+                    if r.get("ours_unified_half_splits_us") else "")
             print(f"         (twice the splits, {min(2 * r['splits'], 128)}: unified "
-                  f"{r['ours_unified_2x_splits_us']:.1f}u)")
+                  f"{r['ours_unified_2x_splits_us']:.1f}u{half})")
         if r["phase"] == "prefill":
-            shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2)
+            shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2, 3)
                                for s in ("unified", "sync") if r.get(f"ours_{s}_cfg{c}_us"))
             print(f"         (tile shapes: {shapes})")
         print(f"{r['phase']:8} {r['batch']:>2} {r['heads']:>3}/{r['kv_heads']:<2} {r['kv_len']:>6} {us('ours_unified')} "

@@ -5,7 +5,7 @@ cuBLAS through torch.nn.functional.linear, for M in {1, 2, 4, 8, 16, 32, 64, 128
 epilogues against torch's unfused ops. Prints time, TB/s, TFLOP/s and ratios, checks the issue's bars, and
 writes results.json (with the command) and plots into --out.
 
-    PYTHONPATH=. python scripts/bench_gemm.py --out out/bench_gemm [--profile engines/profiles/h200.json]
+    PYTHONPATH=. python scripts/bench_gemm.py --out out/bench_gemm [--profile engines/profiles/h200.json] [--quick]
 
 Two timings of every implementation, both reported:
 - "graph" (the bars are judged on it): launches back to back in one CUDA graph over rotating weight copies, so
@@ -365,9 +365,10 @@ def print_summary(summary, ablation, epilogue_rows, pdl_mixed):
               f"{fmt(a['stages_profiled_us']):>9}")
     print("\n== static single implementation vs dispatched (geomean slowdown over the points it can run)")
     for impl, s in summary["static_single_implementation"].items():
+        graph = (f"{s['graph_geomean_slowdown_vs_dispatched']:.3f}x over {s['graph_points_it_can_run']}/{s['points']}"
+                 if s["graph_points_it_can_run"] else "not timed in a graph")
         print(f"  {impl:>9}: flushed {s['flushed_geomean_slowdown_vs_dispatched']:.3f}x over "
-              f"{s['flushed_points_it_can_run']}/{s['points']} points; graph "
-              f"{s['graph_geomean_slowdown_vs_dispatched']:.3f}x over {s['graph_points_it_can_run']}/{s['points']}")
+              f"{s['flushed_points_it_can_run']}/{s['points']} points; graph {graph}")
     if epilogue_rows:
         print("\n== fused epilogue vs torch unfused (flushed)")
         for e in epilogue_rows:

@@ -140,3 +140,21 @@ def test_written_profile_loads_in_the_rewriter(tmp_path):
     loaded = load_profile(path)
     choice = loaded.lookup(4096, 4096, "float16")
     assert (choice.m1, choice.m2, choice.implb_k_tile, choice.implb_split_k, choice.implc) == (1, 16, 512, 8, "cutlass")
+
+
+def test_weight_copies_read_every_weight_cold_in_a_graph():
+    l2 = 60 << 20
+    # Llama2-7B o (33.5 MB): enough copies for > 3x the L2 between two reads of the same one.
+    assert profile.weight_copies(4096, 4096, l2) == 6
+    # gate_up (180 MB) alone exceeds 3x the L2, but the graph still alternates between two copies.
+    assert profile.weight_copies(22016, 4096, l2) == 2
+    # A tiny weight: capped at one copy per launch of the graph, each read once per replay.
+    assert profile.weight_copies(576, 576, l2) == profile.GRAPH_ITERS
+
+
+def test_profile_cli_times_in_a_graph_by_default():
+    parser = argparse.ArgumentParser()
+    profile.add_arguments(parser)
+    args = parser.parse_args(["llama2-7b"])
+    assert args.timing == "graph" and not args.quick
+    assert set(profile.TIMINGS) == {"graph", "flushed"}

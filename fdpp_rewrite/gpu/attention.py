@@ -22,8 +22,9 @@ SOFTMAX_MODES = {"unified": 0, "synchronized": 1}
 KERNELS = {"auto": 0, "decode": 1, "prefill": 2, "rowwise": 3}
 KERNEL_NAMES = {v: k for k, v in KERNELS.items()}
 SUPPORTED_HEAD_DIMS = (64, 128)
-# Prefill tile shapes: 0 = the plan's choice; 1 = 128 query rows x 32-key steps; 2 = 64 query rows x 64-key steps.
-PREFILL_CONFIGS = (0, 1, 2)
+# Prefill tile shapes: 0 = the plan's choice; 1 = 128 query rows x 32-key steps; 2 = 64 query rows x 64-key steps;
+# 3 = as 1 with the Q.K loop over head_dim rolled (fewer registers).
+PREFILL_CONFIGS = (0, 1, 2, 3)
 
 _i32, _i64, _f32, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -74,7 +75,7 @@ def library() -> ctypes.CDLL:
                                          ctypes.c_int],
         "fdpp_rope_append": [ctypes.POINTER(RopeAppendArgs), _ptr],
         "fdpp_attention_decode_splits": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
-        "fdpp_attention_prefill_config": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
+        "fdpp_attention_prefill_plan": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
     }.items():
         try:
             function = getattr(lib, name)
@@ -96,9 +97,12 @@ def decode_splits(units: int, tiles: int, slots: int) -> int:
     return int(library().fdpp_attention_decode_splits(units, tiles, slots))
 
 
-def prefill_config(heads: int, seq: int, slots: int) -> int:
-    """The prefill kernel's tile-shape heuristic (pure host code in the library): 1 or 2, see PREFILL_CONFIGS."""
-    return int(library().fdpp_attention_prefill_config(heads, seq, slots))
+def prefill_plan(heads: int, seq: int, slots: int) -> tuple[int, bool]:
+    """The prefill heuristics (pure host code in the library): (tile shape, see PREFILL_CONFIGS; whether a unified
+    request runs the synchronized softmax)."""
+    synchronized = ctypes.c_int(0)
+    config = library().fdpp_attention_prefill_plan(heads, seq, slots, ctypes.byref(synchronized))
+    return int(config), bool(synchronized.value)
 
 
 def _dtype_code(tensor) -> int:
@@ -272,7 +276,7 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
     softmax ("unified" | "synchronized"), kernel ("auto" | "decode" | "prefill" | "rowwise"), num_splits (decode;
     0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
     or exact when past_len is on the CPU), counters (a Counters to add fallback counts to), prefill_config
-    (0 = the plan's tile shape; 1 or 2 force one, see PREFILL_CONFIGS).
+    (0 = the plan's tile shape; 1, 2 or 3 force one, see PREFILL_CONFIGS).
     """
     torch = _torch()
     out = torch.empty_like(query) if out is None else out

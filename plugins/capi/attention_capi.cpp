@@ -71,8 +71,9 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
     return set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": the decode and prefill kernels take float16 or "
                                                              "bfloat16; float32 runs on the rowwise kernel (kernel 0 or 3)");
   if (x->num_splits < 0 || x->num_splits > 1024) return invalid(fn, "num_splits must be in [0, 1024]");
-  if (x->prefill_config < 0 || x->prefill_config > 2)
-    return invalid(fn, "unknown prefill_config " + str(x->prefill_config) + " (0 plan, 1 128x32, 2 64x64)");
+  if (x->prefill_config < 0 || x->prefill_config > 3)
+    return invalid(fn, "unknown prefill_config " + str(x->prefill_config) +
+                           " (0 plan, 1 128x32, 2 64x64, 3 128x32 rolled)");
   if (!(std::isfinite(x->scale) && x->scale > 0.f)) return invalid(fn, "scale must be finite and > 0");
   if (!std::isfinite(x->phi)) return invalid(fn, "phi must be finite");
   if (!(std::isfinite(x->guard_lo) && std::isfinite(x->guard_hi) && x->guard_lo < x->guard_hi))
@@ -136,7 +137,10 @@ int fdpp_attention_decode_splits(int units, int tiles, int slots) {
   return fdpp::decode_num_splits(units, tiles, slots);
 }
 
-int fdpp_attention_prefill_config(int heads, int seq, int slots) { return fdpp::prefill_tile_config(heads, seq, slots); }
+int fdpp_attention_prefill_plan(int heads, int seq, int slots, int* synchronized) {
+  if (synchronized) *synchronized = fdpp::prefill_prefers_synchronized(heads, seq, slots) ? 1 : 0;
+  return fdpp::prefill_tile_config(heads, seq, slots);
+}
 
 fdpp_status fdpp_attention_workspace_bytes(const fdpp_attention_args* args, size_t* bytes) {
   return fdpp::guarded("fdpp_attention_workspace_bytes", [&] {

@@ -42,7 +42,8 @@ typedef struct fdpp_attention_args {
   const void* bias;   int64_t bias_stride_b, bias_stride_s, bias_stride_l;  // mask_mode bias; 0 = broadcast
   unsigned long long* counters;  // device [2]: fallback rows, clamped rows (accumulated); NULL: the library's own
   int32_t prefill_config;  // prefill tile shape: 0 = the plan's choice, 1 = 128 query rows x 32-key steps,
-                           // 2 = 64 query rows x 64-key steps (benchmarks and tests force one)
+                           // 2 = 64 query rows x 64-key steps, 3 = as 1 with a rolled Q.K loop (fewer
+                           // registers); benchmarks and tests force one
 } fdpp_attention_args;
 
 // sizeof(fdpp_attention_args) and sizeof(fdpp_rope_append_args), for bindings to check their mirror structs.
@@ -65,9 +66,10 @@ FDPP_API fdpp_status fdpp_attention_plan(const fdpp_attention_args* args, int32_
 // of the longest sequence, slots = resident CTAs on the GPU.
 FDPP_API int fdpp_attention_decode_splits(int units, int tiles, int slots);
 
-// The pure host prefill tile-shape heuristic (attention_heuristics.h): heads = batch x query heads, seq = query
-// tokens, slots = resident prefill CTAs on the GPU. Returns a prefill_config value (1 or 2).
-FDPP_API int fdpp_attention_prefill_config(int heads, int seq, int slots);
+// The pure host prefill heuristics (attention_heuristics.h): heads = batch x query heads, seq = query tokens,
+// slots = resident prefill CTAs on the GPU. Returns the prefill_config the plan picks (1-3); *synchronized (if not
+// NULL) = 1 where the plan runs the synchronized softmax although the unified one was asked for.
+FDPP_API int fdpp_attention_prefill_plan(int heads, int seq, int slots, int* synchronized);
 
 // The library's own counters on the current device (used when args->counters is NULL): copies them to the host
 // (a synchronizing copy: diagnostics only, never inside a launch path) and zeroes them when reset != 0.

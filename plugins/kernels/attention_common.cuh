@@ -30,7 +30,7 @@ struct AttnArgs {
   // decode split-KV
   int num_splits, row_blocks;
   int prefill_slots;   // prefill: CTAs resident on the GPU at once (orders the work, see prefill_kernel)
-  int prefill_config;  // prefill tile shape (host-chosen: prefill_tile_config() in attention_heuristics.h): 1 or 2
+  int prefill_config;  // prefill tile shape (host-chosen: prefill_tile_config() in attention_heuristics.h): 1, 2 or 3
   float* ws_acc;       // [rows][splits][head_dim] partial sums of p * v
   float* ws_l;         // [rows][splits] partial sums of p
   uint32_t* ws_stat;   // [rows][splits] guard flag bits (unified) or the running max as float bits (synchronized)

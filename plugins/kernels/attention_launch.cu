@@ -211,16 +211,19 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       return cudaErrorInvalidValue;
     }
     case AttnKernel::kPrefill: {
-      if (p.prefill_config > 0) {
+      bool run_unified = unified;
+      if (p.prefill_config > 0) {  // forced (tests, benchmarks): exactly the kernel asked for
         a.prefill_config = p.prefill_config;
       } else {
         attn::DeviceInfo info;
         const cudaError_t err = attn::device_info(&info);
         if (err != cudaSuccess) return err;
-        a.prefill_config = prefill_tile_config(p.batch * p.num_heads, p.seq, info.num_sms * kPrefillCtasPerSm);
+        const int heads = p.batch * p.num_heads, slots = info.num_sms * kPrefillCtasPerSm;
+        a.prefill_config = prefill_tile_config(heads, p.seq, slots);
+        if (prefill_prefers_synchronized(heads, p.seq, slots)) run_unified = false;
       }
-      if (p.dtype == AttnDtype::kBFloat16) return attn::launch_prefill<__nv_bfloat16>(a, unified, stream);
-      if (p.dtype == AttnDtype::kFloat16) return attn::launch_prefill<__half>(a, unified, stream);
+      if (p.dtype == AttnDtype::kBFloat16) return attn::launch_prefill<__nv_bfloat16>(a, run_unified, stream);
+      if (p.dtype == AttnDtype::kFloat16) return attn::launch_prefill<__half>(a, run_unified, stream);
       return cudaErrorInvalidValue;
     }
     case AttnKernel::kRowwise:

@@ -56,7 +56,7 @@ struct AttentionParams {
   SoftmaxMode softmax = SoftmaxMode::kUnified;
   AttnKernel kernel = AttnKernel::kAuto;
   int num_splits = 0;  // decode: 0 = decode_num_splits() heuristic
-  int prefill_config = 0;  // prefill tile shape: 0 = prefill_tile_config() heuristic, 1 = 128x32, 2 = 64x64
+  int prefill_config = 0;  // prefill tile shape: 0 = prefill_tile_config() heuristic, else 1-3 (see the C ABI)
   float scale = 1.0f, phi = 0.0f, guard_lo = -60.0f, guard_hi = 10.0f;
 
   // Strides in elements; the last dimension (head_dim, or keys for bias) is contiguous.

@@ -9,10 +9,10 @@
 namespace fdpp {
 namespace attn {
 
-template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp>
+template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp, int kQkUnroll>
 cudaError_t launch_prefill_impl(const AttnArgs& args, cudaStream_t stream) {
   using Tr = PrefillTraits<D, kStepN, kRowsPerWarp>;
-  constexpr auto kernel = prefill_kernel<T, D, kUnified, kStepN, kRowsPerWarp>;
+  constexpr auto kernel = prefill_kernel<T, D, kUnified, kStepN, kRowsPerWarp, kQkUnroll>;
   cudaError_t err = allow_smem<kernel>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   // Resident CTAs on the whole GPU (host queries, cached per device) for the kernel's work order.
@@ -40,17 +40,20 @@ cudaError_t launch_prefill_impl(const AttnArgs& args, cudaStream_t stream) {
 //   1: 128 query rows (32 per warp) in 32-key steps. (A 64-key step at 32 rows per warp reads Q from shared memory
 //      half as often but spills at head_dim 128; measured on the H200 it was no faster: docs/notes-attention.md.)
 //   2: 64 query rows (16 per warp) in 64-key steps: half the work per CTA, for grids too small to balance.
-template <typename T, int D, int kStepN, int kRowsPerWarp>
+//   3: as 1 with the Q K^T loop over head_dim not unrolled (no register spills in the synchronized variant, at
+//      some instruction-level parallelism).
+template <typename T, int D, int kStepN, int kRowsPerWarp, int kQkUnroll>
 cudaError_t launch_prefill_cfg(const AttnArgs& a, bool unified, cudaStream_t stream) {
-  return unified ? launch_prefill_impl<T, D, true, kStepN, kRowsPerWarp>(a, stream)
-                 : launch_prefill_impl<T, D, false, kStepN, kRowsPerWarp>(a, stream);
+  return unified ? launch_prefill_impl<T, D, true, kStepN, kRowsPerWarp, kQkUnroll>(a, stream)
+                 : launch_prefill_impl<T, D, false, kStepN, kRowsPerWarp, kQkUnroll>(a, stream);
 }
 
 template <typename T, int D>
 cudaError_t launch_prefill_dim(const AttnArgs& a, bool unified, cudaStream_t stream) {
   switch (a.prefill_config) {
-    case 1: return launch_prefill_cfg<T, D, 32, 32>(a, unified, stream);
-    case 2: return launch_prefill_cfg<T, D, 64, 16>(a, unified, stream);
+    case 1: return launch_prefill_cfg<T, D, 32, 32, D / 16>(a, unified, stream);
+    case 2: return launch_prefill_cfg<T, D, 64, 16, D / 16>(a, unified, stream);
+    case 3: return launch_prefill_cfg<T, D, 32, 32, 1>(a, unified, stream);
     default: return cudaErrorInvalidValue;
   }
 }

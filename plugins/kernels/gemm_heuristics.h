@@ -104,7 +104,8 @@ inline int64_t implb_row_blocks(int64_t n, bool silu_mul) {
   return silu_mul ? (n / 2 + 7) / 8 : (n + 15) / 16;
 }
 
-// CTAs of an ImplB launch: row tiles times split_k.
+// Row tiles times split_k at one 16-row block per warp: the work the persistent grid walks (when the launcher
+// gives each warp two blocks, at M > 8, the tiles halve).
 //   N = 4096, n_tile 16, split_k 2 -> 256 tiles * 2 = 512 CTAs
 inline int64_t implb_grid(int64_t n, bool silu_mul, const ImplBConfig& c) {
   const int64_t tiles = (implb_row_blocks(n, silu_mul) + implb_warps_n(c) - 1) / implb_warps_n(c);

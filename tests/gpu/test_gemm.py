@@ -3,6 +3,8 @@ reference, with a tolerance relative to cuBLAS's own fp16/bf16 error: |ours - re
 the output) plus a hair. Odd M, N and K that are not multiples of any tile, every epilogue, both dtypes; the
 output is poisoned with NaN first so an unwritten element fails."""
 
+import os
+
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -244,9 +246,10 @@ def test_cuda_graph_capture_and_replay():
             assert torch.equal(outs[m], expected), f"graph replay {trial} differs from eager at M={m}"
 
 
-@pytest.mark.parametrize("first, second", [("implb", "implb"), ("impla", "implb"), ("implb", "impla"),
-                                           ("cublaslt", "implb")])
-def test_programmatic_dependent_launch_chain(first, second):
+@pytest.mark.parametrize("first, second, m", [("implb", "implb", 4), ("impla", "implb", 4), ("implb", "impla", 4),
+                                              ("cublaslt", "implb", 4), ("implb", "implb", 24),
+                                              ("cublaslt", "implb", 24)])
+def test_programmatic_dependent_launch_chain(first, second, m):
     """GEMM 2 reads GEMM 1's output. With programmatic dependent launch GEMM 2 starts streaming its weight
     early but must not read X before GEMM 1 is done: X is poisoned with NaN before every chain, and the result
     must equal the one without PDL bit for bit -- eagerly and replayed from a CUDA graph, many times."""
@@ -255,7 +258,7 @@ def test_programmatic_dependent_launch_chain(first, second):
 
     if first == "cublaslt" and not gemm.cublaslt_available():
         pytest.skip("libcublasLt not found")
-    m, k, n1, n2 = 4, 2056, 2056, 3000
+    k, n1, n2 = 2056, 2056, 3000  # M = 24: ImplB with two 16-row blocks per warp
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     w1 = torch.randn(n1, k, device="cuda", dtype=torch.float16) / k**0.5
     w2 = torch.randn(n2, n1, device="cuda", dtype=torch.float16) / n1**0.5
@@ -269,6 +272,8 @@ def test_programmatic_dependent_launch_chain(first, second):
         gemm.run_impl(a1, first, workspace=ws)
         gemm.run_impl(a2, second, workspace=ws)
 
+    if os.environ.get("FDPP_GEMM_PDL") != "0" and gemm.device_info()["cc_major"] >= 9:
+        assert gemm.set_pdl(), "PDL should be on by default on sm_90+ (or a PDL launch was refused)"
     previous = gemm.set_pdl(False)
     try:
         chain()
