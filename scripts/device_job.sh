@@ -42,14 +42,18 @@ stage_calibration_check() {
 }
 stage_gemm_tests()        { timeout 200 $PYTEST_GPU --maxfail=25 tests/gpu/test_gemm.py; }
 stage_gemm_sanitize()     { timeout 240 $PYTEST_GPU tests/gpu/test_gemm_sanitizer.py; }
-stage_gemm_bench()        { timeout 240 python3 scripts/bench_gemm.py --out "$RESULTS/gemm" --force; }
+stage_gemm_bench() {  # with the plans of the profile made in this run, if there is one
+  local plans=()
+  [ -f "$RESULTS/profiles/h200.json" ] && plans=(--profile "$RESULTS/profiles/h200.json")
+  timeout "${BENCH_TIMEOUT:-180}" python3 scripts/bench_gemm.py --out "$RESULTS/gemm" --force "${plans[@]}"
+}
 stage_profile() {
   timeout "${PROFILE_TIMEOUT:-300}" python3 -m fdpp_rewrite profile \
     ${PRESETS:-llama2-7b llama2-13b opt-6.7b chatglm2-6b smollm2-135m} \
-    --out "$RESULTS/profiles/h200.json" --plots "$RESULTS/profiles/plots" --force
+    --out "$RESULTS/profiles/h200.json" --plots "$RESULTS/profiles/plots" --force ${PROFILE_ARGS:---quick}
 }
 
-ALL="smoke attention_tests attention_sanitize attention_bench calibration_check gemm_tests gemm_sanitize gemm_bench profile"
+ALL="smoke attention_tests attention_sanitize attention_bench calibration_check gemm_tests gemm_sanitize profile gemm_bench"
 STAGES=${*:-$ALL}
 declare -A VERDICT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RESULTS/gpu.txt"

@@ -74,7 +74,7 @@ def library() -> ctypes.CDLL:
         "fdpp_attention_read_counters": [ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_ulonglong),
                                          ctypes.c_int],
         "fdpp_rope_append": [ctypes.POINTER(RopeAppendArgs), _ptr],
-        "fdpp_attention_decode_splits": [ctypes.c_int, ctypes.c_int, ctypes.c_int],
+        "fdpp_attention_decode_splits": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
         "fdpp_attention_prefill_plan": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
     }.items():
         try:
@@ -92,9 +92,9 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def decode_splits(units: int, tiles: int, slots: int) -> int:
+def decode_splits(units: int, tiles: int, sms: int, ctas_per_sm: int = 2) -> int:
     """The decode kernel's split-count heuristic (pure host code in the library)."""
-    return int(library().fdpp_attention_decode_splits(units, tiles, slots))
+    return int(library().fdpp_attention_decode_splits(units, tiles, sms, ctas_per_sm))
 
 
 def prefill_plan(heads: int, seq: int, slots: int) -> tuple[int, bool]:

@@ -133,8 +133,8 @@ extern "C" {
 int fdpp_attention_args_size(void) { return static_cast<int>(sizeof(fdpp_attention_args)); }
 int fdpp_rope_append_args_size(void) { return static_cast<int>(sizeof(fdpp_rope_append_args)); }
 
-int fdpp_attention_decode_splits(int units, int tiles, int slots) {
-  return fdpp::decode_num_splits(units, tiles, slots);
+int fdpp_attention_decode_splits(int units, int tiles, int sms, int ctas_per_sm) {
+  return fdpp::decode_num_splits(units, tiles, sms, ctas_per_sm);
 }
 
 int fdpp_attention_prefill_plan(int heads, int seq, int slots, int* synchronized) {

@@ -63,8 +63,8 @@ FDPP_API fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, voi
 FDPP_API fdpp_status fdpp_attention_plan(const fdpp_attention_args* args, int32_t* kernel, int32_t* num_splits);
 
 // The pure host split heuristic (attention_heuristics.h): units = batch x kv heads x row blocks, tiles = key tiles
-// of the longest sequence, slots = resident CTAs on the GPU.
-FDPP_API int fdpp_attention_decode_splits(int units, int tiles, int slots);
+// of the longest sequence, sms = the GPU's SMs, ctas_per_sm = decode CTAs resident per SM.
+FDPP_API int fdpp_attention_decode_splits(int units, int tiles, int sms, int ctas_per_sm);
 
 // The pure host prefill heuristics (attention_heuristics.h): heads = batch x query heads, seq = query tokens,
 // slots = resident prefill CTAs on the GPU. Returns the prefill_config the plan picks (1-3); *synchronized (if not

@@ -11,43 +11,50 @@ constexpr int kDecodeMaxSeq = 8;
 
 // Number of splits of the key range for the decode kernel.
 //   units: CTAs per split (batch x kv heads x row blocks); tiles: key tiles in the longest sequence;
-//   slots: CTAs resident on the whole GPU at once (SMs x CTAs per SM).
-// Decode is bound by HBM bandwidth, which stays saturated as long as nearly every SM streams. The best grid is
-// therefore ONE wave of equal CTAs that fills the slots: every CTA starts at once and ends at about the same
-// time, so there is no tail of a half-empty last wave (two waves of 1.2 slots each would leave the second running
-// at a fifth of the bandwidth). So splits = slots / units, rounded down, at least 1 (more units than slots: one
-// split, several equal waves), at most one split per tile and 128 (the combine reads them in one pass).
-// One exception, measured: when the units alone make the single wave (one split) and the rows are very long
-// (>= kLongRowTiles tiles), 2 splits are faster: each CTA of the one-split grid streams 16 MB at L=32K, and the
-// few CTAs that end last leave the GPU part-idle; with 2 splits the second half-wave fills in behind the first
-// and the tail is half as long. H200, B=8, 32 heads, L=32K: 978.9 us at 1 split, 961.0 at 2 (and run 2 likewise
-// had 2 splits faster there only); at L=8K 2 splits were slower (244.9 vs 240.7: the combine costs more than the
-// shorter tail saves), so the rule starts at 32K keys.
-// Worked examples (H200: 132 SMs x 2 CTAs = 264 slots; 64-key tiles at head_dim 128):
-//   B=1, Hkv=32, L=1K  (16 tiles):  units 32  -> 8 splits of 2 tiles: 256 CTAs of 64 KB of K+V each
-//   B=1, Hkv=32, L=32K (512 tiles): units 32  -> 8 splits of 64 tiles: 256 CTAs of 2 MB each
+//   sms: streaming multiprocessors; ctas_per_sm: decode CTAs resident per SM (2 on the H200).
+// Decode is bound by HBM bandwidth. Each split adds a partial per row that the combine kernel must read and add,
+// so the fewest splits that keep every SM streaming win: one CTA per SM (splits = sms / units, rounded down), not
+// one per resident slot. Measured on the H200 (run 4, same run, us): with twice these splits (one per slot) the
+// grid was slower or equal in every multi-split shape: B=1 MHA L=1K 9.5 vs 10.3, GQA 32/8 B=1 L=8K 13.8 vs 14.7,
+// L=32K 36.5 vs 37.4; equal within 1% at B=1 L=8K/32K and GQA B=8 L=1K/8K; GQA B=8 L=32K 246.1 vs 244.7 (0.6%
+// slower, inside the run's noise). Four times these splits were slower everywhere (runs 2-4).
+// At least 1 (more units than SMs: one split; the CTAs then fill the slots in equal waves), at most one split
+// per tile and 128 (the combine reads them in one pass).
+// One exception, measured: when one split is all the units allow but the rows are very long (>= kLongRowTiles
+// tiles) and the grid is a single wave, 2 splits are faster: each CTA of the one-split grid streams 16 MB at
+// L=32K and the few that end last leave the GPU part-idle; with 2 splits the second half-wave fills in behind
+// the first. B=8, 32 heads, L=32K: 1 split 978.9 / 970.8 us, 2 splits 961.0 / 960.5 (runs 3 and 4); at L=8K 2
+// splits were slower (244.9 / 245.1 vs 240.7 / 241.4: the combine costs more than the shorter tail saves).
+// Worked examples (H200: 132 SMs x 2 CTAs; 64-key tiles at head_dim 128):
+//   B=1, Hkv=32, L=1K  (16 tiles):  units 32  -> 4 splits of 4 tiles: 128 CTAs of 128 KB of K+V each
+//   B=1, Hkv=32, L=32K (512 tiles): units 32  -> 4 splits of 128 tiles: 128 CTAs of 4 MB each
 //   B=8, Hkv=32, L=1K or 8K:        units 256 -> 1 split: 256 CTAs (no combine: they write the output)
-//   B=8, Hkv=32, L=32K (512 tiles): units 256 -> 1 split, long rows -> 2 splits: 512 CTAs of 8 MB
-//   B=1, Hkv=8 (GQA), L=8K (128 tiles): units 8 -> 33 splits; chunks of ceil(128/33) = 4 tiles,
-//                                       so 32 of them hold keys: 256 CTAs
-//   B=1, Hkv=8, L=1K (16 tiles):    units 8   -> 16 splits of 1 tile (capped by the tiles): 128 CTAs
+//   B=8, Hkv=32, L=32K (512 tiles): units 256 -> 1 split, long rows in one wave -> 2 splits: 512 CTAs of 8 MB
+//   B=1, Hkv=8 (GQA), L=8K (128 tiles): units 8 -> 16 splits of 8 tiles: 128 CTAs
+//   B=1, Hkv=8, L=1K (16 tiles):    units 8   -> 16 splits of 1 tile: 128 CTAs
+//   B=8, Hkv=8 (GQA, 4 rows per KV head: one row block): units 64 -> 2 splits: 128 CTAs
 //   B=16, Hkv=32:                   units 512 -> 1 split: 512 CTAs, two equal waves (any L)
 constexpr int kLongRowTiles = 512;
-inline int decode_num_splits(int units, int tiles, int slots) {
-  if (units <= 0 || tiles <= 1 || slots <= 0) return 1;
-  int splits = slots / units;
+inline int decode_num_splits(int units, int tiles, int sms, int ctas_per_sm) {
+  if (units <= 0 || tiles <= 1 || sms <= 0) return 1;
+  int splits = sms / units;
+  if (splits <= 1) {
+    const bool one_wave = units <= static_cast<long long>(sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+    splits = one_wave && tiles >= kLongRowTiles ? 2 : 1;
+  }
   const int cap = tiles < 128 ? tiles : 128;
-  if (splits > cap) splits = cap;
-  if (splits == 1 && units <= slots && tiles >= kLongRowTiles) splits = 2;
-  return splits < 1 ? 1 : splits;
+  return splits > cap ? cap : splits;
 }
 
-// Prefill tile shape: 1 = 128 query rows per CTA in 32-key steps, 2 = 64 query rows per CTA in 64-key steps.
+// Prefill tile shape: 1 = 128 query rows per CTA in 32-key steps, 2 = 64 query rows per CTA in 64-key steps
+// (3, shape 1 with a rolled Q.K loop and no register spills, was slower everywhere: it is never picked).
 //   heads: batch x query heads; seq: query tokens; slots: prefill CTAs resident on the GPU (SMs x 2).
 // A causal prefill ends when its heaviest query block (the last one, which sees every key) ends. While the grid
 // of 128-row blocks fits in about two waves, that block is the critical path, and 64-row blocks halve it (twice
 // the CTAs, each half the work). Beyond that the grid is long enough to balance itself, and the 128-row blocks
 // win on arithmetic intensity: each K/V fragment read from shared memory feeds two m16 fragments instead of one.
+// Measured (run 4, us, unified / synchronized): L=1K shape 2 56.8 / 55.4 against shape 1 60.2 / 62.7; at 4K and
+// 16K shape 1 wins (492 vs 590 unified at 4K, 7287 vs 8881 at 16K).
 // Worked examples (H200: 132 SMs x 2 = 264 slots; B=1, 32 heads):
 //   L=1K:  32 x 8 = 256 blocks of 128 rows  <= 528 -> 2 (512 blocks of 64 rows; the heaviest does 16 key tiles
 //          of 64 rows instead of 16 of 128)
@@ -59,11 +66,14 @@ inline int prefill_tile_config(int heads, int seq, int slots) {
 }
 
 // Whether a prefill asked for the unified max runs the synchronized softmax instead (exact, never falls back; the
-// plan may pick it where it was measured faster: the choice is the library's, the result the same within the
-// kernels' rounding). Not for any shape yet.
+// result is the same within the kernels' rounding). The plan picks it where it was measured faster: with the
+// 64-row tile shape. H200, B=1, 32 heads, us, same run (run 4), unified / synchronized:
+//   64-row blocks (2):  L=1K 56.8 / 55.4 (and 61.6 / 57.4 measured again), L=4K 589.5 / 564.0, L=16K 8880 / 8310
+//   128-row blocks (1): L=1K 60.2 / 62.7, L=4K 492.1 / 528.9, L=16K 7287 / 7856
+// With one m16 fragment per warp the unified kernel's extra work per score (its guard's running max) and its 4
+// synchronized anchor tiles are not paid back by the rescales it skips; with two fragments they are.
 inline bool prefill_prefers_synchronized(int heads, int seq, int slots) {
-  (void)heads, (void)seq, (void)slots;
-  return false;
+  return prefill_tile_config(heads, seq, slots) == 2;
 }
 
 }  // namespace fdpp

@@ -47,7 +47,7 @@ cudaError_t decode_plan(const AttentionParams& p, int* splits) {
   const int max_len = p.max_kv_len > 0 ? p.max_kv_len : p.kv_capacity;
   const int tile = decode_tile(p.head_dim);
   const int tiles = (max_len + tile - 1) / tile;
-  *splits = decode_num_splits(p.batch * p.num_kv_heads * row_blocks(p), tiles, info.num_sms * per_sm);
+  *splits = decode_num_splits(p.batch * p.num_kv_heads * row_blocks(p), tiles, info.num_sms, per_sm);
   return cudaSuccess;
 }
 
