@@ -47,8 +47,11 @@ def run(args):
 
     if rewritten.exists() and not args.force:
         print(f"== rewrite: reusing {rewritten} (pass --force to redo)")
-    elif _step("rewrite", ["rewrite", str(original), "-o", str(rewritten), *force]) != 0:
-        raise FdppError("rewrite failed (see above)")
+    else:
+        calibration = REPO_ROOT / "engines" / "calibration" / f"{name}.json"
+        calibrate = ["--calibration", str(calibration)] if calibration.exists() else []
+        if _step("rewrite", ["rewrite", str(original), "-o", str(rewritten), *calibrate, *force]) != 0:
+            raise FdppError("rewrite failed (see above)")
 
     compare_code = _step("compare", ["compare", str(original), str(rewritten)])
 

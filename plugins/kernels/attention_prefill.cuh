@@ -1,8 +1,8 @@
 // Prefill: causal attention over the prompt on tensor cores, FlashAttention-2's tiling with either softmax.
 //
 // Grid (batch x query head, query block), the heaviest causal blocks first. A CTA of 4 warps holds 128 query rows
-// (32 per warp, two m16 fragments) and walks the 64-key tiles its rows can see, K and V double-buffered with
-// cp.async. Per tile and warp: S = Q K^T (m16n8k16), P = 2^(x - phi') (unified) or the online max
+// (32 per warp, two m16 fragments; or 64 rows, 16 per warp: the tile shapes of attention_prefill_impl.cuh) and
+// walks the 64-key tiles its rows can see, K and V double-buffered with cp.async. Per tile and warp: S = Q K^T (m16n8k16), P = 2^(x - phi') (unified) or the online max
 // (synchronized), O += P V (m16n8k16 with P in the input type, as FlashAttention-2 does; the fp16 window for this
 // is in attention_params.h). Rows the guard flags are recomputed exactly by their warp after the epilogue, in the
 // same launch (attention_fallback.cuh), and counted.
