@@ -51,7 +51,9 @@ def main(argv=None) -> int:
         e = layers[i]
         tuned = {"phi": e["phi"], "guard_lo": e["guard_lo"], "guard_hi": e["guard_hi"], "scale": scale}
         row = {"layer": i, "rows": q.shape[1] * q.shape[2], **tuned}
-        for name, kernel, options in (("decode", "decode", tuned), ("prefill", "prefill", tuned),
+        # prefill_config=1: the 128-row unified-max kernel (the plan may choose the synchronized 64-row one for
+        # short prompts, which would count no fallbacks and test nothing here).
+        for name, kernel, options in (("decode", "decode", tuned), ("prefill", "prefill", {**tuned, "prefill_config": 1}),
                                       ("decode_uncalibrated", "decode", {"scale": scale})):
             counters = att.Counters()
             out = att.attention(q, k, v, past, kernel=kernel, counters=counters, **options)

@@ -34,10 +34,13 @@ def main() -> int:
             att.attention(q, k, v, torch.tensor([100, 147], device="cuda"), kernel="decode", counters=counters)
             q, k, v = inputs(1, 4, 2, 300, 333, dim, dtype)
             past = torch.tensor([30], device="cuda")
-            for softmax in ("unified", "synchronized"):
-                att.attention(q, k, v, past, softmax=softmax, kernel="prefill", counters=counters)
+            for config in (1, 2, 3):  # every prefill tile shape the plan can run or be forced to
+                for softmax in ("unified", "synchronized"):
+                    att.attention(q, k, v, past, softmax=softmax, kernel="prefill", prefill_config=config,
+                                  counters=counters)
             k[:, 0, 100] *= 40  # a spike outside the anchor tiles: the in-kernel fallback runs
-            att.attention(q, k, v, past, kernel="prefill", counters=counters)
+            for config in (1, 2, 3):
+                att.attention(q, k, v, past, kernel="prefill", prefill_config=config, counters=counters)
             bias = torch.zeros(1, 1, 300, 333, device="cuda", dtype=dtype)
             bias[..., 200:] = float("-inf")
             att.attention(q, k, v, bias=bias, mask_mode="bias", kernel="prefill", counters=counters)
