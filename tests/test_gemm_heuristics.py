@@ -122,3 +122,19 @@ def test_workspace_only_when_implc_is_reachable():
     silu = g.workspace_bytes(256, 22016, "float16", "silu_mul", plan=plan(1, 16))
     assert plain >= 8 << 20
     assert silu >= plain + 256 * 22016 * 2  # the pre-activation buffer for silu_mul
+
+
+def test_query_functions_reject_bad_codes_and_shapes():
+    """The C ABI's pure queries check what they are given, like the run functions do."""
+    import ctypes
+
+    library = gemm().library()
+    size = ctypes.c_size_t()
+    assert library.fdpp_gemm_workspace_bytes(16, 4096, 99, 0, None, ctypes.byref(size)) == 1
+    assert b"epilogue must be" in fdpp_lib.load().fdpp_last_error()
+    assert library.fdpp_gemm_workspace_bytes(16, 4096, 0, 77, None, ctypes.byref(size)) == 1
+    assert b"dtype must be" in fdpp_lib.load().fdpp_last_error()
+    with pytest.raises(FdppError, match="multiple of 8"):
+        gemm().implb_candidates(4096, 7, 1, H200["num_sms"], H200["max_smem"], H200["cc_major"])
+    with pytest.raises(FdppError, match="N must be"):
+        gemm().implb_candidates(-5, 4096, 1, H200["num_sms"], H200["max_smem"], H200["cc_major"])

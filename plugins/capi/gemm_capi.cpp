@@ -22,6 +22,14 @@ fdpp_status invalid(const char* fn, const std::string& why) {
   return fdpp::set_error(FDPP_ERR_INVALID_ARGUMENT, std::string(fn) + ": " + why);
 }
 
+// The epilogue and dtype codes of the query functions (the run functions check them through to_problem).
+const char* codes_problem(int32_t epilogue, int32_t dtype) {
+  if (epilogue != FDPP_GEMM_EPILOGUE_NONE && epilogue != FDPP_GEMM_EPILOGUE_SILU_MUL)
+    return "epilogue must be FDPP_GEMM_EPILOGUE_NONE (0) or FDPP_GEMM_EPILOGUE_SILU_MUL (1)";
+  if (dtype != FDPP_FLOAT16 && dtype != FDPP_BFLOAT16) return "dtype must be FDPP_FLOAT16 (0) or FDPP_BFLOAT16 (1)";
+  return nullptr;
+}
+
 // Args -> Problem, or an error status with the message set.
 fdpp_status to_problem(const char* fn, const fdpp_gemm_args* args, g::Problem* out) {
   if (args == nullptr) return invalid(fn, "args is NULL");
@@ -110,6 +118,9 @@ fdpp_status fdpp_gemm_implb_candidates(int64_t n, int64_t k, int32_t epilogue, i
     if (count == nullptr || (cap > 0 && out == nullptr))
       return invalid("fdpp_gemm_implb_candidates", "out (when cap > 0) and count must not be NULL");
     if (m < 1 || m > g::kImplBMaxM) return invalid("fdpp_gemm_implb_candidates", "ImplB handles 1 <= M <= 64");
+    if (n < 1 || k < 8 || k % 8 != 0)
+      return invalid("fdpp_gemm_implb_candidates", "N must be >= 1 and K a positive multiple of 8");
+    if (const char* why = codes_problem(epilogue, FDPP_FLOAT16)) return invalid("fdpp_gemm_implb_candidates", why);
     if (num_sms < 1 || max_smem < 1 || cc_major < 1)
       return invalid("fdpp_gemm_implb_candidates", "num_sms, max_smem and cc_major must be positive");
     constexpr int kMax = 512;
@@ -127,6 +138,7 @@ fdpp_status fdpp_gemm_workspace_bytes(int64_t max_m, int64_t n, int32_t epilogue
   return fdpp::guarded("fdpp_gemm_workspace_bytes", [&] {
     if (bytes == nullptr) return invalid("fdpp_gemm_workspace_bytes", "bytes is NULL");
     if (max_m < 1 || n < 1) return invalid("fdpp_gemm_workspace_bytes", "max_m and N must be >= 1");
+    if (const char* why = codes_problem(epilogue, dtype)) return invalid("fdpp_gemm_workspace_bytes", why);
     const auto ep = static_cast<g::Epilogue>(epilogue);
     const auto dt = static_cast<g::Dtype>(dtype);
     if (plan == nullptr) {
