@@ -247,23 +247,39 @@ def plot_histogram(cal: list[LayerStats], layers: list[dict], model_name: str, p
     plt.close(fig)
 
 
+def load_apply_target(model_path: Path, output: Path):
+    """The rewritten graph --apply will update (structure only) and its attention nodes; checked before the long
+    calibration run so that a wrong --apply fails at once."""
+    import onnx
+
+    if not model_path.is_file():
+        raise FdppError(f"--apply: {model_path} does not exist; rewrite the model first")
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf/IO errors of many kinds: all mean "not a usable model"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise FdppError(f"--apply: cannot load {model_path}: {first}; re-run rewrite") from exc
+    nodes = [n for n in model.graph.node if n.domain == "fdpp" and n.op_type == "AsyncSoftmaxAttention"]
+    if not nodes:
+        raise FdppError(f"--apply: {model_path} has no fdpp::AsyncSoftmaxAttention nodes; pass a rewritten model "
+                        "(python -m fdpp_rewrite rewrite)")
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    if external and output.resolve().parent != model_path.resolve().parent:
+        raise FdppError("--apply-output must be in the same folder as a model with external data (it refers to it)")
+    return model, nodes
+
+
 def apply_to_graph(calibration: dict, model_path: Path, output: Path) -> int:
     """Sets phi / guard_lo / guard_hi on the fdpp::AsyncSoftmaxAttention nodes of a rewritten graph, the k-th node
     in graph order taking layer k. Returns the number of nodes set."""
     import onnx
     from onnx import helper
 
-    if not model_path.is_file():
-        raise FdppError(f"--apply: {model_path} does not exist; rewrite the model first")
-    model = onnx.load(str(model_path), load_external_data=False)
-    nodes = [n for n in model.graph.node if n.domain == "fdpp" and n.op_type == "AsyncSoftmaxAttention"]
+    model, nodes = load_apply_target(model_path, output)
     layers = sorted(calibration["layers"], key=lambda e: e["layer"])
     if len(nodes) != len(layers):
         raise FdppError(f"--apply: {model_path} has {len(nodes)} AsyncSoftmaxAttention nodes but the calibration has "
                         f"{len(layers)} layers; calibrate the same model (or its --num-layers)")
-    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-    if external and output.resolve().parent != model_path.resolve().parent:
-        raise FdppError("--apply-output must be in the same folder as a model with external data (it refers to it)")
     for node, entry in zip(nodes, layers):
         values = {"phi": entry["phi"], "guard_lo": entry["guard_lo"], "guard_hi": entry["guard_hi"]}
         kept = [a for a in node.attribute if a.name not in values]
@@ -321,11 +337,15 @@ def run(args) -> int:
         _refuse_overwrite(path, args.force)
     if args.apply and apply_output.resolve() == Path(args.apply).resolve() and not args.force:
         raise FdppError(f"--apply would update {args.apply} in place; pass --force, or --apply-output NEW.onnx")
+    if args.apply:
+        _refuse_overwrite(apply_output, args.force)
     if args.save_heldout_qkv:
         _refuse_overwrite(Path(args.save_heldout_qkv), args.force)
     for name in ("calibration_tokens", "heldout_tokens", "chunk", "qkv_tokens"):
         if getattr(args, name) < 1:
             raise FdppError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.apply:
+        load_apply_target(Path(args.apply), apply_output)
 
     loaded = load_model(args.model, dtype="float32", num_layers=args.num_layers)
     if loaded.tokenizer is None:

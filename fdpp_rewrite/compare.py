@@ -17,18 +17,17 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
 from tqdm import tqdm
 
 from fdpp_rewrite.contracts import OP_NAMES, load_contract
-from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.errors import FdppError, cannot_load
+from fdpp_rewrite.generate import ORT_DTYPES
 from fdpp_rewrite.ref_ops import COUNTERS, make_reference_session
+from fdpp_rewrite.rewrite import load_structure
 
-ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
-              "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(double)": np.float64}
 DTYPE_NAMES = {np.float32: "float32", np.float16: "float16"}
 CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
 
@@ -67,10 +66,13 @@ def exporter_steps(session, vocab: int, batch: int, prefill: int, rng) -> list[O
     inputs = {i.name: i for i in session.get_inputs()}
     caches = sorted((n for n in inputs if CACHE_INPUT.match(n)), key=lambda n: (int(CACHE_INPUT.match(n).group(2)), n))
     cache_meta = inputs[caches[0]]
-    max_cache = cache_meta.shape[2] if isinstance(cache_meta.shape[2], int) else 32
+    if prefill < 1:
+        raise FdppError(f"--prefill must be at least 1, got {prefill}")
+    # a dynamic cache (exported with --max-cache 0) is made long enough for the prefill and the 3 steps after it
+    max_cache = cache_meta.shape[2] if isinstance(cache_meta.shape[2], int) else max(32, prefill + 3)
     cache_dtype = ORT_DTYPES[cache_meta.type]
     if prefill + 3 > max_cache:
-        raise FdppError(f"the caches hold {max_cache} tokens; pass --prefill below {max_cache - 3}")
+        raise FdppError(f"the caches hold {max_cache} tokens; pass --prefill at most {max_cache - 3}")
     shape = [batch] + [d if isinstance(d, int) else max_cache for d in cache_meta.shape[1:]]
     shape[2] = max_cache
 
@@ -121,6 +123,8 @@ def generic_steps(session, vocab: int | None, batch: int, seq: int, rng) -> list
 def make_steps(session, model: onnx.ModelProto, batch: int, prefill: int, seed: int) -> list[OrderedDict]:
     if batch < 2:
         raise FdppError("--batch must be at least 2 (sequences with different past_len are part of the check)")
+    if prefill < 1:
+        raise FdppError(f"--prefill must be at least 1, got {prefill}")
     rng = np.random.default_rng(seed)
     names = {i.name for i in session.get_inputs()}
     vocab = vocab_size(model)
@@ -203,17 +207,6 @@ def contract_tolerance(dtype: str) -> tuple[float, float]:
     return max(a for a, _ in pairs), max(r for _, r in pairs)
 
 
-def _load_structure(path) -> onnx.ModelProto:
-    """The graph without external weight data (what the checks here need)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FdppError(f"no ONNX file at {path}")
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - any protobuf/IO error means the same to the user
-        raise FdppError(f"cannot read {path} as an ONNX model ({type(exc).__name__}); check the file") from exc
-
-
 def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: int = 0) -> CompareReport:
     """Run both models on the same steps through polygraphy and check every output. `original` and
     `rewritten` are paths or onnx.ModelProto objects."""
@@ -222,14 +215,18 @@ def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: 
     from polygraphy.comparator import Comparator, SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
 
-    original_model = original if isinstance(original, onnx.ModelProto) else _load_structure(original)
-    rewritten_model = rewritten if isinstance(rewritten, onnx.ModelProto) else _load_structure(rewritten)
+    original_model = original if isinstance(original, onnx.ModelProto) else load_structure(original)
+    rewritten_model = rewritten if isinstance(rewritten, onnx.ModelProto) else load_structure(rewritten)
     if not any(node.domain == "fdpp" for node in rewritten_model.graph.node):
         raise FdppError("the second model has no fdpp nodes; pass the rewritten model (model.fdpp.onnx) second")
     options = ort.SessionOptions()
     options.log_severity_level = 3  # onnxruntime's optimizer notes are noise here
-    session = ort.InferenceSession(str(original) if not isinstance(original, onnx.ModelProto)
-                                   else original.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(str(original) if not isinstance(original, onnx.ModelProto)
+                                       else original.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for corrupt models / missing data
+        raise cannot_load(original if not isinstance(original, onnx.ModelProto) else "the original model",
+                          exc) from None
     steps = make_steps(session, original_model, batch, prefill, seed)
     step_names = ["prefill", "decode", "chunk"] if len(steps) == 3 else [f"step{i}" for i in range(len(steps))]
     output_type = session.get_outputs()[0].type

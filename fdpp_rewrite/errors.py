@@ -21,3 +21,9 @@ def require_gpu(what: str) -> None:
         raise NoGpuError(f"{what} needs PyTorch with CUDA; install torch with CUDA support") from exc
     if not torch.cuda.is_available():
         raise NoGpuError(f"{what} needs a CUDA GPU and none is visible; run it on a machine with an NVIDIA GPU")
+
+
+def cannot_load(path, exc: BaseException) -> FdppError:
+    """The error for a model file that onnx or onnxruntime cannot load (corrupt, truncated, data file missing)."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return FdppError(f"cannot load {path}: {first.rstrip('.')}; re-export or re-run rewrite")

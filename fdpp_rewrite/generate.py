@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.errors import FdppError, cannot_load
 
-ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+              "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(double)": np.float64}
+CACHE_TYPES = ("tensor(float)", "tensor(float16)")  # what the exporter's KV caches can be
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class CacheLayout:
             if not max_cache:
                 raise FdppError("the model's cache length is dynamic; pass --max-cache N")
             length = max_cache
-        if first.type not in ORT_DTYPES:
+        if first.type not in CACHE_TYPES:
             raise FdppError(f"unsupported cache type {first.type}")
         return cls(len(caches), kv_heads, length, head_dim, ORT_DTYPES[first.type])
 
@@ -99,6 +101,13 @@ def generate(session, tokenizer, prompt: str, max_new_tokens: int = 32, *, chat:
     """The greedy continuation of `prompt` (or, with chat=True, the assistant's answer to it, rendered through
     the tokenizer's chat template). `session` is anything with `run(output_names, feeds)`; without `layout`
     it must also have onnxruntime's `get_inputs()`."""
+    return tokenizer.decode(generate_ids(session, tokenizer, prompt, max_new_tokens, chat=chat, system=system,
+                                         layout=layout))
+
+
+def generate_ids(session, tokenizer, prompt: str, max_new_tokens: int = 32, *, chat: bool = False,
+                 system: str | None = None, layout: CacheLayout | None = None) -> list[int]:
+    """Like generate(), but the new token ids (what `generate` decodes)."""
     layout = layout or CacheLayout.from_session(session)
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
@@ -106,8 +115,7 @@ def generate(session, tokenizer, prompt: str, max_new_tokens: int = 32, *, chat:
     else:
         text = prompt
     stop_ids = {tokenizer.eos_id} if tokenizer.eos_id is not None else set()
-    new_ids = greedy_decode(session, tokenizer.encode(text), max_new_tokens, layout, stop_ids)
-    return tokenizer.decode(new_ids)
+    return greedy_decode(session, tokenizer.encode(text), max_new_tokens, layout, stop_ids)
 
 
 def load_tokenizer_for(onnx_path, source: str | None = None):
@@ -137,14 +145,30 @@ def open_session(onnx_path):
     path = Path(onnx_path)
     if not path.is_file():
         raise FdppError(f"{path} does not exist; export a model first (python -m fdpp_rewrite export ...)")
+    if is_rewritten(path):  # fdpp ops: onnxruntime does not know them, the CPU reference ops run them
+        from fdpp_rewrite.ref_ops import make_reference_session
+
+        return make_reference_session(path)
     try:
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types for unreadable models
-        raise FdppError(f"onnxruntime cannot load {path}: {str(exc).splitlines()[0]}") from None
+        raise cannot_load(path, exc) from None
+
+
+def is_rewritten(path: Path) -> bool:
+    """Whether the model at `path` has fdpp nodes (written by `fdpp_rewrite rewrite`)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf/IO errors of many kinds: all mean "not a usable model"
+        raise cannot_load(path, exc) from None
+    return any(node.domain == "fdpp" for node in model.graph.node)
 
 
 def add_arguments(parser):
-    parser.add_argument("model", type=Path, help="an ONNX model written by `fdpp_rewrite export`")
+    parser.add_argument("model", type=Path, help="an ONNX model written by `fdpp_rewrite export`, or its "
+                                                      "rewrite (run on the CPU reference ops)")
     parser.add_argument("--prompt", required=True, help="the prompt (or, with --chat, the user message)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -163,10 +187,10 @@ def run(args) -> int:
     session = open_session(args.model)
     layout = CacheLayout.from_session(session, args.max_cache)
     started = time.perf_counter()
-    text = generate(session, tokenizer, args.prompt, args.max_new_tokens, chat=args.chat, system=args.system,
-                    layout=layout)
+    new_ids = generate_ids(session, tokenizer, args.prompt, args.max_new_tokens, chat=args.chat,
+                           system=args.system, layout=layout)
     seconds = time.perf_counter() - started
-    print(text)
-    tokens = len(tokenizer.encode(text))
-    print(f"[{tokens} tokens in {seconds:.1f} s, {tokens / seconds:.1f} tokens/s, onnxruntime CPU]")
+    print(tokenizer.decode(new_ids))
+    backend = "CPU reference ops" if hasattr(session, "counters") else "onnxruntime CPU"
+    print(f"[{len(new_ids)} tokens in {seconds:.1f} s, {len(new_ids) / seconds:.1f} tokens/s, {backend}]")
     return 0

@@ -1,5 +1,6 @@
 """The exported graph, built node by node from a ModelConfig (no tracing: torch.onnx.export would need the whole
-model in memory). Its shape is the team contract (TEAM.md, "The exported ONNX graph"):
+model in memory). Its shape is the contract the rewriter relies on
+(tests/rewrite_graphs.py builds the same shape by hand):
 
     inputs   input_ids int64 [batch, seq], past_len int64 [batch], key_cache.i / value_cache.i
              [batch, kv_heads, max_cache, head_dim]

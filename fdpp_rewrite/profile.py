@@ -28,12 +28,12 @@ from pathlib import Path
 
 from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.errors import FdppError, require_gpu
+from fdpp_rewrite.gpu.gemm import IMPLA_MAX_M, IMPLB_MAX_M  # the kernels' M limits (no GPU needed to import)
 
 PROFILE_SCHEMA = "fdpp-profile/1"
 M_GRID = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256]
 SEARCH_MS = (1, 2, 4, 8, 16)  # the decode batch sizes ImplB is for; ImplC takes over at larger M
 IMPLS = ("impla", "implb", "cublaslt", "cutlass")
-IMPLA_MAX_M, IMPLB_MAX_M = 8, 64
 TIMINGS = {
     "graph": "launches back to back in one CUDA graph over rotating weight copies (none in L2 when read), time "
              "per launch = replay / launches, median of replays; programmatic dependent launch as the library "
@@ -118,16 +118,21 @@ def choose_plan(ms: list, curves: dict) -> dict:
     return {"m1": winner[1], "m2": winner[2], "implc": implc, "worst_ratio": winner[0][2], "misses": winner[0][0]}
 
 
+def check_existing_profile(existing: dict, gpu: str) -> None:
+    """Refuse to add to a profile file of another schema or another GPU (called before measuring)."""
+    if not isinstance(existing, dict) or existing.get("schema") != PROFILE_SCHEMA:
+        raise FdppError(f"the existing profile is not {PROFILE_SCHEMA}; move it away or pass another --out")
+    if existing.get("gpu") and existing["gpu"] != gpu:
+        raise FdppError(f"the existing profile was measured on {existing['gpu']}, this GPU is {gpu}; "
+                        "pass --out engines/profiles/<this gpu>.json")
+
+
 def merge_profile(existing: dict | None, header: dict, entries: list, force: bool) -> tuple:
     """The profile file's new content: existing shapes kept unless re-measured with force, new ones appended,
     sorted by (n, k, dtype). Returns (data, replaced_keys). Refuses an existing file of another GPU."""
     shapes = {}
     if existing is not None:
-        if existing.get("schema") != PROFILE_SCHEMA:
-            raise FdppError(f"the existing profile is not {PROFILE_SCHEMA}; move it away or pass another --out")
-        if existing.get("gpu") and existing["gpu"] != header["gpu"]:
-            raise FdppError(f"the existing profile was measured on {existing['gpu']}, this GPU is {header['gpu']}; "
-                            "pass --out engines/profiles/<this gpu>.json")
+        check_existing_profile(existing, header["gpu"])
         for entry in existing.get("shapes", []):
             shapes[(int(entry["n"]), int(entry["k"]), entry["dtype"])] = entry
     replaced = []
@@ -262,7 +267,7 @@ def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS, se
 
 def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, progress=None, timing: str = "graph",
                   quick: bool = False) -> dict:
-    """One profile entry (schema in TEAM.md / engines/profiles) with the raw curves, timed by `timing`."""
+    """One profile entry (schema in engines/profiles/README.md) with the raw curves, timed by `timing`."""
     copies = weight_copies(n, k, timer.l2_bytes) if timing == "graph" else 1
     bench = ShapeBench(n, k, dtype, max(ms), copies=copies)
     config, search = search_implb(bench, timer, device, timing=timing, quick=quick)
@@ -359,8 +364,7 @@ def _device_facts(torch) -> dict:
 
 
 def _command_line() -> str:
-    entry = "python -m fdpp_rewrite.profile" if sys.argv[0].endswith("profile.py") else "python -m fdpp_rewrite"
-    return entry + " " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return "python -m fdpp_rewrite " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def run(args) -> int:
@@ -385,6 +389,7 @@ def run(args) -> int:
             existing = json.loads(out.read_text())
         except json.JSONDecodeError as exc:
             raise FdppError(f"{out} is not valid JSON ({exc}); fix or move it, then re-run") from exc
+        check_existing_profile(existing, device["name"])  # before the measuring, not after it
     if not gemm.cublaslt_available() and not gemm.cutlass_available():
         raise FdppError("neither cuBLASLt nor the CUTLASS ImplC is available; install torch's nvidia-cublas or "
                         "build with the nvidia-cutlass headers")
@@ -441,15 +446,3 @@ def run(args) -> int:
               f"{cfg:<22} {e['worst_ratio_vs_best_impl']:>9.3f}  {', '.join(e['used_by'])}")
     return 0
 
-
-if __name__ == "__main__":
-    # `python -m fdpp_rewrite.profile ...` works without importing the other commands' modules.
-    import argparse
-
-    _parser = argparse.ArgumentParser(prog="python -m fdpp_rewrite.profile", description=__doc__.split("\n")[0])
-    add_arguments(_parser)
-    try:
-        sys.exit(run(_parser.parse_args()))
-    except FdppError as _exc:
-        print(f"error: {_exc}", file=sys.stderr)
-        sys.exit(2)

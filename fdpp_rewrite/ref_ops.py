@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract, register_onnx_schemas, validate_node
-from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.errors import FdppError, cannot_load
 
 DEFAULT_KEY_TILE = 64  # keys per tile in the reference; the kernels pick their own, the result is the same
 
@@ -352,5 +352,10 @@ def make_reference_session(path_or_model) -> ReferenceSession:
     if isinstance(path_or_model, (str, os.PathLike)):
         if not os.path.isfile(path_or_model):
             raise FdppError(f"no ONNX file at {path_or_model}; pass the rewritten model (*.fdpp.onnx)")
-        return ReferenceSession(onnx.load(os.fspath(path_or_model)), owns_model=True)
+        try:
+            return ReferenceSession(onnx.load(os.fspath(path_or_model)), owns_model=True)
+        except FdppError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - corrupt protobuf, missing data file, onnxruntime load errors
+            raise cannot_load(path_or_model, exc) from None
     return ReferenceSession(path_or_model)

@@ -20,7 +20,8 @@ from fdpp_rewrite import __version__
 from fdpp_rewrite.contracts import DOMAIN, OP_NAMES, load_contract, register_onnx_schemas, validate_node
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.passes import attention, common, flat_gemm, projection_fusion
-from fdpp_rewrite.passes.weights import WeightStore, attach_external_data
+from fdpp_rewrite.passes.weights import WeightStore, _location, attach_external_data
+from fdpp_rewrite.profiles import load_profile
 
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # weights above 1 GiB go to a .data file even if the input had none
 
@@ -132,8 +133,9 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
     return len(tensor.raw_data) or tensor.ByteSize()
 
 
-def load_structure(path: Path) -> onnx.ModelProto:
+def load_structure(path) -> onnx.ModelProto:
     """The model without its external weight data (the passes read weights one at a time)."""
+    path = Path(path)
     if not path.is_file():
         raise FdppError(f"no ONNX file at {path}; export one with `python -m fdpp_rewrite export <preset>`")
     try:
@@ -151,17 +153,27 @@ def rewrite_file(model_path, output=None, profile=None, calibration=None, force=
     model_path = Path(model_path)
     output = Path(output) if output else default_output(model_path)
     data = output.with_name(output.name + ".data")
+    if output.resolve() == model_path.resolve():
+        raise FdppError(f"the output {output} is the input; pass -o with another path")
     if not force and (output.exists() or data.exists()):
         existing = output if output.exists() else data
         raise FdppError(f"{existing} already exists; pass --force to overwrite it or -o to write elsewhere")
-    if output.resolve() == model_path.resolve():
-        raise FdppError(f"the output {output} is the input; pass -o with another path")
     model = load_structure(model_path)
+    for location in sorted({_location(init) for init in model.graph.initializer
+                            if init.data_location == onnx.TensorProto.EXTERNAL}):
+        if not (model_path.parent / location).is_file():
+            raise FdppError(f"{model_path} keeps its weights in {model_path.parent / location}, which is missing; "
+                            "put it beside the model or re-export")
+    # Check the inputs before touching an existing output: a bad --calibration or --profile keeps the old pair.
+    if calibration:
+        attention.load_calibration(calibration)
+    if profile:
+        load_profile(profile)
     weight_bytes = sum(_tensor_bytes(init) for init in model.graph.initializer)
     external = _uses_external_data(model) or weight_bytes > EXTERNAL_DATA_THRESHOLD
     output.parent.mkdir(parents=True, exist_ok=True)
-    if data.exists():
-        data.unlink()  # --force: a stale data file must not survive next to the new model
+    for stale in (output, data):  # --force: the old model and its data go together, never one without the other
+        stale.unlink(missing_ok=True)
     store = WeightStore(data if external else None)
     try:
         result = rewrite_model(model, profile=profile, calibration=calibration, stream=stream, store=store,
@@ -172,6 +184,7 @@ def rewrite_file(model_path, output=None, profile=None, calibration=None, force=
         onnx.save_model(result.model, str(output))
     except BaseException:
         store.discard()
+        output.unlink(missing_ok=True)  # no half model: a failed rewrite leaves nothing at the output
         raise
     where = f" + {data.name}" if external else ""
     print(f"wrote {output}{where} (profile: {result.profile}; calibration: {result.calibration})", file=stream)

@@ -114,3 +114,37 @@ def test_calibrate_end_to_end_on_real_text(tmp_path, capsys):
     saved = torch.load(qkv)
     assert saved["q"][0].shape == (1, 9, 40, 64) and saved["k"][1].shape == (1, 3, 40, 64)
     assert saved["q"][0].dtype == torch.float16
+
+
+def _no_calibration_run(monkeypatch):
+    import fdpp_rewrite.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the calibration run started before --apply was checked")
+    monkeypatch.setattr(fdpp_rewrite.models, "load_model", refuse)
+
+
+def test_apply_output_is_not_overwritten_without_force(tmp_path, capsys, monkeypatch):
+    _no_calibration_run(monkeypatch)
+    graph = tmp_path / "m.fdpp.onnx"
+    _rewritten_graph(graph, 2)
+    existing = tmp_path / "a.onnx"
+    existing.write_text("keep me")
+    assert main(["calibrate", "-o", str(tmp_path / "c.json"), "--apply", str(graph),
+                 "--apply-output", str(existing)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{existing} exists; pass --force" in err[0]
+    assert existing.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("content, message", [(None, "does not exist"), (b"\x08\x07garbage", "cannot load")])
+def test_bad_apply_target_fails_before_the_calibration_run(tmp_path, capsys, monkeypatch, content, message):
+    _no_calibration_run(monkeypatch)
+    graph = tmp_path / "m.fdpp.onnx"
+    if content is not None:
+        _rewritten_graph(graph, 2)
+        graph.write_bytes(graph.read_bytes()[:40])  # truncated
+    assert main(["calibrate", "-o", str(tmp_path / "c.json"), "--apply", str(graph),
+                 "--apply-output", str(tmp_path / "a.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

