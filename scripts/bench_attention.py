@@ -193,10 +193,7 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
     variants = [("ours_unified_us", unified), ("ours_sync_us", synced),
                 ("cudnn_us", [sdpa("cudnn", q, k, v, gqa=gqa) for q, k, v, _ in sets]),
                 ("flash_us", [sdpa("flash", q, k, v, gqa=gqa) for q, k, v, _ in sets])]
-    for name, calls in variants:
-        row[name], note = try_time(calls, quick)
-        if note:
-            row[name.replace("_us", "_note")] = note
+    time_variants(row, variants, quick)
     # A check of the split heuristic: twice the splits it picks (more, shorter CTAs in two waves) should be slower.
     twice = min(2 * row["splits"], 128)
     row["ours_unified_2x_splits_us"], _ = try_time(
@@ -210,6 +207,14 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
     del sets, unified, synced, variants
     torch.cuda.empty_cache()
     return row
+
+
+def time_variants(row, variants, quick):
+    """Times each (name, calls) into row[name], with a <name>_note where timing could not run."""
+    for name, calls in variants:
+        row[name], note = try_time(calls, quick)
+        if note:
+            row[name.replace("_us", "_note")] = note
 
 
 def bench_prefill(seq, quick, heads=32):
@@ -233,10 +238,7 @@ def bench_prefill(seq, quick, heads=32):
     variants = [("ours_unified_us", unified), ("ours_sync_us", synced),
                 ("cudnn_us", [sdpa("cudnn", q, k, v, causal=True) for q, k, v, _ in sets]),
                 ("flash_us", [sdpa("flash", q, k, v, causal=True) for q, k, v, _ in sets])]
-    for name, calls in variants:
-        row[name], note = try_time(calls, quick)
-        if note:
-            row[name.replace("_us", "_note")] = note
+    time_variants(row, variants, quick)
     # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps, 3: 1 with a rolled Q.K loop),
     # both softmax variants: the data behind prefill_tile_config() in attention_heuristics.h.
     for config in (1, 2, 3):
