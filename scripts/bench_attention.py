@@ -9,7 +9,8 @@ synchronized = the online-max baseline of the same kernels).
 
 Timing: every implementation is captured in one CUDA graph that calls it back to back on enough copies of the
 inputs to exceed the 60 MB L2 several times over (decode's K/V would otherwise be read from L2), and the graph's
-replay time is divided by the number of calls (median of several replays). That is how a decode step runs in a
+replay time is divided by the number of calls (median of several replays; all variants of a row replayed in turn,
+rep by rep, so that clock drift hits them alike). That is how a decode step runs in a
 real engine (layers back to back in a graph), and it keeps CPU launch overhead out of the numbers for ours and the
 peers alike. (Timing single calls with an L2 flush in front instead lets the flush's dirty lines be written back
 during the timed call and adds each library's CPU overhead: both distort the small cases.) Memory-bound rows report
@@ -37,6 +38,12 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     parser.add_argument("--force", action="store_true", help="overwrite existing results in --out")
     return parser.parse_args(argv)
+
+
+def prefill_shapes():
+    import torch
+
+    return (1, 2, 3, 4) if torch.cuda.get_device_capability()[0] == 9 else (1, 2, 3)
 
 
 class Ours:
@@ -88,34 +95,32 @@ def sdpa(backend, q, k, v, *, causal=False, gqa=False):
 L2_BYTES = 60 << 20
 
 
-def graph_us(calls, quick):
-    """Median time per call of `calls` (callables, each on its own inputs) replayed back to back in a CUDA graph."""
-    import statistics
-
+def capture(calls, quick):
+    """A CUDA graph of `calls` (callables, each on its own inputs) back to back, and the calls per replay."""
     import torch
 
     for call in calls:  # plans, workspaces, library loading: outside the capture
         call()
     torch.cuda.synchronize()
-    per_pass = len(calls)
-    rounds = max(1, -(-(8 if quick else 48) // per_pass))
+    rounds = max(1, -(-(8 if quick else 48) // len(calls)))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(rounds):
             for call in calls:
                 call()
-    for _ in range(2):
-        graph.replay()
-    times = []
-    for _ in range(3 if quick else 7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (rounds * per_pass))
-    del graph
-    return statistics.median(times)
+    return graph, rounds * len(calls)
+
+
+def replay_us(graph, calls_per_replay):
+    """One timed replay: time per call in us."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls_per_replay
 
 
 def loop_us(calls, quick):
@@ -139,19 +144,10 @@ def loop_us(calls, quick):
 
 
 def try_time(calls, quick):
-    """(time per call in us, None) or (None, why); a library that cannot be graph-captured is timed in a loop
-    (said in the why, which then starts with 'loop:')."""
-    torch = torch_module()
-    try:
-        return graph_us(calls, quick), None
-    except RuntimeError as exc:  # cannot be captured, or does not take this shape
-        torch.cuda.synchronize()
-        first = str(exc).splitlines()[0][:160]
-    try:
-        return loop_us(calls, quick), f"loop: not graph-capturable ({first})"
-    except RuntimeError as exc:
-        torch.cuda.synchronize()
-        return None, str(exc).splitlines()[0][:200]
+    """(time per call in us, None) or (None, why) for one variant alone (see time_variants)."""
+    row = {}
+    time_variants(row, [("t", calls)], quick)
+    return row.get("t"), row.get("t_note")
 
 
 def torch_module():
@@ -169,7 +165,7 @@ def stream_read_tbps(quick):
     import torch
 
     x = torch.ones(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
-    us = graph_us([lambda: x.sum()], quick)
+    us, _ = try_time([lambda: x.sum()], quick)
     del x
     return (1 << 30) * 4 / (us * 1e-6) / 1e12, us
 
@@ -193,14 +189,15 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
     variants = [("ours_unified_us", unified), ("ours_sync_us", synced),
                 ("cudnn_us", [sdpa("cudnn", q, k, v, gqa=gqa) for q, k, v, _ in sets]),
                 ("flash_us", [sdpa("flash", q, k, v, gqa=gqa) for q, k, v, _ in sets])]
-    time_variants(row, variants, quick)
-    # A check of the split heuristic: twice the splits it picks (more, shorter CTAs in two waves) should be slower.
+    # A check of the split heuristic: twice the splits it picks (more, shorter CTAs in two waves) should be slower;
+    # and half of them (for the long rows where the plan takes 4 splits over 1 or 2).
     twice = min(2 * row["splits"], 128)
-    row["ours_unified_2x_splits_us"], _ = try_time(
-        [Ours(q, k, v, p, softmax="unified", num_splits=twice) for q, k, v, p in sets], quick)
-    if row["splits"] > 1:  # and half of them (for B=8 L=32K, where the plan takes 2 splits over 1)
-        row["ours_unified_half_splits_us"], _ = try_time(
-            [Ours(q, k, v, p, softmax="unified", num_splits=row["splits"] // 2) for q, k, v, p in sets], quick)
+    variants.append(("ours_unified_2x_splits_us",
+                     [Ours(q, k, v, p, softmax="unified", num_splits=twice) for q, k, v, p in sets]))
+    if row["splits"] > 1:
+        variants.append(("ours_unified_half_splits_us", [Ours(q, k, v, p, softmax="unified",
+                                                              num_splits=row["splits"] // 2) for q, k, v, p in sets]))
+    time_variants(row, variants, quick)
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, gqa=gqa)()
     row["max_abs_diff_vs_flash"] = (unified[0]().float() - ref.float()).abs().max().item()
@@ -210,11 +207,38 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
 
 
 def time_variants(row, variants, quick):
-    """Times each (name, calls) into row[name], with a <name>_note where timing could not run."""
+    """Times each (name, calls) into row[name], with a <name>_note where timing could not run. All variants of a row
+    are captured first and then replayed in turn, rep by rep, so that clock and temperature drift during the row
+    hits them alike (timed one after the other, the same kernel once measured 9% apart within a row: run 13). The
+    median of the reps is reported. A library that cannot be graph-captured is timed in a loop (said in the note,
+    which then starts with 'loop:')."""
+    import statistics
+
+    torch = torch_module()
+    graphs = {}
     for name, calls in variants:
-        row[name], note = try_time(calls, quick)
-        if note:
-            row[name.replace("_us", "_note")] = note
+        try:
+            graphs[name] = capture(calls, quick)
+        except RuntimeError as exc:  # cannot be captured, or does not take this shape
+            torch.cuda.synchronize()
+            first = str(exc).splitlines()[0][:160]
+            try:
+                row[name] = loop_us(calls, quick)
+                row[name.replace("_us", "_note")] = f"loop: not graph-capturable ({first})"
+            except RuntimeError as exc2:
+                torch.cuda.synchronize()
+                row[name] = None
+                row[name.replace("_us", "_note")] = str(exc2).splitlines()[0][:200]
+    for graph, _ in graphs.values():  # warm-up
+        for _ in range(2):
+            graph.replay()
+    times = {name: [] for name in graphs}
+    for _ in range(3 if quick else 7):
+        for name, (graph, per_replay) in graphs.items():
+            times[name].append(replay_us(graph, per_replay))
+    for name in graphs:
+        row[name] = statistics.median(times[name])
+    del graphs
 
 
 def bench_prefill(seq, quick, heads=32):
@@ -235,16 +259,19 @@ def bench_prefill(seq, quick, heads=32):
 
     slots = torch.cuda.get_device_properties(0).multi_processor_count * 2
     row["plan_config"], row["plan_unified_runs_synchronized"] = prefill_plan(heads, seq, slots)
+    if 4 in prefill_shapes():  # sm_90: the launcher runs the wgmma kernel, synchronized (attention_launch.cu)
+        row["plan_config"], row["plan_unified_runs_synchronized"] = 4, True
     variants = [("ours_unified_us", unified), ("ours_sync_us", synced),
                 ("cudnn_us", [sdpa("cudnn", q, k, v, causal=True) for q, k, v, _ in sets]),
                 ("flash_us", [sdpa("flash", q, k, v, causal=True) for q, k, v, _ in sets])]
-    time_variants(row, variants, quick)
-    # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps, 3: 1 with a rolled Q.K loop),
-    # both softmax variants: the data behind prefill_tile_config() in attention_heuristics.h.
-    for config in (1, 2, 3):
+    # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps, 3: 1 with a rolled Q.K loop,
+    # 4: 128 rows on warpgroup MMAs, sm_90 only), both softmax variants: the data behind prefill_tile_config() in
+    # attention_heuristics.h and the sm_90 plan in attention_launch.cu.
+    for config in prefill_shapes():
         for softmax, short in (("unified", "unified"), ("synchronized", "sync")):
-            row[f"ours_{short}_cfg{config}_us"], _ = try_time(
-                [Ours(q, k, v, p, softmax=softmax, prefill_config=config) for q, k, v, p in sets], quick)
+            variants.append((f"ours_{short}_cfg{config}_us",
+                             [Ours(q, k, v, p, softmax=softmax, prefill_config=config) for q, k, v, p in sets]))
+    time_variants(row, variants, quick)
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, causal=True)()
     row["max_abs_diff_vs_flash"] = (unified[0]().float() - ref.float()).abs().max().item()
@@ -326,7 +353,7 @@ def print_table(rows, read_tbps):
             print(f"         (twice the splits, {min(2 * r['splits'], 128)}: unified "
                   f"{r['ours_unified_2x_splits_us']:.1f}u{half})")
         if r["phase"] == "prefill":
-            shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2, 3)
+            shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2, 3, 4)
                                for s in ("unified", "sync") if r.get(f"ours_{s}_cfg{c}_us"))
             print(f"         (tile shapes: {shapes})")
         print(f"{r['phase']:8} {r['batch']:>2} {r['heads']:>3}/{r['kv_heads']:<2} {r['kv_len']:>6} {us('ours_unified')} "

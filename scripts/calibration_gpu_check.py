@@ -44,17 +44,22 @@ def main(argv=None) -> int:
         raise FdppError(f"{args.calibration} has {len(layers)} layers but {args.qkv} has {len(data['q'])}")
     scale = data["scale"]
     report = {"model": calibration["model"], "tokens": data["tokens"], "layers": []}
-    totals = {"rows": 0, "decode": 0, "prefill": 0, "decode_uncalibrated": 0}
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    totals = {"rows": 0, "decode": 0, "prefill": 0, "decode_uncalibrated": 0, "prefill_wgmma": 0}
     for i in range(len(data["q"])):
         q, k, v = (t.cuda() for t in (data["q"][i], data["k"][i], data["v"][i]))
         past = torch.zeros(1, dtype=torch.int64, device="cuda")
         e = layers[i]
         tuned = {"phi": e["phi"], "guard_lo": e["guard_lo"], "guard_hi": e["guard_hi"], "scale": scale}
         row = {"layer": i, "rows": q.shape[1] * q.shape[2], **tuned}
-        # prefill_config=1: the 128-row unified-max kernel (the plan may choose the synchronized 64-row one for
-        # short prompts, which would count no fallbacks and test nothing here).
-        for name, kernel, options in (("decode", "decode", tuned), ("prefill", "prefill", {**tuned, "prefill_config": 1}),
-                                      ("decode_uncalibrated", "decode", {"scale": scale})):
+        # prefill_config=1: the 128-row unified-max kernel (off Hopper the plan may choose the synchronized 64-row
+        # one for short prompts, which would count no fallbacks and test nothing here); 4: the wgmma kernel the
+        # plan runs on sm_90.
+        checks = [("decode", "decode", tuned), ("prefill", "prefill", {**tuned, "prefill_config": 1}),
+                  ("decode_uncalibrated", "decode", {"scale": scale})]
+        if hopper:
+            checks.append(("prefill_wgmma", "prefill", {**tuned, "prefill_config": 4}))
+        for name, kernel, options in checks:
             counters = att.Counters()
             out = att.attention(q, k, v, past, kernel=kernel, counters=counters, **options)
             row[f"{name}_fallback_rows"] = counters.fallback_rows
@@ -69,14 +74,15 @@ def main(argv=None) -> int:
         print(f"layer {i:2}: phi {e['phi']:7.3f}  fallback rows decode {row['decode_fallback_rows']:5} "
               f"prefill {row['prefill_fallback_rows']:5} (uncalibrated decode {row['decode_uncalibrated_fallback_rows']})"
               f" of {row['rows']}; max |err| {row['decode_max_abs_error']:.2e} / {row['prefill_max_abs_error']:.2e}")
-    rates = {k: totals[k] / totals["rows"] for k in ("decode", "prefill", "decode_uncalibrated")}
+    rates = {k: totals[k] / totals["rows"] for k in ("decode", "prefill", "decode_uncalibrated", "prefill_wgmma")}
     report.update(totals=totals, rates=rates, bar=BAR,
-                  passed=rates["decode"] < BAR and rates["prefill"] < BAR)
+                  passed=rates["decode"] < BAR and rates["prefill"] < BAR and rates["prefill_wgmma"] < BAR)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration_gpu.json").write_text(json.dumps(report, indent=1))
     print(f"\nheld-out fallback rate with the calibrated phi: decode {rates['decode']:.5%}, prefill "
           f"{rates['prefill']:.5%} of {totals['rows']} rows (bar < {BAR:.2%}); uncalibrated decode "
-          f"{rates['decode_uncalibrated']:.5%}")
+          f"{rates['decode_uncalibrated']:.5%}" + (f"; prefill on the wgmma kernel {rates['prefill_wgmma']:.5%}"
+                                                   if hopper else ""))
     print("PASS" if report["passed"] else "FAIL")
     return 0 if report["passed"] else 1
 

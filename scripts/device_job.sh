@@ -30,7 +30,8 @@ PYTEST_GPU="python3 -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu"
 SANITIZE="compute-sanitizer --error-exitcode 7 --tool"
 
 stage_smoke()             { $PYTEST_GPU tests/gpu/test_axpy.py; }
-stage_attention_tests()   { timeout 120 $PYTEST_GPU tests/gpu/test_attention.py; }
+stage_wgmma_probe()       { timeout 60 $PYTEST_GPU tests/gpu/test_attention.py -k wgmma_smoke; }
+stage_attention_tests()   { timeout 240 $PYTEST_GPU tests/gpu/test_attention.py; }
 stage_attention_sanitize() {
   timeout 60 $SANITIZE memcheck python3 scripts/sanitize_attention.py \
     && timeout 60 $SANITIZE racecheck python3 scripts/sanitize_attention.py
@@ -53,7 +54,7 @@ stage_profile() {
     --out "$RESULTS/profiles/h200.json" --plots "$RESULTS/profiles/plots" --force ${PROFILE_ARGS:---quick}
 }
 
-ALL="smoke attention_tests attention_sanitize attention_bench calibration_check gemm_tests gemm_sanitize profile gemm_bench"
+ALL="smoke wgmma_probe attention_tests attention_sanitize attention_bench calibration_check gemm_tests gemm_sanitize profile gemm_bench"
 STAGES=${*:-$ALL}
 declare -A VERDICT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RESULTS/gpu.txt"
@@ -62,6 +63,10 @@ for stage in $STAGES; do
   echo "=== $stage ($(date +%T))"
   start=$(date +%s)
   if "stage_$stage" >"$RESULTS/$stage.log" 2>&1; then VERDICT[$stage]=ok; else VERDICT[$stage]="FAILED (rc $?)"; fi
+  if [ "$stage" = wgmma_probe ] && [ "${VERDICT[$stage]}" != ok ]; then
+    export FDPP_PREFILL_WGMMA=0  # a broken sm_90 prefill must not take every later stage down with it
+    echo "wgmma prefill failed its probe: FDPP_PREFILL_WGMMA=0 from here on"
+  fi
   tail -n 25 "$RESULTS/$stage.log"
   echo "=== $stage: ${VERDICT[$stage]} in $(( $(date +%s) - start )) s"
   tar -C "$WORK" -czf "$OUT/results.tgz" results   # after every stage, so a timeout still returns what ran

@@ -16,11 +16,12 @@ H200_PREFILL_SLOTS = 132 * 2
     (32, 512, 4),    # B=1, L=32K: 4 MB per CTA
     (256, 16, 1),    # B=8, L=1K: 256 units already fill the GPU
     (256, 128, 1),   # B=8, L=8K
-    (256, 512, 2),   # B=8, L=32K: one wave of very long rows -> 2 splits (measured faster)
+    (256, 512, 4),   # B=8, L=32K: one wave of very long rows -> 4 splits (measured faster)
     (512, 512, 1),   # B=16, L=32K: two equal waves already
     (8, 128, 16),    # GQA 32/8, B=1, L=8K
     (8, 16, 16),     # GQA, L=1K: 16 splits of 1 tile
-    (64, 512, 2),    # GQA 32/8, B=8 (one row block per KV head)
+    (64, 128, 2),    # GQA 32/8, B=8, L=8K (one row block per KV head)
+    (64, 512, 4),    # GQA 32/8, B=8, L=32K: long rows, at most 2 splits by the main rule -> 4
     (1, 4096, 128),  # capped at 128 splits
     (5, 1, 1),       # a single tile cannot be split
 ])
@@ -40,14 +41,15 @@ def test_decode_splits_give_at_most_one_cta_per_sm_unless_rows_are_long():
             assert units * splits <= H200_SMS
 
 
-def test_decode_splits_long_rows_take_two_half_waves_only_when_one_split_is_a_single_wave():
+def test_decode_splits_long_rows_take_four_splits_only_when_the_rule_gives_at_most_two_in_one_wave():
     from fdpp_rewrite.gpu.attention import decode_splits
 
-    for units in (67, 133, 200, 264):  # one split by the one-CTA-per-SM rule, the grid still one wave
-        assert decode_splits(units, 511, H200_SMS, H200_DECODE_CTAS_PER_SM) == 1
-        assert decode_splits(units, 512, H200_SMS, H200_DECODE_CTAS_PER_SM) == 2
+    for units in (45, 60, 67, 133, 200, 264):  # at most 2 splits by the one-CTA-per-SM rule, one wave at 1 split
+        assert decode_splits(units, 511, H200_SMS, H200_DECODE_CTAS_PER_SM) == max(1, H200_SMS // units)
+        assert decode_splits(units, 512, H200_SMS, H200_DECODE_CTAS_PER_SM) == 4
     assert decode_splits(265, 4096, H200_SMS, H200_DECODE_CTAS_PER_SM) == 1  # more units than slots: equal waves
-    assert decode_splits(60, 4096, H200_SMS, H200_DECODE_CTAS_PER_SM) == 2  # 132 // 60 = 2 by the main rule
+    assert decode_splits(33, 4096, H200_SMS, H200_DECODE_CTAS_PER_SM) == 4  # 132 // 33 = 4 by the main rule
+    assert decode_splits(8, 4096, H200_SMS, H200_DECODE_CTAS_PER_SM) == 16  # long rows, many splits: unchanged
 
 
 @pytest.mark.parametrize("heads,seq,expected", [

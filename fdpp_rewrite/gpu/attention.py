@@ -23,8 +23,9 @@ KERNELS = {"auto": 0, "decode": 1, "prefill": 2, "rowwise": 3}
 KERNEL_NAMES = {v: k for k, v in KERNELS.items()}
 SUPPORTED_HEAD_DIMS = (64, 128)
 # Prefill tile shapes: 0 = the plan's choice; 1 = 128 query rows x 32-key steps; 2 = 64 query rows x 64-key steps;
-# 3 = as 1 with the Q.K loop over head_dim rolled (fewer registers).
-PREFILL_CONFIGS = (0, 1, 2, 3)
+# 3 = as 1 with the Q.K loop over head_dim rolled (fewer registers); 4 = 128 query rows on Hopper's warpgroup MMAs
+# (sm_90 only).
+PREFILL_CONFIGS = (0, 1, 2, 3, 4)
 
 _i32, _i64, _f32, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -98,8 +99,8 @@ def decode_splits(units: int, tiles: int, sms: int, ctas_per_sm: int = 2) -> int
 
 
 def prefill_plan(heads: int, seq: int, slots: int) -> tuple[int, bool]:
-    """The prefill heuristics (pure host code in the library): (tile shape, see PREFILL_CONFIGS; whether a unified
-    request runs the synchronized softmax)."""
+    """The prefill heuristics off Hopper (pure host code in the library): (tile shape, see PREFILL_CONFIGS; whether
+    a unified request runs the synchronized softmax). On sm_90 the plan is shape 4, synchronized."""
     synchronized = ctypes.c_int(0)
     config = library().fdpp_attention_prefill_plan(heads, seq, slots, ctypes.byref(synchronized))
     return int(config), bool(synchronized.value)
@@ -276,7 +277,7 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
     softmax ("unified" | "synchronized"), kernel ("auto" | "decode" | "prefill" | "rowwise"), num_splits (decode;
     0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
     or exact when past_len is on the CPU), counters (a Counters to add fallback counts to), prefill_config
-    (0 = the plan's tile shape; 1, 2 or 3 force one, see PREFILL_CONFIGS).
+    (0 = the plan's tile shape; 1 to 4 force one, see PREFILL_CONFIGS; 4 needs an sm_90 GPU).
     """
     torch = _torch()
     out = torch.empty_like(query) if out is None else out

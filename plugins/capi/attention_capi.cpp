@@ -71,9 +71,9 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
     return set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": the decode and prefill kernels take float16 or "
                                                              "bfloat16; float32 runs on the rowwise kernel (kernel 0 or 3)");
   if (x->num_splits < 0 || x->num_splits > 1024) return invalid(fn, "num_splits must be in [0, 1024]");
-  if (x->prefill_config < 0 || x->prefill_config > 3)
+  if (x->prefill_config < 0 || x->prefill_config > 4)
     return invalid(fn, "unknown prefill_config " + str(x->prefill_config) +
-                           " (0 plan, 1 128x32, 2 64x64, 3 128x32 rolled)");
+                           " (0 plan, 1 128x32, 2 64x64, 3 128x32 rolled, 4 wgmma on sm_90)");
   if (!(std::isfinite(x->scale) && x->scale > 0.f)) return invalid(fn, "scale must be finite and > 0");
   if (!std::isfinite(x->phi)) return invalid(fn, "phi must be finite");
   if (!(std::isfinite(x->guard_lo) && std::isfinite(x->guard_hi) && x->guard_lo < x->guard_hi))
@@ -182,8 +182,12 @@ fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, void* worksp
                              " bytes, 16-byte aligned (ask fdpp_attention_workspace_bytes)");
     if (fdpp::choose_kernel(p) == fdpp::AttnKernel::kDecode && need == 0)
       return fdpp::from_cuda(cudaGetLastError(), "fdpp_attention_forward (device query)");
-    return fdpp::from_cuda(fdpp::attention_forward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream)),
-                           fn);
+    const cudaError_t err = fdpp::attention_forward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+    if (err == cudaErrorInvalidDeviceFunction && p.prefill_config == 4) {
+      return fdpp::set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": prefill_config 4 (the wgmma kernel) needs an "
+                                                                     "sm_90 GPU and a library built for 90a; use 0");
+    }
+    return fdpp::from_cuda(err, fn);
   });
 }
 

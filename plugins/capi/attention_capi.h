@@ -43,7 +43,8 @@ typedef struct fdpp_attention_args {
   unsigned long long* counters;  // device [2]: fallback rows, clamped rows (accumulated); NULL: the library's own
   int32_t prefill_config;  // prefill tile shape: 0 = the plan's choice, 1 = 128 query rows x 32-key steps,
                            // 2 = 64 query rows x 64-key steps, 3 = as 1 with a rolled Q.K loop (fewer
-                           // registers); benchmarks and tests force one
+                           // registers), 4 = 128 rows on warpgroup MMAs (sm_90 only; elsewhere
+                           // FDPP_ERR_UNSUPPORTED); benchmarks and tests force one
 } fdpp_attention_args;
 
 // sizeof(fdpp_attention_args) and sizeof(fdpp_rope_append_args), for bindings to check their mirror structs.
@@ -66,7 +67,8 @@ FDPP_API fdpp_status fdpp_attention_plan(const fdpp_attention_args* args, int32_
 // of the longest sequence, sms = the GPU's SMs, ctas_per_sm = decode CTAs resident per SM.
 FDPP_API int fdpp_attention_decode_splits(int units, int tiles, int sms, int ctas_per_sm);
 
-// The pure host prefill heuristics (attention_heuristics.h): heads = batch x query heads, seq = query tokens,
+// The pure host prefill heuristics off Hopper (attention_heuristics.h; on sm_90 the plan runs prefill_config 4,
+// synchronized): heads = batch x query heads, seq = query tokens,
 // slots = resident prefill CTAs on the GPU. Returns the prefill_config the plan picks (1-3); *synchronized (if not
 // NULL) = 1 where the plan runs the synchronized softmax although the unified one was asked for.
 FDPP_API int fdpp_attention_prefill_plan(int heads, int seq, int slots, int* synchronized);

@@ -72,6 +72,39 @@ __device__ __forceinline__ int active_splits(int kv_len, int chunk) {
   return chunk > 0 ? (kv_len + chunk - 1) / chunk : 0;
 }
 
+// A prefill CTA's query block (both prefill kernels): which (batch, query head, first row) it takes, its kv length,
+// rows and key tiles, and the order it walks them in.
+// Work order: causal query blocks get heavier with their index. Heaviest first (longest-processing-time); but when
+// the whole grid (batch x heads, blocks) fits in about two waves of resident CTAs, the second wave takes the lightest
+// blocks first so that each SM pairs a heavy CTA with a light one (B=1, L=1K: the busiest SM does 18 tiles, not 24).
+// Tile order: the diagonal tiles (the last kAnchorTiles - 1), then tile 0 (the attention sink), then the rest; the
+// anchored unified max anchors each row on these first tiles (AnchoredUnifiedSoftmax).
+template <int kBlockM, int kBlockN, int kAnchorTiles>
+struct PrefillBlock {
+  int b, hq, hkv, m0, kv_len, rows_here, key_end, num_tiles;
+
+  __device__ __forceinline__ explicit PrefillBlock(const AttnArgs& a) {
+    const int bh = static_cast<int>(gridDim.x), blocks = static_cast<int>(gridDim.y);
+    const int total = bh * blocks;
+    int order = blockIdx.y * bh + blockIdx.x;  // launch order
+    if (total <= 2 * a.prefill_slots && order >= a.prefill_slots) order = total - 1 - (order - a.prefill_slots);
+    const int bhi = order % bh;
+    b = bhi / a.num_heads, hq = bhi - b * a.num_heads, hkv = hq / a.group;
+    m0 = (blocks - 1 - order / bh) * kBlockM;
+    bool clamped = false;
+    kv_len = kv_len_of(a, b, &clamped);
+    rows_here = a.seq - m0 < kBlockM ? a.seq - m0 : kBlockM;
+    if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, static_cast<unsigned long long>(rows_here));
+    key_end = visible_end(a, b, m0 + rows_here - 1, kv_len);
+    num_tiles = (key_end + kBlockN - 1) / kBlockN;
+  }
+  // The tile processed at step `it`.
+  __device__ __forceinline__ int tile_at(int it) const {
+    if (num_tiles <= kAnchorTiles) return it;
+    return it < kAnchorTiles - 1 ? num_tiles - 1 - it : it - (kAnchorTiles - 1);
+  }
+};
+
 template <typename T>
 __device__ __forceinline__ const T* row_ptr(const void* base, int64_t sb, int64_t sh, int64_t ss, int b, int h,
                                             int s) {

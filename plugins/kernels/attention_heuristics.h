@@ -20,33 +20,41 @@ constexpr int kDecodeMaxSeq = 8;
 // slower, inside the run's noise). Four times these splits were slower everywhere (runs 2-4).
 // At least 1 (more units than SMs: one split; the CTAs then fill the slots in equal waves), at most one split
 // per tile and 128 (the combine reads them in one pass).
-// One exception, measured: when one split is all the units allow but the rows are very long (>= kLongRowTiles
-// tiles) and the grid is a single wave, 2 splits are faster: each CTA of the one-split grid streams 16 MB at
-// L=32K and the few that end last leave the GPU part-idle; with 2 splits the second half-wave fills in behind
-// the first. B=8, 32 heads, L=32K: 1 split 978.9 / 970.8 us, 2 splits 961.0 / 960.5 (runs 3 and 4); at L=8K 2
-// splits were slower (244.9 / 245.1 vs 240.7 / 241.4: the combine costs more than the shorter tail saves).
+// One exception, measured: rows of >= kLongRowTiles tiles (32K keys at head_dim 128) when the rule gives at most
+// 2 splits and one split's grid is a single wave: 4 splits. The CTAs of such grids stream 8-16 MB each and the few
+// that end last leave the GPU part-idle; more, shorter CTAs fill in behind them. Same-run pairs (us):
+//   B=8, 32 heads, L=32K (256 units): 1 split 978.9 / 970.8, 2 splits 961.0 / 960.5 (runs 3, 4), 4 splits 953.0
+//     (run 4); 2 splits 932.7 against 4 splits 928.5 (run 8);
+//   GQA 32/8, B=8, L=32K (64 units): 2 splits 246.1 / 240.4 against 4 splits 244.7 / 239.1 (runs 4, 8).
+// At L=8K more splits were slower (B=8: 2 splits 244.9 / 245.1 vs 240.7 / 241.4: the combine costs more than the
+// shorter tail saves), and with 4 or more splits from the main rule doubling was not better (B=1 L=32K 123.6 vs
+// 123.0, GQA B=1 L=32K 36.2 vs 36.0, run 8).
+// Not better, measured (run 19): one split on a 6-stage pipeline (one CTA per SM, 192 KB in flight each, no combine)
+// where this rule gives 2 (GQA 32/8 B=8: L=1K 14.8 against 14.2 us, L=8K 90.8 against 65.6 -- as slow as one split
+// on 3 stages, so what limits a lone CTA is not the bytes it has in flight).
 // Worked examples (H200: 132 SMs x 2 CTAs; 64-key tiles at head_dim 128):
 //   B=1, Hkv=32, L=1K  (16 tiles):  units 32  -> 4 splits of 4 tiles: 128 CTAs of 128 KB of K+V each
 //   B=1, Hkv=32, L=32K (512 tiles): units 32  -> 4 splits of 128 tiles: 128 CTAs of 4 MB each
 //   B=8, Hkv=32, L=1K or 8K:        units 256 -> 1 split: 256 CTAs (no combine: they write the output)
-//   B=8, Hkv=32, L=32K (512 tiles): units 256 -> 1 split, long rows in one wave -> 2 splits: 512 CTAs of 8 MB
+//   B=8, Hkv=32, L=32K (512 tiles): units 256 -> 1 split, long rows in one wave -> 4 splits: 1024 CTAs of 4 MB
 //   B=1, Hkv=8 (GQA), L=8K (128 tiles): units 8 -> 16 splits of 8 tiles: 128 CTAs
 //   B=1, Hkv=8, L=1K (16 tiles):    units 8   -> 16 splits of 1 tile: 128 CTAs
-//   B=8, Hkv=8 (GQA, 4 rows per KV head: one row block): units 64 -> 2 splits: 128 CTAs
+//   B=8, Hkv=8 (GQA, 4 rows per KV head: one row block): units 64 -> 2 splits (L=1K, 8K); at L=32K 4
 //   B=16, Hkv=32:                   units 512 -> 1 split: 512 CTAs, two equal waves (any L)
 constexpr int kLongRowTiles = 512;
 inline int decode_num_splits(int units, int tiles, int sms, int ctas_per_sm) {
   if (units <= 0 || tiles <= 1 || sms <= 0) return 1;
   int splits = sms / units;
-  if (splits <= 1) {
-    const bool one_wave = units <= static_cast<long long>(sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
-    splits = one_wave && tiles >= kLongRowTiles ? 2 : 1;
-  }
+  const bool one_wave = units <= static_cast<long long>(sms) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+  if (splits <= 2 && one_wave && tiles >= kLongRowTiles) splits = 4;
+  if (splits < 1) splits = 1;
   const int cap = tiles < 128 ? tiles : 128;
   return splits > cap ? cap : splits;
 }
 
-// Prefill tile shape: 1 = 128 query rows per CTA in 32-key steps, 2 = 64 query rows per CTA in 64-key steps
+// Prefill tile shape off Hopper (on sm_90 the launcher runs shape 4, the wgmma kernel, synchronized: see
+// attention_forward in attention_launch.cu): 1 = 128 query rows per CTA in 32-key steps, 2 = 64 query rows per CTA
+// in 64-key steps
 // (3, shape 1 with a rolled Q.K loop and no register spills, was slower everywhere: it is never picked).
 //   heads: batch x query heads; seq: query tokens; slots: prefill CTAs resident on the GPU (SMs x 2).
 // A causal prefill ends when its heaviest query block (the last one, which sees every key) ends. While the grid

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/attention_common.cuh"
 #include "kernels/attention_decode.cuh"
@@ -102,6 +104,22 @@ cudaError_t launch_rowwise(const attn::AttnArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+// The plan runs the wgmma prefill on sm_90; FDPP_PREFILL_WGMMA=0 in the environment makes it take the mma.sync
+// kernels instead (an A/B switch, read once).
+bool wgmma_prefill_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FDPP_PREFILL_WGMMA");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return enabled;
+}
+
+cudaError_t launch_prefill_typed(AttnDtype dtype, const attn::AttnArgs& a, bool unified, cudaStream_t stream) {
+  if (dtype == AttnDtype::kBFloat16) return attn::launch_prefill<__nv_bfloat16>(a, unified, stream);
+  if (dtype == AttnDtype::kFloat16) return attn::launch_prefill<__half>(a, unified, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -216,15 +234,22 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
         a.prefill_config = p.prefill_config;
       } else {
         attn::DeviceInfo info;
-        const cudaError_t err = attn::device_info(&info);
+        cudaError_t err = attn::device_info(&info);
         if (err != cudaSuccess) return err;
+        // Hopper: the wgmma kernel (if this library holds its sm_90a code), in the synchronized softmax: there it
+        // measured faster than the anchored unified max at every length (H200 run 11, us, B=1, 32 heads, causal,
+        // unified / synchronized: L=1K 54.1 / 51.6, 4K 489.1 / 456.2, 16K 7214.8 / 6581.8; FLASH 54.3, 507.0,
+        // 6858.7 in the same run). docs/notes-attention.md has the whole comparison.
+        if (info.major == 9 && wgmma_prefill_enabled()) {
+          a.prefill_config = 4;
+          err = launch_prefill_typed(p.dtype, a, /*unified=*/false, stream);
+          if (err != cudaErrorInvalidDeviceFunction) return err;
+        }
         const int heads = p.batch * p.num_heads, slots = info.num_sms * kPrefillCtasPerSm;
         a.prefill_config = prefill_tile_config(heads, p.seq, slots);
         if (prefill_prefers_synchronized(heads, p.seq, slots)) run_unified = false;
       }
-      if (p.dtype == AttnDtype::kBFloat16) return attn::launch_prefill<__nv_bfloat16>(a, run_unified, stream);
-      if (p.dtype == AttnDtype::kFloat16) return attn::launch_prefill<__half>(a, run_unified, stream);
-      return cudaErrorInvalidValue;
+      return launch_prefill_typed(p.dtype, a, run_unified, stream);
     }
     case AttnKernel::kRowwise:
       if (p.dtype == AttnDtype::kBFloat16) return launch_rowwise<__nv_bfloat16>(a, stream);

@@ -27,32 +27,12 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
   using State = std::conditional_t<kUnified, AnchoredUnifiedSoftmax<2 * kMT>, SynchronizedSoftmax<2 * kMT>>;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  // Work order: causal query blocks get heavier with their index. Heaviest first (longest-processing-time); but
-  // when the whole grid fits in about two waves of resident CTAs, the second wave takes the lightest blocks first
-  // so that each SM pairs a heavy CTA with a light one (B=1, L=1K: the busiest SM does 18 tiles instead of 24).
-  const int bh = static_cast<int>(gridDim.x), blocks = static_cast<int>(gridDim.y);
-  const int total = bh * blocks;
-  int order = blockIdx.y * bh + blockIdx.x;  // launch order
-  if (total <= 2 * a.prefill_slots && order >= a.prefill_slots) order = total - 1 - (order - a.prefill_slots);
-  const int bhi = order % bh;
-  const int b = bhi / a.num_heads, hq = bhi - b * a.num_heads;
-  const int hkv = hq / a.group;
-  const int m0 = (blocks - 1 - order / bh) * Tr::kBlockM;
+  const PrefillBlock<Tr::kBlockM, Tr::kBlockN, Tr::kAnchorTiles> blk(a);
+  const int b = blk.b, hq = blk.hq, hkv = blk.hkv, m0 = blk.m0;
+  const int kv_len = blk.kv_len, rows_here = blk.rows_here, key_end = blk.key_end, num_tiles = blk.num_tiles;
+  auto tile_at = [&](int it) { return blk.tile_at(it); };
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  bool clamped = false;
-  const int kv_len = kv_len_of(a, b, &clamped);
-  const int rows_here = a.seq - m0 < Tr::kBlockM ? a.seq - m0 : Tr::kBlockM;
-  if (tid == 0 && clamped) atomicAdd(a.counters + 1, static_cast<unsigned long long>(rows_here));
-  const int key_end = visible_end(a, b, m0 + rows_here - 1, kv_len);
-  const int num_tiles = (key_end + Tr::kBlockN - 1) / Tr::kBlockN;
-  // Processing order: the diagonal tiles (the last kAnchorTiles - 1), then tile 0 (the attention sink), then the
-  // rest. The unified variant anchors each row's max on these first tiles (AnchoredUnifiedSoftmax).
-  const bool reorder = num_tiles > Tr::kAnchorTiles;
-  auto tile_at = [&](int it) {
-    if (!reorder) return it;
-    return it < Tr::kAnchorTiles - 1 ? num_tiles - 1 - it : it - (Tr::kAnchorTiles - 1);
-  };
 
   const uint32_t q_smem = smem_addr(smem);
   const uint32_t kv_smem = q_smem + Tr::kQBytes;

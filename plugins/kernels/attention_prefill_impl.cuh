@@ -5,35 +5,59 @@
 
 #include "kernels/attention_launch.h"
 #include "kernels/attention_prefill.cuh"
+#include "kernels/attention_prefill_sm90.cuh"
 
 namespace fdpp {
 namespace attn {
 
-template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp, int kQkUnroll>
-cudaError_t launch_prefill_impl(const AttnArgs& args, cudaStream_t stream) {
-  using Tr = PrefillTraits<D, kStepN, kRowsPerWarp>;
-  constexpr auto kernel = prefill_kernel<T, D, kUnified, kStepN, kRowsPerWarp, kQkUnroll>;
+// Launches a prefill kernel (traits Tr: threads, shared memory, query rows per block) over (batch x heads, query
+// blocks), with the number of CTAs resident on the whole GPU that its work order needs (host queries, cached per
+// instantiation and device).
+template <auto kernel, typename Tr>
+cudaError_t launch_prefill_grid(const AttnArgs& args, cudaStream_t stream) {
+  static std::atomic<int> cached[64] = {};
   cudaError_t err = allow_smem<kernel>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
-  // Resident CTAs on the whole GPU (host queries, cached per device) for the kernel's work order.
-  static std::atomic<int> cached[64] = {};  // per instantiation and device
   int device = 0;
   if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
-  int slots = cached[device & 63].load(std::memory_order_relaxed);
-  if (slots == 0) {
+  AttnArgs a = args;
+  a.prefill_slots = cached[device & 63].load(std::memory_order_relaxed);
+  if (a.prefill_slots == 0) {
     int per_sm = 0, sms = 0;
     if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tr::kThreads, Tr::kSmemBytes)) !=
         cudaSuccess)
       return err;
     if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
-    slots = (per_sm > 0 ? per_sm : 1) * sms;
-    cached[device & 63].store(slots, std::memory_order_relaxed);
+    a.prefill_slots = (per_sm > 0 ? per_sm : 1) * sms;
+    cached[device & 63].store(a.prefill_slots, std::memory_order_relaxed);
   }
-  AttnArgs a = args;
-  a.prefill_slots = slots;
   const dim3 grid(a.batch * a.num_heads, (a.seq + Tr::kBlockM - 1) / Tr::kBlockM);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp, int kQkUnroll>
+cudaError_t launch_prefill_impl(const AttnArgs& a, cudaStream_t stream) {
+  return launch_prefill_grid<prefill_kernel<T, D, kUnified, kStepN, kRowsPerWarp, kQkUnroll>,
+                             PrefillTraits<D, kStepN, kRowsPerWarp>>(a, stream);
+}
+
+// Tile shape 4, the wgmma kernel: only where the loaded binary holds its sm_90a code (on other GPUs, or a library
+// built without 90a, the kernel body is empty and the launch is refused instead).
+template <typename T, int D, bool kUnified>
+cudaError_t launch_prefill_sm90_impl(const AttnArgs& a, cudaStream_t stream) {
+  constexpr auto kernel = prefill_sm90_kernel<T, D, kUnified>;
+  static std::atomic<int> binary[64] = {};  // per device: 0 unknown, 1 sm_90 code, -1 none
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (binary[device & 63].load(std::memory_order_relaxed) == 0) {
+    cudaFuncAttributes attr = {};
+    if ((err = cudaFuncGetAttributes(&attr, kernel)) != cudaSuccess) return err;
+    binary[device & 63].store(attr.binaryVersion == 90 ? 1 : -1, std::memory_order_relaxed);
+  }
+  if (binary[device & 63].load(std::memory_order_relaxed) < 0) return cudaErrorInvalidDeviceFunction;
+  return launch_prefill_grid<kernel, PrefillSm90Traits<D>>(a, stream);
 }
 
 // Tile shapes (a.prefill_config, chosen by prefill_tile_config() in attention_heuristics.h):
@@ -42,6 +66,7 @@ cudaError_t launch_prefill_impl(const AttnArgs& args, cudaStream_t stream) {
 //   2: 64 query rows (16 per warp) in 64-key steps: half the work per CTA, for grids too small to balance.
 //   3: as 1 with the Q K^T loop over head_dim not unrolled (no register spills in the synchronized variant, at
 //      some instruction-level parallelism).
+//   4: Hopper only: 128 query rows per CTA on warpgroup MMAs with a producer warp (attention_prefill_sm90.cuh).
 template <typename T, int D, int kStepN, int kRowsPerWarp, int kQkUnroll>
 cudaError_t launch_prefill_cfg(const AttnArgs& a, bool unified, cudaStream_t stream) {
   return unified ? launch_prefill_impl<T, D, true, kStepN, kRowsPerWarp, kQkUnroll>(a, stream)
@@ -54,6 +79,9 @@ cudaError_t launch_prefill_dim(const AttnArgs& a, bool unified, cudaStream_t str
     case 1: return launch_prefill_cfg<T, D, 32, 32, D / 16>(a, unified, stream);
     case 2: return launch_prefill_cfg<T, D, 64, 16, D / 16>(a, unified, stream);
     case 3: return launch_prefill_cfg<T, D, 32, 32, 1>(a, unified, stream);
+    case 4:
+      return unified ? launch_prefill_sm90_impl<T, D, true>(a, stream)
+                     : launch_prefill_sm90_impl<T, D, false>(a, stream);
     default: return cudaErrorInvalidValue;
   }
 }

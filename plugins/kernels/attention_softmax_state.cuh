@@ -163,6 +163,18 @@ struct AnchoredUnifiedSoftmax {
     l[r] += p;
     return p;
   }
+  // The two phases of exp() for a caller that knows which one it is in (no per-score test of `frozen`).
+  __device__ __forceinline__ float exp_anchoring(int r, float x) {
+    const float p = fast_exp2(x - m_sub[r]);
+    l[r] += p;
+    return p;
+  }
+  __device__ __forceinline__ float exp_frozen(int r, float xs) {
+    x_max[r] = fmaxf(x_max[r], xs);
+    const float p = fast_exp2(xs);
+    l[r] += p;
+    return p;
+  }
   __device__ __forceinline__ void finish() {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) l[r] = quad_sum(l[r]), x_max[r] = quad_max(x_max[r]);

@@ -23,6 +23,12 @@ def _att():
     return attention
 
 
+def skip_unless_hopper(config):
+    """Tile shape 4 runs warpgroup MMAs, which only sm_90 has."""
+    if config == 4 and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("prefill_config 4 is the sm_90 (Hopper) wgmma kernel")
+
+
 def make_inputs(batch, heads, kv_heads, seq, kv_len, dim, dtype, *, capacity=None, q_scale=1.0, spread=False):
     """q [B, Hq, S, D] and caches [B, Hkv, capacity, D] whose first past_len[b] + S rows are set; the rest of the
     cache holds NaN so that reading past a sequence's end cannot go unnoticed. past_len varies per sequence."""
@@ -95,7 +101,8 @@ def test_decode_grid_sized_for_the_cache_handles_short_sequences():
     check_close(out, q, kr, vr, "short sequences in a long cache", scale=128 ** -0.5, past_len=past)
 
 
-@pytest.mark.parametrize("config", [1, 2, 3])  # 128 rows x 32-key steps, 64 rows x 64-key steps, 1 rolled
+# 128 rows x 32-key steps, 64 rows x 64-key steps, 1 rolled, 128 rows on warpgroup MMAs (sm_90)
+@pytest.mark.parametrize("config", [1, 2, 3, 4])
 @pytest.mark.parametrize("softmax", ["unified", "synchronized"])
 @pytest.mark.parametrize("seq,past_len", [(1000, 0), (97, 0), (300, 200), (129, 4000)])
 @pytest.mark.parametrize("batch,heads,kv_heads", [(1, 4, 4), (3, 9, 3)])
@@ -104,6 +111,7 @@ def test_decode_grid_sized_for_the_cache_handles_short_sequences():
 def test_prefill_matches_reference(dtype, dim, batch, heads, kv_heads, seq, past_len, softmax, config):
     if config == 3 and dim == 64:
         pytest.skip("tile shape 3 differs from 1 only in how far a loop over head_dim 128 is unrolled")
+    skip_unless_hopper(config)
     att = _att()
     q, k, v, past = make_inputs(batch, heads, kv_heads, seq, past_len + seq, dim, dtype)
     counters = att.Counters()
@@ -114,10 +122,23 @@ def test_prefill_matches_reference(dtype, dim, batch, heads, kv_heads, seq, past
     assert counters.fallback_rows == 0, "unit-scale scores stay inside every row's anchored window"
 
 
-@pytest.mark.parametrize("config", [0, 1, 2, 3])
+@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+def test_prefill_wgmma_smoke(softmax):
+    """The first check of the sm_90 kernel (scripts/device_job.sh runs it alone before anything else): one block
+    of 128 rows and a ragged second one, against the reference."""
+    skip_unless_hopper(4)
+    att = _att()
+    q, k, v, past = make_inputs(1, 2, 2, 200, 200, 128, torch.float16)
+    out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, prefill_config=4)
+    kr, vr = reference_view(k, v, past, 200)
+    check_close(out, q, kr, vr, f"wgmma smoke {softmax}", scale=128 ** -0.5, past_len=past)
+
+
+@pytest.mark.parametrize("config", [0, 1, 2, 3, 4])
 def test_prefill_grid_of_about_two_waves(config):
     """32 heads x 9 query blocks = 288 CTAs (128 rows; 576 at 64): the second wave runs in reverse (light-first)
     work order."""
+    skip_unless_hopper(config)
     att = _att()
     q, k, v, past = make_inputs(1, 32, 32, 1100, 1100, 128, torch.float16)
     out = att.attention(q, k, v, past, kernel="prefill", prefill_config=config)
@@ -125,10 +146,11 @@ def test_prefill_grid_of_about_two_waves(config):
     check_close(out, q, kr, vr, f"prefill 1100 rows cfg{config}", scale=128 ** -0.5, past_len=past)
 
 
-@pytest.mark.parametrize("config", [1, 2, 3])
+@pytest.mark.parametrize("config", [1, 2, 3, 4])
 def test_prefill_rows_with_nothing_visible_output_zero_in_every_tile_shape(config):
-    """A bias mask that hides every key from some rows: those rows output exactly 0 (never NaN) in both tile
-    shapes, and the other rows still match the reference."""
+    """A bias mask that hides every key from some rows: those rows output exactly 0 (never NaN) in every tile
+    shape, and the other rows still match the reference."""
+    skip_unless_hopper(config)
     att = _att()
     q, k, v, past = make_inputs(1, 4, 4, 200, 200, 128, torch.float16)
     bias = torch.zeros(1, 1, 200, 200, device="cuda", dtype=torch.float16)
@@ -149,7 +171,7 @@ def test_prefill_rejects_an_unknown_tile_shape():
     att = _att()
     q, k, v, past = make_inputs(1, 4, 4, 64, 64, 128, torch.float16)
     with pytest.raises(FdppError, match="prefill_config"):
-        att.attention(q, k, v, past, kernel="prefill", prefill_config=4)
+        att.attention(q, k, v, past, kernel="prefill", prefill_config=5)
 
 
 @pytest.mark.parametrize("dim", [64, 128])
@@ -200,7 +222,9 @@ def test_adversarial_scores_stay_exact(dtype, kernel, seq, splits, softmax):
     k[:, 0, 700] = q[:, 0, 0] * 8
     k[:, 1, 900] = -q[:, 4, 0] * 8
     kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
-    configs = (1, 2, 3) if kernel == "prefill" else (0,)  # prefill: every tile shape
+    configs = (0,)
+    if kernel == "prefill":  # every tile shape
+        configs = (1, 2, 3, 4) if torch.cuda.get_device_capability()[0] == 9 else (1, 2, 3)
     for scale, config in ((s, c) for s in (128 ** -0.5, 30.0) for c in configs):  # 30: ordinary scores ~ +-1e4
         counters = att.Counters()
         out = att.attention(q, k, v, past, kernel=kernel, softmax=softmax, scale=scale, num_splits=splits,
@@ -253,6 +277,11 @@ def test_prefill_fallback_counts_rows_beyond_their_anchor():
     # The simulation models 128-row blocks (tile shape 1); the guard_hi of 11 is the simulation's.
     out = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=counters, prefill_config=1)
     check_close(out, q, k, v, "prefill spike", scale=128 ** -0.5, past_len=past)
+    if torch.cuda.get_device_capability()[0] == 9:  # the wgmma kernel: the same 128-row blocks and anchors
+        hopper = att.Counters()
+        out4 = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=hopper, prefill_config=4)
+        check_close(out4, q, k, v, "prefill spike, wgmma", scale=128 ** -0.5, past_len=past)
+        assert hopper.fallback_rows == counters.fallback_rows
     scores = (q[:, :1].float() @ k[:, :1].float().transpose(-1, -2)) * 128 ** -0.5
     scores = scores.masked_fill(torch.ones(seq, seq, device="cuda").triu(1).bool(), -math.inf).cpu()
     expected = anchored_prefill_fallbacks(scores)  # the same rule, simulated on the CPU
@@ -423,3 +452,166 @@ def test_c_abi_rejects_bad_arguments_without_crashing():
     args.key = k.data_ptr()
     assert lib.fdpp_attention_forward(ctypes.byref(args), None, 0, None) == 1  # decode needs its workspace
     assert b"workspace" in lib.fdpp_last_error()
+
+
+# --- programmatic dependent launch: a decode call that consumes the previous call's output -------------------------
+# On sm_90 the decode split grid is launched programmatically: it may become resident while the kernel before it is
+# still running and must read nothing that kernel writes before its griddepcontrol.wait. Call 1 is long and has few
+# CTAs (the GPU has room for call 2's grid at once); what call 2 consumes is NaN until call 1 writes it, so a read
+# before the wait shows as a non-finite output or a mismatch against the reference and the eager run.
+
+CHAIN_SPLITS = [(1, 1), (1, 4), (4, 1), (4, 4)]  # (call 1, call 2): the direct write or split + combine on each side
+
+
+def _chain_randn(step, *shape, scale=1.0):
+    """Inputs from a CPU generator: the same values in every process (the PDL opt-out test compares two)."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    return (torch.randn(*shape, generator=gen) * scale).to(device="cuda", dtype=torch.float16)
+
+
+def _capture(calls):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            calls()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
+
+
+def _query_chain(splits, steps=3):
+    """out1 = attention(q1); out2 = attention(out1) in one CUDA graph sharing one workspace, replayed `steps` times
+    with a new q1. Returns ([(q1, out1, out2) copied after each replay], (k, v, past))."""
+    att = _att()
+    batch, heads, kv_heads, dim, kv_len = 2, 8, 2, 128, 16384
+    gen = torch.Generator().manual_seed(7)
+    k = torch.randn(batch, kv_heads, kv_len, dim, generator=gen).to(device="cuda", dtype=torch.float16)
+    v = torch.randn(batch, kv_heads, kv_len, dim, generator=gen).to(device="cuda", dtype=torch.float16)
+    k[1, :, kv_len - 7:] = float("nan")  # sequence 1 is 7 keys shorter: its tail must never be read
+    v[1, :, kv_len - 7:] = float("nan")
+    past = torch.tensor([kv_len - 1, kv_len - 8], dtype=torch.int64, device="cuda")
+    q1 = _chain_randn(0, batch, heads, 1, dim, scale=4.0)
+    out1, out2 = torch.empty_like(q1), torch.empty_like(q1)
+    workspace = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+    counters = att.Counters()
+    # q1 ~ 4 N(0, 1): scores ~ N(0, 16), so out1 follows a few keys' v (a query that matters for call 2); phi = 14
+    # keeps every s - phi inside the default guard window (no fallback: the tiled path is the one tested).
+    first = dict(kernel="decode", num_splits=splits[0], phi=14.0, max_kv_len=kv_len, counters=counters)
+    second = dict(kernel="decode", num_splits=splits[1], max_kv_len=kv_len, counters=counters)
+
+    def calls():
+        att.attention(q1, k, v, past, out=out1, workspace=workspace, **first)
+        att.attention(out1, k, v, past, out=out2, workspace=workspace, **second)
+
+    calls()  # eager once: kernel attributes and the counters' symbol are set up outside the capture
+    graph = _capture(calls)
+    results = []
+    for step in range(steps):
+        q1.copy_(_chain_randn(step + 1, batch, heads, 1, dim, scale=4.0))
+        out1.fill_(float("nan"))
+        out2.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        results.append((q1.clone(), out1.clone(), out2.clone()))
+    assert counters.fallback_rows == 0
+    return results, (k, v, past)
+
+
+@pytest.mark.parametrize("splits", CHAIN_SPLITS)
+def test_decode_chain_query_is_the_previous_calls_output(splits):
+    att = _att()
+    results, (k, v, past) = _query_chain(splits)
+    kr, vr = reference_view(k, v, past, 1)
+    for step, (q1, out1, out2) in enumerate(results):
+        check_close(out1, q1, kr, vr, f"chain call 1, replay {step}", scale=128 ** -0.5, past_len=past)
+        check_close(out2, out1, kr, vr, f"chain call 2 (query = call 1's output), replay {step}",
+                    scale=128 ** -0.5, past_len=past)
+        eager = att.attention(out1, k, v, past, kernel="decode", num_splits=splits[1], max_kv_len=k.shape[2])
+        assert torch.equal(out2, eager), f"replay {step}: call 2 in the graph differs from the same call run alone"
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_chain_new_key_and_value_are_the_previous_calls_outputs(splits):
+    """Calls A and B write their outputs into the K and V caches of call C as its newest key (position p, the one
+    row of the cache C sees that was NaN before): a K or V row read before C's wait would be NaN."""
+    att = _att()
+    batch, kv_heads, heads_c, dim, len_ab, cap_c, p = 2, 2, 8, 128, 16384, 4096, 3000
+    gen = torch.Generator().manual_seed(11)
+    k_ab = torch.randn(batch, kv_heads, len_ab, dim, generator=gen).to(device="cuda", dtype=torch.float16)
+    v_ab = torch.randn(batch, kv_heads, len_ab, dim, generator=gen).to(device="cuda", dtype=torch.float16)
+    past_ab = torch.full((batch,), len_ab - 1, dtype=torch.int64, device="cuda")
+    k_c = torch.full((batch, kv_heads, cap_c, dim), float("nan"), device="cuda", dtype=torch.float16)
+    v_c = torch.full_like(k_c, float("nan"))
+    k_c[:, :, :p] = torch.randn(batch, kv_heads, p, dim, generator=gen).to(device="cuda", dtype=torch.float16)
+    v_c[:, :, :p] = torch.randn(batch, kv_heads, p, dim, generator=gen).to(device="cuda", dtype=torch.float16)
+    past_c = torch.full((batch,), p, dtype=torch.int64, device="cuda")  # keys 0..p visible, p is the new one
+    q_a, q_b = _chain_randn(1, batch, kv_heads, 1, dim, scale=4.0), _chain_randn(2, batch, kv_heads, 1, dim, scale=4.0)
+    q_c = _chain_randn(3, batch, heads_c, 1, dim)
+    out_c = torch.empty_like(q_c)
+    workspace = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+    counters = att.Counters()
+    ab = dict(kernel="decode", num_splits=splits, phi=14.0, max_kv_len=len_ab, counters=counters)
+
+    def calls():
+        att.attention(q_a, k_ab, v_ab, past_ab, out=k_c[:, :, p:p + 1], workspace=workspace, **ab)
+        att.attention(q_b, k_ab, v_ab, past_ab, out=v_c[:, :, p:p + 1], workspace=workspace, **ab)
+        att.attention(q_c, k_c, v_c, past_c, out=out_c, workspace=workspace, kernel="decode", num_splits=splits,
+                      max_kv_len=cap_c, counters=counters)
+
+    calls()
+    graph = _capture(calls)
+    for step in range(3):
+        q_a.copy_(_chain_randn(10 + step, batch, kv_heads, 1, dim, scale=4.0))
+        q_b.copy_(_chain_randn(20 + step, batch, kv_heads, 1, dim, scale=4.0))
+        k_c[:, :, p] = float("nan")
+        v_c[:, :, p] = float("nan")
+        out_c.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(k_c[:, :, p]).all() and torch.isfinite(v_c[:, :, p]).all()
+        kr, vr = reference_view(k_c, v_c, past_c, 1)
+        check_close(out_c, q_c, kr, vr, f"call C after A, B wrote its newest K/V row, replay {step}",
+                    scale=128 ** -0.5, past_len=past_c)
+    assert counters.fallback_rows == 0
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_cache_with_interleaved_heads(num_splits):
+    """A K cache laid out [B, L, Hkv, D] (seq stride Hkv * D: the split kernel's per-row L2 prefetch) next to a
+    contiguous V cache (one prefetch per tile): same result as the reference, nothing past a sequence read."""
+    att = _att()
+    q, k, v, past = make_inputs(3, 8, 2, 1, 700, 128, torch.float16, capacity=720, spread=True)
+    k_interleaved = k.transpose(1, 2).contiguous().transpose(1, 2)  # same values, strides (L*Hkv*D, D, Hkv*D, 1)
+    assert k_interleaved.stride(2) == 2 * 128
+    out = att.attention(q, k_interleaved, v, past, kernel="decode", num_splits=num_splits)
+    kr, vr = reference_view(k, v, past, 1)
+    check_close(out, q, kr, vr, f"interleaved K cache, splits={num_splits}", scale=128 ** -0.5, past_len=past)
+
+
+def test_decode_pdl_opt_out_gives_the_same_bits(tmp_path):
+    """FDPP_ATTENTION_PDL=0 (read once per process) launches the decode kernels without programmatic dependent
+    launch; the query chain must give bit-identical outputs with and without it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fdpp_rewrite import REPO_ROOT
+
+    splits = (4, 1)
+    here = Path(__file__).resolve().parent
+    saved = tmp_path / "no_pdl.pt"
+    script = (f"import sys, torch; sys.path[:0] = [{str(here)!r}, {str(REPO_ROOT)!r}]\n"
+              "import test_attention as t\n"
+              f"results, _ = t._query_chain({splits!r})\n"
+              f"torch.save([tuple(x.cpu() for x in r) for r in results], {str(saved)!r})\n")
+    env = dict(os.environ, FDPP_ATTENTION_PDL="0")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"the FDPP_ATTENTION_PDL=0 run failed:\n{(proc.stdout + proc.stderr)[-3000:]}"
+    without = torch.load(saved)
+    with_default, _ = _query_chain(splits)
+    for step, (a, b) in enumerate(zip(with_default, without)):
+        for name, x, y in zip(("q1", "out1", "out2"), a, b):
+            assert torch.equal(x.cpu(), y), f"replay {step}: {name} differs between PDL on and FDPP_ATTENTION_PDL=0"
