@@ -235,12 +235,14 @@ def time_impl(bench: ShapeBench, timer, timing: str, impl: str, m: int, config: 
 def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS, search_reps: int = 10,
                  timing: str = "graph", quick: bool = False) -> tuple:
     """(best config, [(config, {m: us})] of every candidate) by geometric-mean slowdown over search_ms.
-    quick: only the kw = 128, 2- and 3-stage candidates (every earlier search's winners were among them)."""
+    quick: only the kw = 128, 2- and 3-stage cp.async candidates (every earlier search's winners were among them)
+    and the bulk-copy ones (k_tile >= 1024, sm_90)."""
     from fdpp_rewrite.gpu import gemm
 
     candidates = gemm.implb_candidates(bench.n, bench.k, 1, device["num_sms"], device["max_smem"], device["cc_major"])
     if quick:
-        short = [c for c in candidates if c["k_tile"] * c["n_tile"] // 64 == 128 and c["stages"] in (2, 3)]
+        short = [c for c in candidates if c["k_tile"] >= 1024
+                 or (c["k_tile"] * c["n_tile"] // 64 == 128 and c["stages"] in (2, 3))]
         candidates = short or candidates
     if not candidates:
         raise FdppError(f"no valid ImplB config for [{bench.n}, {bench.k}]")
@@ -429,7 +431,8 @@ def run(args) -> int:
               "method": f"{args.timing}: {TIMINGS[args.timing]} ({args.reps} repetitions for flushed, 10 replays "
                         f"of {GRAPH_ITERS} launches for graph); programmatic dependent launch "
                         f"{'on' if gemm.set_pdl() else 'off'}; ImplB config by geometric-mean slowdown over M in "
-                        f"{list(SEARCH_MS)}" + (" among the kw = 128 configs (--quick)" if args.quick else "")}
+                        f"{list(SEARCH_MS)}"
+                        + (" among the kw = 128 cp.async configs and the TMA ones (--quick)" if args.quick else "")}
     data, replaced = merge_profile(existing, header, entries, args.force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

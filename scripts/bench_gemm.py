@@ -146,13 +146,19 @@ def main():
                   f"[{r['dispatched_impl']}]")
         pdl_mixed.extend(pdl_after_cublaslt(gemm, timer, bench, plan, name, copies))
 
-        # Ablations on ImplB with the shape's config (flushed).
+        # Ablations on ImplB with the shape's config (flushed). Padding and pipeline depth are ablated on the
+        # cp.async kernel (the TMA one takes neither pad 64 nor one stage), which is timed beside its TMA config.
         cfg = plan["implb"]
+        tma = cfg["k_tile"] >= 1024
+        if tma:
+            cfg = {"n_tile": 16, "k_tile": 512, "stages": 3, "split_k": 1}
         for m in (1, 8, 16):
             variants = {"pad8": (cfg, 8), "pad16": (cfg, 16), "pad64": (cfg, 64),
                         "stages1_no_overlap": (dict(cfg, stages=1), 8), "stages2_double_buffer": (dict(cfg, stages=2), 8),
                         "stages_profiled": (cfg, 8)}
-            rec = {"shape": name, "m": m}
+            if tma:
+                variants["tma_profiled"] = (plan["implb"], 8)
+            rec = {"shape": name, "m": m, "config": cfg}
             for label, (c, pad) in variants.items():
                 rec[label + "_us"] = safe_time(lambda: timer.flushed_us(bench.launcher("implb", m, c, pad_m=pad)))
             ablation.append(rec)
@@ -358,11 +364,13 @@ def _bar_detail(key, side):
 
 def print_summary(summary, ablation, epilogue_rows, pdl_mixed):
     print("\n== ablation (ImplB, us, L2 flushed)")
-    print(f"{'shape':>8} {'M':>3} {'pad8':>8} {'pad16':>8} {'pad64':>8} {'stages=1':>9} {'stages=2':>9} {'profiled':>9}")
+    print(f"{'shape':>8} {'M':>3} {'pad8':>8} {'pad16':>8} {'pad64':>8} {'stages=1':>9} {'stages=2':>9} {'profiled':>9}"
+          f" {'TMA':>8}  (cp.async config)")
     for a in ablation:
         print(f"{a['shape']:>8} {a['m']:>3} {fmt(a['pad8_us'])} {fmt(a['pad16_us'])} {fmt(a['pad64_us'])} "
               f"{fmt(a['stages1_no_overlap_us']):>9} {fmt(a['stages2_double_buffer_us']):>9} "
-              f"{fmt(a['stages_profiled_us']):>9}")
+              f"{fmt(a['stages_profiled_us']):>9} {fmt(a.get('tma_profiled_us')):>8}  "
+              f"n{a['config']['n_tile']} k{a['config']['k_tile']} s{a['config']['stages']} x{a['config']['split_k']}")
     print("\n== static single implementation vs dispatched (geomean slowdown over the points it can run)")
     for impl, s in summary["static_single_implementation"].items():
         graph = (f"{s['graph_geomean_slowdown_vs_dispatched']:.3f}x over {s['graph_points_it_can_run']}/{s['points']}"

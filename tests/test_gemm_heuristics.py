@@ -86,12 +86,27 @@ def test_default_plan_never_splits_k_without_clusters():
     ({"n_tile": 16, "k_tile": 256, "stages": 0, "split_k": 1}, "stages"),
     ({"n_tile": 16, "k_tile": 256, "stages": 9, "split_k": 1}, "stages"),
     ({"n_tile": 16, "k_tile": 256, "stages": 2, "split_k": 16}, "split_k"),
-    ({"n_tile": 16, "k_tile": 1024, "stages": 8, "split_k": 1}, "shared memory"),
+    ({"n_tile": 16, "k_tile": 1024, "stages": 8, "split_k": 1}, "2 to 4 stages"),
+    ({"n_tile": 32, "k_tile": 1024, "stages": 3, "split_k": 1}, "TMA"),
+    ({"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 2}, "split_k 1"),
+    ({"n_tile": 16, "k_tile": 2048, "stages": 3, "split_k": 1}, "k_tile 1024"),
     ({"n_tile": 16, "k_tile": 512, "stages": 2, "split_k": 8}, "k_tile steps"),
 ])
 def test_invalid_implb_configs_name_the_problem(config, message):
     with pytest.raises(FdppError, match=message):
         gemm().check_implb_config(config, m=1, k=2048, max_smem=H200["max_smem"], cc_major=9)
+
+
+def test_tma_configs_need_sm90_small_m_and_k_multiple_of_64():
+    config = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}
+    gemm().check_implb_config(config, m=16, k=4096, max_smem=H200["max_smem"], cc_major=9)
+    for kwargs, message in [({"m": 1, "k": 4096, "cc_major": 8}, "9.0"),
+                            ({"m": 17, "k": 4096, "cc_major": 9}, "M <= 16"),
+                            ({"m": 1, "k": 4128, "cc_major": 9}, "multiple of 64")]:
+        with pytest.raises(FdppError, match=message):
+            gemm().check_implb_config(config, max_smem=H200["max_smem"], **kwargs)
+    with pytest.raises(FdppError, match="shared memory"):
+        gemm().check_implb_config(config, m=1, k=4096, max_smem=64 * 1024, cc_major=9)
 
 
 def test_split_k_needs_clusters():
@@ -109,9 +124,12 @@ def test_candidates_are_valid_and_within_the_contract(n, k, device):
     assert len({tuple(c.values()) for c in configs}) == len(configs)
     for c in configs:
         gemm().check_implb_config(c, 1, k, device["max_smem"], device["cc_major"])
-        assert c["n_tile"] in (16, 32, 64) and c["k_tile"] <= 512 and c["stages"] <= 4 and c["split_k"] <= 8
+        assert c["n_tile"] in (16, 32, 64) and c["stages"] <= 4 and c["split_k"] <= 8
+        assert c["k_tile"] <= 512 or (c["k_tile"] == 1024 and c["n_tile"] == 16 and c["split_k"] == 1)
         if device["cc_major"] < 9:
-            assert c["split_k"] == 1
+            assert c["split_k"] == 1 and c["k_tile"] <= 512
+    if device["cc_major"] >= 9:
+        assert any(c["k_tile"] >= 1024 for c in configs), "the TMA configs are candidates on sm_90"
 
 
 def test_workspace_only_when_implc_is_reachable():

@@ -93,7 +93,7 @@ FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollecti
     } else if (name == "implb_n_tile") {
       a.plan.implb.n_tile = checked_int32(f, 1, 256);
     } else if (name == "implb_k_tile") {
-      a.plan.implb.k_tile = checked_int32(f, 1, 512);
+      a.plan.implb.k_tile = checked_int32(f, 1, 1024);
     } else if (name == "implb_stages") {
       a.plan.implb.stages = checked_int32(f, 1, gemm::kMaxStages);
     } else if (name == "implb_split_k") {

@@ -4,7 +4,8 @@
 // workspace and a stream and returns cudaError_t. None synchronizes, allocates or copies from the host, so
 // every one can be captured in a CUDA graph.
 //   ImplA  GEMV on CUDA cores (gemm_impla.cu), M <= 8
-//   ImplB  flat GEMM on tensor cores, batch padded to 8 on the MMA's N side (gemm_implb.cu), M <= 64
+//   ImplB  flat GEMM on tensor cores, batch padded to 8 on the MMA's N side, M <= 64: a cp.async pipeline
+//          (gemm_implb.cu) or, for k_tile 1024 configs on sm_90 at M <= 16, a TMA one (gemm_implb_bulk.cu)
 //   ImplC  cuBLASLt, loaded at run time (gemm_implc_cublaslt.cu), or CUTLASS 2.x (gemm_implc_cutlass.cu)
 // run_gemm() (gemm_dispatch.cu) picks one by the plan in gemm_heuristics.h.
 //
@@ -72,7 +73,11 @@ cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream);
 
 // ImplB: M <= 64. pad_m is 8 (the paper's choice); 16 and 64 run the same kernel on more zero rows (ablation).
 // When M's batch rows make config.stages too deep for shared memory, fewer stages (at least 2) are used.
+// A TMA config (implb_is_bulk) runs gemm_implb_bulk.cu where it can (sm_90, M <= 16, K % 64 == 0)
+// and the unprofiled default cp.async config elsewhere.
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& config, int pad_m, cudaStream_t stream);
+// The TMA kernel itself, for batch_blocks (1 or 2) blocks of 8 rows.
+cudaError_t launch_implb_bulk(const Problem& p, const ImplBConfig& config, int batch_blocks, cudaStream_t stream);
 
 // ImplC through cuBLASLt. Workspace: implc_workspace_bytes(). Returns cudaErrorNotSupported (with a detail
 // message) when libcublasLt cannot be loaded; set FDPP_CUBLASLT_LIBRARY to its path.

@@ -152,6 +152,80 @@ __device__ __forceinline__ void store_float(void* base, int64_t index, float v) 
   reinterpret_cast<T*>(base)[index] = Elem<T>::from_float(v);
 }
 
+// ---- ImplB tiles ---------------------------------------------------------------------------------------------
+// The two weight rows lane (g = lane / 4) holds for one 16-row block: rows g and g + 8 of the block; with
+// silu_mul, gate row block * 8 + g and its up row n/2 + block * 8 + g, so both halves of the activation end up
+// in the same lane's accumulators.
+struct LaneRows {
+  int row0, row1;
+  bool ok0, ok1;
+  __device__ __forceinline__ LaneRows(int n, int silu, int block, int g) {
+    if (silu) {
+      row0 = block * 8 + g;
+      row1 = (n >> 1) + row0;
+      ok0 = ok1 = row0 < (n >> 1);
+    } else {
+      row0 = block * 16 + g;
+      row1 = row0 + 8;
+      ok0 = row0 < n;
+      ok1 = row1 < n;
+    }
+  }
+};
+
+// Bias, SiLU(gate) * up and residual on one lane's accumulators of a 16-row block, then the store.
+// acc[nb][q] is (row0, batch nb*8 + 2t + q); acc[nb][2 + q] is (row1, the same batch row).
+template <typename T, int NB>
+__device__ __forceinline__ void store_block(const float (&acc)[NB][4], const LaneRows& r, int t, int m, int n,
+                                            int silu, const void* bias, const void* residual, void* y) {
+  const int half_n = n >> 1;
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int mrow = nb * 8 + 2 * t + q;
+      if (mrow >= m || !r.ok0) continue;
+      float v0 = acc[nb][q];
+      float v1 = acc[nb][2 + q];
+      if (silu) {
+        if (bias) {
+          v0 += load_float<T>(bias, r.row0);
+          v1 += load_float<T>(bias, r.row1);
+        }
+        float out = detail::silu(v0) * v1;
+        const int64_t idx = int64_t(mrow) * half_n + r.row0;
+        if (residual) out += load_float<T>(residual, idx);
+        store_float<T>(y, idx, out);
+      } else {
+        const int64_t idx0 = int64_t(mrow) * n + r.row0;
+        if (bias) v0 += load_float<T>(bias, r.row0);
+        if (residual) v0 += load_float<T>(residual, idx0);
+        store_float<T>(y, idx0, v0);
+        if (r.ok1) {
+          const int64_t idx1 = int64_t(mrow) * n + r.row1;
+          if (bias) v1 += load_float<T>(bias, r.row1);
+          if (residual) v1 += load_float<T>(residual, idx1);
+          store_float<T>(y, idx1, v1);
+        }
+      }
+    }
+  }
+}
+
+// The problem's pointers, sizes and epilogue into a kernel parameter struct that has these fields (host code).
+template <typename Params>
+void fill_problem(Params& params, const Problem& p) {
+  params.x = p.x;
+  params.w = p.w;
+  params.bias = p.bias;
+  params.residual = p.residual;
+  params.y = p.y;
+  params.m = int(p.m);
+  params.n = int(p.n);
+  params.k = int(p.k);
+  params.silu = p.silu_mul() ? 1 : 0;
+}
+
 // Launches kernel<<<grid, block, smem, stream>>>(params) as a cluster of cluster_x CTAs along x (when > 1)
 // and, when pdl_enabled(), with programmatic stream serialization (see pdl_* above). If the launch with
 // programmatic serialization fails and a plain one succeeds, programmatic serialization is switched off for

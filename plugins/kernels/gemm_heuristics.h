@@ -82,6 +82,12 @@ inline int implb_batch_blocks(int64_t m, int pad_m) {
   return 8;
 }
 
+// k_tile >= 1024 selects ImplB's TMA pipeline (gemm_implb_bulk.cu: sm_90, M <= 16, K % 64 == 0, one CTA per SM,
+// the weight streamed by the tensor memory accelerator in 16-row x k_tile tiles); smaller k_tile the cp.async
+// one (gemm_implb.cu).
+constexpr int kBulkMinKTile = 1024;
+inline bool implb_is_bulk(const ImplBConfig& c) { return c.k_tile >= kBulkMinKTile; }
+
 inline int implb_warps_n(const ImplBConfig& c) { return c.n_tile / 16; }
 inline int implb_warps_k(const ImplBConfig& c) { return kImplBWarps / implb_warps_n(c); }
 inline int implb_kw(const ImplBConfig& c) { return c.k_tile / implb_warps_k(c); }
@@ -92,7 +98,10 @@ inline int implb_kw(const ImplBConfig& c) { return c.k_tile / implb_warps_k(c); 
 //   n_tile 16, k_tile 256 (kw 64), 4 stages, 1 batch block: 4 * 4 * (2 + 1) * 2 * 512 + 2048 = 51200 bytes
 // row_blocks: 16-row weight blocks per warp (the launcher uses 2 when there are >= 2 batch blocks, so each
 // staged batch row feeds twice the MMAs; the config's n_tile is then per half-tile).
+//   TMA: 16 rows x k_tile x 2 bytes per stage, plus 1024 bytes to align the ring for the 128-byte swizzle;
+//        k_tile 1024, 3 stages: 3 * 32768 + 1024 = 99328 bytes
 inline int64_t implb_smem_bytes(const ImplBConfig& c, int batch_blocks, int row_blocks = 1) {
+  if (implb_is_bulk(c)) return int64_t(c.stages) * 16 * int64_t(c.k_tile) * 2 + 1024;
   const int64_t kgroups = implb_kw(c) / 32;
   const int64_t stage = int64_t(kImplBWarps) * (2 * row_blocks + batch_blocks) * kgroups * 512;
   return c.stages * stage + int64_t(kImplBWarps) * row_blocks * batch_blocks * 4 * 32 * 4;
@@ -116,6 +125,17 @@ inline int64_t implb_grid(int64_t n, bool silu_mul, const ImplBConfig& c) {
 // cc_major its compute capability (clusters need 9).
 inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int batch_blocks, int64_t max_smem,
                                         int cc_major) {
+  if (implb_is_bulk(c)) {
+    if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
+      return "a TMA ImplB config (k_tile >= 1024) needs n_tile 16, k_tile 1024 and split_k 1";
+    if (c.stages < 2 || c.stages > 4) return "a TMA ImplB config needs 2 to 4 stages";
+    if (cc_major < 9) return "a TMA ImplB config (k_tile >= 1024) needs compute capability 9.0+";
+    if (batch_blocks > 2) return "a TMA ImplB config handles M <= 16";
+    if (k % 64 != 0) return "a TMA ImplB config needs K to be a multiple of 64";
+    if (implb_smem_bytes(c, batch_blocks) > max_smem)
+      return "stages * k_tile needs more shared memory than the GPU has";
+    return nullptr;
+  }
   if (c.n_tile != 16 && c.n_tile != 32 && c.n_tile != 64) return "n_tile must be 16, 32 or 64";
   const int kw_times_wk = c.k_tile;
   if (kw_times_wk <= 0 || kw_times_wk % implb_warps_k(c) != 0) return "k_tile must be a multiple of 4 / (n_tile / 16)";
@@ -224,6 +244,12 @@ inline int implb_candidates(int64_t n, int64_t k, bool silu_mul, int batch_block
         }
       }
     }
+  }
+  for (int stages : {2, 3, 4}) {
+    const ImplBConfig c{16, kBulkMinKTile, stages, 1};
+    if (implb_config_problem(c, k, batch_blocks, max_smem, cc_major) != nullptr) continue;
+    if (count < cap) out[count] = c;
+    ++count;
   }
   return count;
 }

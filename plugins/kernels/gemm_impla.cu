@@ -271,15 +271,7 @@ cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   GemvParams params{};
-  params.x = p.x;
-  params.w = p.w;
-  params.bias = p.bias;
-  params.residual = p.residual;
-  params.y = p.y;
-  params.m = int(p.m);
-  params.n = int(p.n);
-  params.k = int(p.k);
-  params.silu = p.silu_mul() ? 1 : 0;
+  detail::fill_problem(params, p);
   params.split_k = split_k;
   params.pairs = int(p.silu_mul() ? p.n / 2 : (p.n + 1) / 2);
   if (p.dtype == Dtype::kBFloat16) return launch_m<__nv_bfloat16>(params, dev, stream);

@@ -25,6 +25,9 @@
 // The grid is persistent (one wave: as many clusters as are resident, each walking an equal share of the
 // tiles through one continuous pipeline), and with programmatic dependent launch the weights of the first
 // stages are requested before waiting for the kernel that produces X (gemm.h: pdl_enabled).
+//
+// A config with k_tile >= 1024 (implb_is_bulk) selects the TMA version of this kernel instead
+// (gemm_implb_bulk.cu): on the H200 it streams the weight 5-14% faster at M <= 8 (docs/notes-gemm.md, run 23).
 #include <cooperative_groups.h>
 
 #include <cstdlib>
@@ -60,25 +63,6 @@ struct FlatGemmParams {
   int steps_total;   // ceil(k / k_tile)
   int num_blocks;    // 16-row blocks in the whole matrix
   int num_tiles;     // CTA tiles (n_tile rows each)
-};
-
-// The weight rows a lane streams for one 16-row block. silu_mul pairs gate row r with up row n/2 + r inside a
-// block, so both halves of the activation end up in the same lane's accumulators.
-struct LaneRows {
-  int row0, row1;
-  bool ok0, ok1;
-  __device__ __forceinline__ LaneRows(const FlatGemmParams& p, int block, int g) {
-    if (p.silu) {
-      row0 = block * 8 + g;
-      row1 = (p.n >> 1) + row0;
-      ok0 = ok1 = row0 < (p.n >> 1);
-    } else {
-      row0 = block * 16 + g;
-      row1 = row0 + 8;
-      ok0 = row0 < p.n;
-      ok1 = row1 < p.n;
-    }
-  }
 };
 
 // Persistent: a cluster of split_k CTAs walks the tiles cluster_id, cluster_id + clusters, ... and each CTA of
@@ -124,7 +108,7 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
     if (weights) {
 #pragma unroll
       for (int rb = 0; rb < RB; ++rb) {
-        const LaneRows r(p, (tile * p.warps_n + wn) * RB + rb, g);
+        const detail::LaneRows r(p.n, p.silu, (tile * p.warps_n + wn) * RB + rb, g);
         const T* wrow0 = w + (r.ok0 ? int64_t(r.row0) * p.k : 0);
         const T* wrow1 = w + (r.ok1 ? int64_t(r.row1) * p.k : 0);
         for (int j = 0; j < kgroups; ++j) {
@@ -223,42 +207,9 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
 #endif
     if (z == 0 && wk == 0) {
 #pragma unroll
-     for (int rb = 0; rb < RB; ++rb) {
-      const LaneRows r(p, (tile * p.warps_n + wn) * RB + rb, g);
-      const int half_n = p.n >> 1;
-      // acc[rb][nb][q] is (row0, batch nb*8 + 2t + q); acc[rb][nb][2 + q] is (row1, same batch row).
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int mrow = nb * 8 + 2 * t + q;
-          if (mrow >= p.m || !r.ok0) continue;
-          float v0 = acc[rb][nb][q];
-          float v1 = acc[rb][nb][2 + q];
-          if (p.silu) {
-            if (p.bias) {
-              v0 += detail::load_float<T>(p.bias, r.row0);
-              v1 += detail::load_float<T>(p.bias, r.row1);
-            }
-            float out = detail::silu(v0) * v1;
-            const int64_t idx = int64_t(mrow) * half_n + r.row0;
-            if (p.residual) out += detail::load_float<T>(p.residual, idx);
-            detail::store_float<T>(p.y, idx, out);
-          } else {
-            const int64_t idx0 = int64_t(mrow) * p.n + r.row0;
-            if (p.bias) v0 += detail::load_float<T>(p.bias, r.row0);
-            if (p.residual) v0 += detail::load_float<T>(p.residual, idx0);
-            detail::store_float<T>(p.y, idx0, v0);
-            if (r.ok1) {
-              const int64_t idx1 = int64_t(mrow) * p.n + r.row1;
-              if (p.bias) v1 += detail::load_float<T>(p.bias, r.row1);
-              if (p.residual) v1 += detail::load_float<T>(p.residual, idx1);
-              detail::store_float<T>(p.y, idx1, v1);
-            }
-          }
-        }
-      }
-     }
+      for (int rb = 0; rb < RB; ++rb)
+        detail::store_block<T, NB>(acc[rb], detail::LaneRows(p.n, p.silu, (tile * p.warps_n + wn) * RB + rb, g), t,
+                                   p.m, p.n, p.silu, p.bias, p.residual, p.y);
     }
     zero_acc();
   };
@@ -386,6 +337,11 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
   cudaError_t err = current_device_info(&dev);
   if (err != cudaSuccess) return err;
   const int nb = implb_batch_blocks(p.m, pad_m);
+  if (implb_is_bulk(requested)) {
+    if (implb_config_problem(requested, p.k, nb, dev.max_smem_optin, dev.cc_major) == nullptr)
+      return launch_implb_bulk(p, requested, nb, stream);
+    return launch_implb(p, default_implb_config(p.n, p.k, p.silu_mul(), dev.num_sms, dev.cc_major), pad_m, stream);
+  }
   // A profile picks one config per shape, usually at small M; at larger M each stage also holds more batch
   // rows, so the depth shrinks (never below 2) until the stages fit in shared memory.
   ImplBConfig config = requested;
@@ -396,15 +352,7 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
   }
   const int rb = row_blocks_per_warp(nb, config, dev.max_smem_optin);
   FlatGemmParams params{};
-  params.x = p.x;
-  params.w = p.w;
-  params.bias = p.bias;
-  params.residual = p.residual;
-  params.y = p.y;
-  params.m = int(p.m);
-  params.n = int(p.n);
-  params.k = int(p.k);
-  params.silu = p.silu_mul() ? 1 : 0;
+  detail::fill_problem(params, p);
   params.warps_n = implb_warps_n(config);
   params.kw = implb_kw(config);
   params.stages = config.stages;

@@ -145,6 +145,28 @@ def test_implb_configs(config, m, epilogue, dtype):
     _check(out, ref, peer)
 
 
+TMA_CONFIGS = [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s in (2, 3, 4)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul", "silu_mul+bias+residual"])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 13, 16, 17, 40])
+@pytest.mark.parametrize("config", TMA_CONFIGS, ids=lambda c: "tma-s{stages}".format(**c))
+def test_implb_tma_pipeline(config, m, epilogue, dtype):
+    """The TMA ImplB (k_tile >= 1024, sm_90, M <= 16): N not a multiple of 16 (zero-filled rows past N), K a
+    multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than SMs; above M = 16 the launcher
+    takes the default cp.async config instead, which must be just as right."""
+    from fdpp_rewrite.gpu import gemm
+
+    if gemm.device_info()["cc_major"] < 9:
+        pytest.skip("the TMA pipeline needs sm_90")
+    n, k = (4104, 2112) if not epilogue.startswith("silu") else (4112, 3136)
+    x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 7)
+    out = _run("implb", x, w, bias, residual, epilogue, config=config)
+    ref, peer = _reference(x, w, bias, residual, epilogue.startswith("silu"), dtype)
+    _check(out, ref, peer)
+
+
 @pytest.mark.parametrize("pad_m", [16, 64])
 @pytest.mark.parametrize("m", [1, 9, 17])
 def test_implb_padding_ablation_is_exact_math(pad_m, m):
@@ -248,7 +270,8 @@ def test_cuda_graph_capture_and_replay():
 
 @pytest.mark.parametrize("first, second, m", [("implb", "implb", 4), ("impla", "implb", 4), ("implb", "impla", 4),
                                               ("cublaslt", "implb", 4), ("implb", "implb", 24),
-                                              ("cublaslt", "implb", 24)])
+                                              ("cublaslt", "implb", 24), ("bulk", "bulk", 4), ("bulk", "bulk", 16),
+                                              ("implb", "bulk", 8), ("bulk", "impla", 1)])
 def test_programmatic_dependent_launch_chain(first, second, m):
     """GEMM 2 reads GEMM 1's output. With programmatic dependent launch GEMM 2 starts streaming its weight
     early but must not read X before GEMM 1 is done: X is poisoned with NaN before every chain, and the result
@@ -267,10 +290,27 @@ def test_programmatic_dependent_launch_chain(first, second, m):
     ws = torch.empty(gemm.workspace_bytes(m, max(n1, n2), "float16"), dtype=torch.uint8, device="cuda")
     a1, a2 = gemm.make_args(x, w1, out=mid), gemm.make_args(mid, w2, out=out)
 
+    bulk = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}  # "bulk": ImplB's TMA pipeline
+    if "bulk" in (first, second) and gemm.device_info()["cc_major"] < 9:
+        pytest.skip("the TMA pipeline needs sm_90")
+    if "bulk" in (first, second):
+        k, n1 = 2048, 2048  # K a multiple of 64 for the TMA pipeline
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w1 = torch.randn(n1, k, device="cuda", dtype=torch.float16) / k**0.5
+        w2 = torch.randn(n2, n1, device="cuda", dtype=torch.float16) / n1**0.5
+        mid = torch.empty(m, n1, device="cuda", dtype=torch.float16)
+        a1, a2 = gemm.make_args(x, w1, out=mid), gemm.make_args(mid, w2, out=out)
+
+    def launch(args, impl):
+        if impl == "bulk":
+            gemm.run_impl(args, "implb", implb_config=bulk, workspace=ws)
+        else:
+            gemm.run_impl(args, impl, workspace=ws)
+
     def chain():
         mid.fill_(float("nan"))
-        gemm.run_impl(a1, first, workspace=ws)
-        gemm.run_impl(a2, second, workspace=ws)
+        launch(a1, first)
+        launch(a2, second)
 
     if os.environ.get("FDPP_GEMM_PDL") != "0" and gemm.device_info()["cc_major"] >= 9:
         assert gemm.set_pdl(), "PDL should be on by default on sm_90+ (or a PDL launch was refused)"

@@ -1,6 +1,6 @@
 """compute-sanitizer over small GEMMs of every implementation: memcheck (out-of-bounds and misaligned accesses,
 including the tails of N and K), racecheck and synccheck (the shared-memory pipeline, the warps' K-split
-reduction and the cluster's distributed-shared-memory split-K reduction).
+reduction and the cluster's distributed-shared-memory split-K reduction, the TMA pipeline's mbarriers).
 
 Slow (torch starts under the sanitizer), so marked slow as well as gpu."""
 
@@ -21,14 +21,20 @@ from fdpp_rewrite.gpu import gemm
 with_lt = sys.argv[1] == "1"
 torch.manual_seed(0)
 cc = gemm.device_info()["cc_major"]
+
+
+def inputs(m, n, k, ep):
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, device="cuda", dtype=torch.float16)
+    n_out = n // 2 if ep == "silu_mul" else n
+    return x, w, b, torch.randn(m, n_out, device="cuda", dtype=torch.float16), n_out
+
+
 for (n, k) in [(200, 264), (88, 520), (9000, 136)]:  # the last: many tiles per persistent CTA
     for m in (1, 3, 9, 17):
         for ep in ("none", "silu_mul"):
-            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-            w = torch.randn(n, k, device="cuda", dtype=torch.float16)
-            b = torch.randn(n, device="cuda", dtype=torch.float16)
-            n_out = n // 2 if ep == "silu_mul" else n
-            r = torch.randn(m, n_out, device="cuda", dtype=torch.float16)
+            x, w, b, r, n_out = inputs(m, n, k, ep)
             if m <= 8:
                 for split in (1, 2, 4) if cc >= 9 else (1,):
                     out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
@@ -42,6 +48,15 @@ for (n, k) in [(200, 264), (88, 520), (9000, 136)]:  # the last: many tiles per 
                 for impl in ("cublaslt", "cutlass"):
                     out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
                     gemm.linear(x, w, b, r, epilogue=ep, impl=impl, out=out)
+# ImplB's TMA pipeline (sm_90): rows past N zero-filled by the copy engine, a short last K unit, many blocks per CTA.
+for (n, k) in [(136, 1088), (4100, 192)] if cc >= 9 else []:
+    for m in (1, 9, 16):
+        for ep in ("none", "silu_mul"):
+            x, w, b, r, n_out = inputs(m, n, k, ep)
+            for stages in (2, 3):
+                out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
+                cfg = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1}
+                gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
 torch.cuda.synchronize()
 print("CASE DONE")
 """
