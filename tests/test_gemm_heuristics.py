@@ -100,7 +100,8 @@ def test_invalid_implb_configs_name_the_problem(config, message):
 def test_tma_configs_need_sm90_small_m_and_k_multiple_of_64():
     config = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}
     gemm().check_implb_config(config, m=16, k=4096, max_smem=H200["max_smem"], cc_major=9)
-    for kwargs, message in [({"m": 1, "k": 4096, "cc_major": 8}, "9.0"),
+    for kwargs, message in [({"m": 1, "k": 4096, "cc_major": 8}, "9.x"),
+                            ({"m": 1, "k": 4096, "cc_major": 10}, "9.x"),
                             ({"m": 17, "k": 4096, "cc_major": 9}, "M <= 16"),
                             ({"m": 1, "k": 4128, "cc_major": 9}, "multiple of 64")]:
         with pytest.raises(FdppError, match=message):
@@ -112,8 +113,9 @@ def test_tma_configs_need_sm90_small_m_and_k_multiple_of_64():
 def test_split_k_needs_clusters():
     config = {"n_tile": 16, "k_tile": 256, "stages": 2, "split_k": 2}
     gemm().check_implb_config(config, m=1, k=4096, max_smem=H200["max_smem"], cc_major=9)
-    with pytest.raises(FdppError, match="clusters"):
-        gemm().check_implb_config(config, m=1, k=4096, max_smem=A100["max_smem"], cc_major=8)
+    for cc_major in (8, 10):  # 10: the library's cluster code is sm_90a; a Blackwell GPU runs the compute_80 PTX
+        with pytest.raises(FdppError, match="clusters"):
+            gemm().check_implb_config(config, m=1, k=4096, max_smem=A100["max_smem"], cc_major=cc_major)
 
 
 @pytest.mark.parametrize("n, k", [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008), (960, 576), (576, 1536)])

@@ -223,7 +223,9 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       attn::DeviceInfo info;
       err = attn::device_info(&info);
       if (err != cudaSuccess) return err;
-      const bool pdl = info.major >= 9;
+      // Programmatic dependent launch only where the sm_90a code runs: on other GPUs the compute_80 PTX has no
+      // griddepcontrol.wait, and an early start could read the previous kernel's output too soon.
+      const bool pdl = info.major == 9;
       if (p.dtype == AttnDtype::kBFloat16) return attn::launch_decode<__nv_bfloat16>(a, unified, pdl, stream);
       if (p.dtype == AttnDtype::kFloat16) return attn::launch_decode<__half>(a, unified, pdl, stream);
       return cudaErrorInvalidValue;

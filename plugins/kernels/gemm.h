@@ -44,9 +44,13 @@ struct Problem {
 };
 
 // Programmatic dependent launch for ImplA/ImplB (sm_90): each kernel lets the next one start early and streams
-// its weights before waiting for the previous kernel's output. On by default where the device supports it
-// (sm_90+); FDPP_GEMM_PDL=0 in the environment or set_pdl_enabled(false) turns it off. Changes speed only: the
-// kernels read nothing but the (constant) weight before griddepcontrol.wait.
+// its weights before waiting for the previous kernel's output. On by default where the library's sm_90a code
+// runs (compute capability 9.x); FDPP_GEMM_PDL=0 in the environment or set_pdl_enabled(false) turns it off.
+// Changes speed only, on one condition: W is constant while GEMMs run. The kernels read nothing but W before
+// griddepcontrol.wait, and the TMA ImplB's producer reads all of W without ever waiting; as every kernel lets its
+// successor start at its top, that read may overlap any earlier kernel still running. A W written on the GPU
+// (dequantized, refitted) must be written by a kernel that completed before the GEMMs were launched -- or
+// turn PDL off.
 bool pdl_enabled();
 void set_pdl_enabled(bool enabled);
 
@@ -76,6 +80,9 @@ cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream);
 // A TMA config (implb_is_bulk) runs gemm_implb_bulk.cu where it can (sm_90, M <= 16, K % 64 == 0)
 // and the unprofiled default cp.async config elsewhere.
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& config, int pad_m, cudaStream_t stream);
+// Raises a kernel's dynamic shared memory limit to `bytes` (never lowers it), once per (kernel, device) and size;
+// thread-safe. A no-op up to 48 KB.
+cudaError_t ensure_dynamic_smem(const void* kernel, int device, int64_t bytes);
 // The TMA kernel itself, for batch_blocks (1 or 2) blocks of 8 rows.
 cudaError_t launch_implb_bulk(const Problem& p, const ImplBConfig& config, int batch_blocks, cudaStream_t stream);
 

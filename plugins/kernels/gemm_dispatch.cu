@@ -36,7 +36,7 @@ bool pdl_enabled() {
   if (value < 0) {
     const char* env = std::getenv("FDPP_GEMM_PDL");
     DeviceInfo dev;
-    const bool supported = current_device_info(&dev) == cudaSuccess && dev.cc_major >= 9;
+    const bool supported = current_device_info(&dev) == cudaSuccess && hopper_paths(dev.cc_major);
     // On by default where supported: in a decode step's graph of back-to-back GEMMs it measured 10 to 20%
     // faster per ImplB GEMM (docs/notes-gemm.md, run 5). FDPP_GEMM_PDL=0 turns it off (an A/B switch).
     value = supported && !(env && std::strcmp(env, "0") == 0) ? 1 : 0;
@@ -50,7 +50,7 @@ bool pdl_enabled() {
 void set_pdl_enabled(bool enabled) {
   if (enabled) {
     DeviceInfo dev;
-    enabled = current_device_info(&dev) == cudaSuccess && dev.cc_major >= 9;
+    enabled = current_device_info(&dev) == cudaSuccess && hopper_paths(dev.cc_major);
   }
   g_pdl.store(enabled ? 1 : 0);
 }

@@ -53,6 +53,11 @@ constexpr int kImplBWarps = 4;
 constexpr int kMaxSplitK = 8;    // portable thread-block cluster size
 constexpr int kMaxStages = 8;
 
+// Whether the Hopper paths (thread-block clusters, programmatic dependent launch, TMA) may run: the library's
+// Hopper code is built for sm_90a only, and any other GPU runs the compute_80 PTX, where those paths are
+// compiled out. So 9.x only -- not "9 or newer".
+inline bool hopper_paths(int cc_major) { return cc_major == 9; }
+
 // ---------------------------------------------------------------------------------------------------------
 // Dispatch.
 //
@@ -129,7 +134,7 @@ inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int bat
     if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
       return "a TMA ImplB config (k_tile >= 1024) needs n_tile 16, k_tile 1024 and split_k 1";
     if (c.stages < 2 || c.stages > 4) return "a TMA ImplB config needs 2 to 4 stages";
-    if (cc_major < 9) return "a TMA ImplB config (k_tile >= 1024) needs compute capability 9.0+";
+    if (!hopper_paths(cc_major)) return "a TMA ImplB config (k_tile >= 1024) needs a compute capability 9.x GPU";
     if (batch_blocks > 2) return "a TMA ImplB config handles M <= 16";
     if (k % 64 != 0) return "a TMA ImplB config needs K to be a multiple of 64";
     if (implb_smem_bytes(c, batch_blocks) > max_smem)
@@ -144,7 +149,8 @@ inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int bat
     return "k_tile / (4 / (n_tile / 16)) (the K slice of one warp per stage) must be 32, 64, 128 or 256";
   if (c.stages < 1 || c.stages > kMaxStages) return "stages must be in 1..8";
   if (c.split_k < 1 || c.split_k > kMaxSplitK) return "split_k must be in 1..8";
-  if (c.split_k > 1 && cc_major < 9) return "split_k > 1 needs thread-block clusters (compute capability 9.0+)";
+  if (c.split_k > 1 && !hopper_paths(cc_major))
+    return "split_k > 1 needs thread-block clusters (a compute capability 9.x GPU)";
   const int64_t steps = (k + c.k_tile - 1) / c.k_tile;
   if (steps < c.split_k) return "split_k is larger than the number of k_tile steps along K";
   if (implb_smem_bytes(c, batch_blocks) > max_smem) return "stages * k_tile needs more shared memory than the GPU has";
@@ -159,7 +165,7 @@ inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int bat
 //   [1024, 16384]: 512 pairs < 1056 and 2048 chunks -> split 2 (1024 warps < 1056, 2048 / 4 = 512 >= 256)
 //                  -> split 4 (2048 warps >= 1056) -> 4
 inline int impla_split_k(int64_t n, int64_t k, bool silu_mul, int num_sms, int cc_major) {
-  if (cc_major < 9) return 1;
+  if (!hopper_paths(cc_major)) return 1;
   const int64_t pairs = silu_mul ? n / 2 : (n + 1) / 2;
   const int64_t chunks = k / 8;
   int split = 1;
@@ -186,7 +192,7 @@ inline ImplBConfig default_implb_config(int64_t n, int64_t k, bool silu_mul, int
     }
   }
   c.k_tile = 128 * implb_warps_k(c);
-  if (cc_major >= 9) {
+  if (hopper_paths(cc_major)) {
     const int64_t steps = (k + c.k_tile - 1) / c.k_tile;
     while (c.split_k < kMaxSplitK && implb_grid(n, silu_mul, c) < want && steps >= 2 * c.split_k) c.split_k *= 2;
   }

@@ -266,8 +266,8 @@ cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream) {
   cudaError_t err = current_device_info(&dev);
   if (err != cudaSuccess) return err;
   if (split_k <= 0) split_k = impla_split_k(p.n, p.k, p.silu_mul(), dev.num_sms, dev.cc_major);
-  if (split_k > kMaxSplitK || (split_k > 1 && dev.cc_major < 9)) {
-    set_detail("ImplA split_k must be 1..8, and 1 below compute capability 9.0");
+  if (split_k > kMaxSplitK || (split_k > 1 && !hopper_paths(dev.cc_major))) {
+    set_detail("ImplA split_k must be 1..8, and 1 on GPUs other than compute capability 9.x");
     return cudaErrorInvalidValue;
   }
   GemvParams params{};

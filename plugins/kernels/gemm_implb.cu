@@ -239,19 +239,6 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
   detail::cp_async_wait<0>();
 }
 
-// Raises a kernel's dynamic shared memory limit once per (kernel, device) and size.
-cudaError_t ensure_smem(const void* kernel, int device, int64_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  static std::mutex mu;
-  static std::unordered_map<const void*, int64_t> done[64];
-  std::lock_guard<std::mutex> lock(mu);
-  int64_t& have = done[device & 63][kernel];
-  if (have >= bytes) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  if (err == cudaSuccess) have = bytes;
-  return err;
-}
-
 // CTAs of this kernel resident per SM at this shared memory size (host query, cached).
 int resident_ctas_per_sm(const void* kernel, int device, int64_t smem) {
   static std::mutex mu;
@@ -273,7 +260,7 @@ int resident_ctas_per_sm(const void* kernel, int device, int64_t smem) {
 template <typename T, int NB, int RB>
 cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
   const void* kernel = reinterpret_cast<const void*>(&flat_gemm_kernel<T, NB, RB>);
-  cudaError_t err = ensure_smem(kernel, dev.device, smem);
+  cudaError_t err = ensure_dynamic_smem(kernel, dev.device, smem);
   if (err != cudaSuccess) return err;
   // As many clusters as are resident at once, each with ceil(tiles / clusters) tiles or one fewer.
   const int64_t resident = int64_t(resident_ctas_per_sm(kernel, dev.device, smem)) * dev.num_sms / params.split_k;
@@ -323,6 +310,19 @@ int row_blocks_per_warp(int nb, const ImplBConfig& config, int64_t max_smem) {
 }
 
 }  // namespace
+
+// Raises a kernel's dynamic shared memory limit once per (kernel, device) and size.
+cudaError_t ensure_dynamic_smem(const void* kernel, int device, int64_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  static std::mutex mu;
+  static std::unordered_map<const void*, int64_t> done[64];
+  std::lock_guard<std::mutex> lock(mu);
+  int64_t& have = done[device & 63][kernel];
+  if (have >= bytes) return cudaSuccess;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (err == cudaSuccess) have = bytes;
+  return err;
+}
 
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad_m, cudaStream_t stream) {
   if (p.m < 1 || p.m > kImplBMaxM) {

@@ -25,8 +25,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <atomic>
-#include <cstdlib>
 
 #include "kernels/gemm_common.cuh"
 
@@ -56,6 +54,8 @@ struct BulkGemmParams {
   int num_blocks;  // 16-row blocks (silu: 8 gate + 8 up rows)
 };
 
+// Device helpers, compiled only where the kernel body is (sm_90+).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(detail::smem_u32(bar)), "r"(count));
 }
@@ -85,6 +85,7 @@ __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* ma
       ::"r"(dst), "l"(map), "r"(0), "r"(chunk), "r"(row), "r"(detail::smem_u32(bar))
       : "memory");
 }
+#endif
 
 template <typename T, int NB, int KT>
 __global__ void __launch_bounds__(kBulkThreads) flat_gemm_bulk_kernel(const __grid_constant__ CUtensorMap wmap,
@@ -222,6 +223,8 @@ __global__ void __launch_bounds__(kBulkThreads) flat_gemm_bulk_kernel(const __gr
     run_unit(u, x_even);
     if (u + 1 < total) run_unit(u + 1, x_odd);
   }
+#else
+  __trap();  // never launched there: implb_config_problem admits TMA configs only where the sm_90a code runs
 #endif
 }
 
@@ -229,14 +232,8 @@ template <typename T, int NB, int KT>
 cudaError_t launch_typed(const CUtensorMap& wmap, const BulkGemmParams& params, const DeviceInfo& dev, int64_t smem,
                          cudaStream_t stream) {
   auto kernel = flat_gemm_bulk_kernel<T, NB, KT>;
-  static std::atomic<int> configured_smem[64] = {};  // the opt-in already granted, per device
-  if (smem > 48 * 1024 && configured_smem[dev.device & 63].load() < smem) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(smem));
-    if (err != cudaSuccess) return err;
-    configured_smem[dev.device & 63].store(int(smem));
-  }
+  const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
+  if (err != cudaSuccess) return err;
   // One CTA per SM at most, each with an equal share (+-1) of the 16-row blocks.
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(params.num_blocks < dev.num_sms ? params.num_blocks : dev.num_sms));

@@ -136,7 +136,7 @@ IMPLB_CONFIGS = [
 def test_implb_configs(config, m, epilogue, dtype):
     from fdpp_rewrite.gpu import gemm
 
-    if config["split_k"] > 1 and gemm.device_info()["cc_major"] < 9:
+    if config["split_k"] > 1 and gemm.device_info()["cc_major"] != 9:
         pytest.skip("split_k > 1 needs thread-block clusters (sm_90)")
     n, k = (1000, 2056) if not epilogue.startswith("silu") else (688, 2056)
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m)
@@ -152,18 +152,26 @@ TMA_CONFIGS = [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s i
 @pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul", "silu_mul+bias+residual"])
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 13, 16, 17, 40])
 @pytest.mark.parametrize("config", TMA_CONFIGS, ids=lambda c: "tma-s{stages}".format(**c))
-def test_implb_tma_pipeline(config, m, epilogue, dtype):
+@pytest.mark.parametrize("shape", ["short-last-unit", "many-blocks"])
+def test_implb_tma_pipeline(config, m, epilogue, dtype, shape):
     """The TMA ImplB (k_tile >= 1024, sm_90, M <= 16): N not a multiple of 16 (zero-filled rows past N), K a
-    multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than SMs; above M = 16 the launcher
-    takes the default cp.async config instead, which must be just as right."""
+    multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than SMs (up to ~10 per CTA); above
+    M = 16 the launcher takes the default cp.async config instead, which must be just as right. (These checks do
+    not show which kernel ran: a config the TMA path wrongly refused would still pass through the fallback.)"""
     from fdpp_rewrite.gpu import gemm
 
-    if gemm.device_info()["cc_major"] < 9:
-        pytest.skip("the TMA pipeline needs sm_90")
-    n, k = (4104, 2112) if not epilogue.startswith("silu") else (4112, 3136)
+    if gemm.device_info()["cc_major"] != 9:
+        pytest.skip("the TMA pipeline runs on compute capability 9.x (the library's sm_90a code)")
+    silu = epilogue.startswith("silu")
+    if shape == "short-last-unit":  # a 64-column last unit; silu: N / 2 a multiple of 8
+        n, k = (4112, 3136) if silu else (4104, 2112)
+    else:  # ~10 blocks per CTA (the reduction buffers reused, the ring wrapped many times), a 576-column last unit;
+        n, k = (20008, 1600) if silu else (20000, 1600)  # silu: N / 2 = 10004, so the last gate box reads up rows
+    if m > 16 and shape == "many-blocks":
+        pytest.skip("above M = 16 the cp.async fallback runs; the first shape covers it")
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 7)
     out = _run("implb", x, w, bias, residual, epilogue, config=config)
-    ref, peer = _reference(x, w, bias, residual, epilogue.startswith("silu"), dtype)
+    ref, peer = _reference(x, w, bias, residual, silu, dtype)
     _check(out, ref, peer)
 
 
@@ -182,7 +190,7 @@ def test_implb_padding_ablation_is_exact_math(pad_m, m):
 def test_impla_split_k(split_k, m):
     from fdpp_rewrite.gpu import gemm
 
-    if split_k > 1 and gemm.device_info()["cc_major"] < 9:
+    if split_k > 1 and gemm.device_info()["cc_major"] != 9:
         pytest.skip("split_k > 1 needs thread-block clusters (sm_90)")
     torch = _torch()
     x, w, bias, residual = _inputs(m, 1003, 4104, "bfloat16", "bias+residual")
@@ -202,7 +210,7 @@ def test_persistent_grid_walks_many_tiles(config, m):
     pipeline, reusing its reduction buffer between them."""
     from fdpp_rewrite.gpu import gemm
 
-    if config["split_k"] > 1 and gemm.device_info()["cc_major"] < 9:
+    if config["split_k"] > 1 and gemm.device_info()["cc_major"] != 9:
         config = dict(config, split_k=1)
     x, w, bias, residual = _inputs(m, 20000, 520, "float16", "silu_mul+bias+residual", seed=3)
     out = _run("implb", x, w, bias, residual, "silu_mul+bias+residual", config=config)
@@ -221,7 +229,7 @@ def test_dispatch_through_plan(m):
     from fdpp_rewrite.gpu import gemm
 
     plan = {"m1": 2, "m2": 40, "implb": {"n_tile": 32, "k_tile": 128, "stages": 3, "split_k": 2}, "implc": "cutlass"}
-    if gemm.device_info()["cc_major"] < 9:
+    if gemm.device_info()["cc_major"] != 9:
         plan["implb"]["split_k"] = 1
     x, w, bias, residual = _inputs(m, 688, 1032, "float16", "silu_mul+bias+residual")
     out = _run("auto", x, w, bias, residual, "silu_mul+bias+residual", plan=plan)
@@ -291,8 +299,8 @@ def test_programmatic_dependent_launch_chain(first, second, m):
     a1, a2 = gemm.make_args(x, w1, out=mid), gemm.make_args(mid, w2, out=out)
 
     bulk = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}  # "bulk": ImplB's TMA pipeline
-    if "bulk" in (first, second) and gemm.device_info()["cc_major"] < 9:
-        pytest.skip("the TMA pipeline needs sm_90")
+    if "bulk" in (first, second) and gemm.device_info()["cc_major"] != 9:
+        pytest.skip("the TMA pipeline runs on compute capability 9.x (the library's sm_90a code)")
     if "bulk" in (first, second):
         k, n1 = 2048, 2048  # K a multiple of 64 for the TMA pipeline
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -312,7 +320,7 @@ def test_programmatic_dependent_launch_chain(first, second, m):
         launch(a1, first)
         launch(a2, second)
 
-    if os.environ.get("FDPP_GEMM_PDL") != "0" and gemm.device_info()["cc_major"] >= 9:
+    if os.environ.get("FDPP_GEMM_PDL") != "0" and gemm.device_info()["cc_major"] == 9:
         assert gemm.set_pdl(), "PDL should be on by default on sm_90+ (or a PDL launch was refused)"
     previous = gemm.set_pdl(False)
     try:
