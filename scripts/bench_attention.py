@@ -50,7 +50,8 @@ class Ours:
     """A prepared call of our attention: the argument struct and workspace built once, so a timed call is one
     ctypes call (the Python wrapper's checks would otherwise be timed too)."""
 
-    def __init__(self, q, k, v, past_len, *, softmax, kernel="auto", num_splits=0, prefill_config=0):
+    def __init__(self, q, k, v, past_len, *, softmax, kernel="auto", num_splits=0, prefill_config=0,
+                 decode_combine="auto"):
         import torch
 
         from fdpp_rewrite.gpu import attention as att
@@ -60,7 +61,7 @@ class Ours:
         self.out = torch.empty_like(q)
         self.args = att._args(q, k, v, self.out, past_len, None, **att._defaults(
             {"softmax": softmax, "kernel": kernel, "max_kv_len": k.shape[2], "num_splits": num_splits,
-             "prefill_config": prefill_config}))
+             "prefill_config": prefill_config, "decode_combine": decode_combine}))
         self.need = att.workspace_bytes(self.args)
         self.workspace = torch.empty(max(self.need, 1), dtype=torch.uint8, device="cuda")
         self.lib = att.library()
@@ -70,6 +71,11 @@ class Ours:
         fdpp_lib.check(self.lib.fdpp_attention_plan(ctypes.byref(self.args), ctypes.byref(kernel_id),
                                                     ctypes.byref(splits)), "plan")
         self.kernel, self.splits = att.KERNEL_NAMES[kernel_id.value], splits.value
+        cluster = ctypes.c_int32(0)
+        if self.kernel == "decode":
+            fdpp_lib.check(self.lib.fdpp_attention_decode_cluster(ctypes.byref(self.args), ctypes.byref(cluster)),
+                           "decode plan")
+        self.cluster = bool(cluster.value)
 
     def __call__(self):
         status = self.lib.fdpp_attention_forward(ctypes.byref(self.args), self.workspace.data_ptr(), self.need,
@@ -185,7 +191,7 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
     gqa = heads != kv_heads
     unified = [Ours(q, k, v, p, softmax="unified") for q, k, v, p in sets]
     synced = [Ours(q, k, v, p, softmax="synchronized") for q, k, v, p in sets]
-    row["kernel"], row["splits"] = unified[0].kernel, unified[0].splits
+    row["kernel"], row["splits"], row["cluster_combine"] = unified[0].kernel, unified[0].splits, unified[0].cluster
     variants = [("ours_unified_us", unified), ("ours_sync_us", synced),
                 ("cudnn_us", [sdpa("cudnn", q, k, v, gqa=gqa) for q, k, v, _ in sets]),
                 ("flash_us", [sdpa("flash", q, k, v, gqa=gqa) for q, k, v, _ in sets])]
@@ -197,6 +203,9 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
     if row["splits"] > 1:
         variants.append(("ours_unified_half_splits_us", [Ours(q, k, v, p, softmax="unified",
                                                               num_splits=row["splits"] // 2) for q, k, v, p in sets]))
+    if row["cluster_combine"]:  # the same splits through the combine kernel: what the cluster saves
+        variants.append(("ours_unified_kernel_combine_us", [Ours(q, k, v, p, softmax="unified", decode_combine="kernel")
+                                                            for q, k, v, p in sets]))
     time_variants(row, variants, quick)
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, gqa=gqa)()
@@ -352,6 +361,9 @@ def print_table(rows, read_tbps):
                     if r.get("ours_unified_half_splits_us") else "")
             print(f"         (twice the splits, {min(2 * r['splits'], 128)}: unified "
                   f"{r['ours_unified_2x_splits_us']:.1f}u{half})")
+        if r.get("ours_unified_kernel_combine_us"):
+            print(f"         (splits combined in a cluster; through the combine kernel instead: unified "
+                  f"{r['ours_unified_kernel_combine_us']:.1f}u)")
         if r["phase"] == "prefill":
             shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2, 3, 4)
                                for s in ("unified", "sync") if r.get(f"ours_{s}_cfg{c}_us"))

@@ -11,8 +11,8 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/bench_stream_read scripts/bench_stream_read.cu && /tmp/bench_stream_read
 //
-// Status: tidied from the experiment code of H200 run 21 (whose figures are in docs/notes-gemm.md) after that
-// run; this file compiles but has not been run on the GPU in this form yet.
+// Tidied from the experiment code of H200 run 21; run in this form in run 32 (docs/notes-gemm.md has both, and
+// docs/results/h200-2026-11-29/run32-bench_stream_read.log this one's output).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>

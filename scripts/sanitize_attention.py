@@ -4,7 +4,7 @@
     PYTHONPATH=. compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_attention.py
     PYTHONPATH=. compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_attention.py
 
-Decode (both softmax variants, GQA, odd lengths, several tokens, the fallback), prefill (both, causal with a
+Decode (both softmax variants, both combines, GQA, odd lengths, several tokens, the fallback), prefill (both, causal with a
 past, bias), rowwise float32 and rope_append, each once on small shapes."""
 
 import sys
@@ -28,9 +28,14 @@ def main() -> int:
         for dim in (64, 128):
             q, k, v = inputs(3, 6, 2, 1, 200, dim, dtype)
             past = torch.tensor([199, 70, 0], device="cuda")
+            # The plan's combine (a cluster on sm_90: 4 splits), the combine kernel, and 3 splits of which
+            # sequence 2's two are empty (kv length 1).
             for softmax in ("unified", "synchronized"):
-                att.attention(q, k, v, past, softmax=softmax, kernel="decode", counters=counters)
-                att.attention(q, k, v, past, softmax=softmax, kernel="decode", phi=-50.0, counters=counters)
+                for combine in ("auto", "kernel"):
+                    for phi in (0.0, -50.0):
+                        att.attention(q, k, v, past, softmax=softmax, kernel="decode", phi=phi, num_splits=4,
+                                      decode_combine=combine, counters=counters)
+                att.attention(q, k, v, past, softmax=softmax, kernel="decode", num_splits=3, counters=counters)
             q, k, v = inputs(2, 4, 4, 3, 150, dim, dtype)
             att.attention(q, k, v, torch.tensor([100, 147], device="cuda"), kernel="decode", counters=counters)
             q, k, v = inputs(1, 4, 2, 300, 333, dim, dtype)

@@ -31,6 +31,22 @@ def test_decode_splits_worked_examples(units, tiles, expected):
     assert decode_splits(units, tiles, H200_SMS, H200_DECODE_CTAS_PER_SM) == expected
 
 
+@pytest.mark.parametrize("splits,cc_major,ctas,expected", [
+    (2, 9, 128, True),    # GQA 32/8, B=8, L=1K-8K: 64 units x 2 splits, one CTA per SM
+    (4, 9, 128, True),    # B=1, 32 heads (the launcher then finds too few clusters of 4 resident: kernel)
+    (8, 9, 64, True),     # the portable cluster size
+    (16, 9, 128, False),  # GQA B=1: 16 splits, more than a cluster of 8
+    (1, 9, 256, False),   # one split: nothing to combine
+    (4, 9, 256, False),   # GQA B=8 L=32K: 256 CTAs, two per SM
+    (2, 8, 128, False),   # not sm_90: no cluster code in the library there
+    (2, 10, 128, False),  # a newer GPU runs the compute_80 PTX
+])
+def test_cluster_combine_rule(splits, cc_major, ctas, expected):
+    from fdpp_rewrite.gpu.attention import cluster_combine_ok
+
+    assert cluster_combine_ok(splits, cc_major, ctas, H200_SMS) == expected
+
+
 def test_decode_splits_give_at_most_one_cta_per_sm_unless_rows_are_long():
     from fdpp_rewrite.gpu.attention import decode_splits
 

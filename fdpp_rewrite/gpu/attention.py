@@ -26,6 +26,9 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 # 3 = as 1 with the Q.K loop over head_dim rolled (fewer registers); 4 = 128 query rows on Hopper's warpgroup MMAs
 # (sm_90 only).
 PREFILL_CONFIGS = (0, 1, 2, 3, 4)
+# How decode combines its splits: the plan's choice; a second kernel through the workspace; inside a thread block
+# cluster of the splits (sm_90, 2 to 8 splits).
+DECODE_COMBINES = {"auto": 0, "kernel": 1, "cluster": 2}
 
 _i32, _i64, _f32, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -44,7 +47,7 @@ class AttentionArgs(ctypes.Structure):
         ("output", _ptr), ("o_stride_b", _i64), ("o_stride_h", _i64), ("o_stride_s", _i64),
         ("past_len", _ptr),
         ("bias", _ptr), ("bias_stride_b", _i64), ("bias_stride_s", _i64), ("bias_stride_l", _i64),
-        ("counters", _ptr), ("prefill_config", _i32),
+        ("counters", _ptr), ("prefill_config", _i32), ("decode_combine", _i32),
     ]
 
 
@@ -72,11 +75,13 @@ def library() -> ctypes.CDLL:
         "fdpp_attention_workspace_bytes": [args_p, size_p],
         "fdpp_attention_forward": [args_p, _ptr, ctypes.c_size_t, _ptr],
         "fdpp_attention_plan": [args_p, ctypes.POINTER(_i32), ctypes.POINTER(_i32)],
+        "fdpp_attention_decode_cluster": [args_p, ctypes.POINTER(_i32)],
         "fdpp_attention_read_counters": [ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_ulonglong),
                                          ctypes.c_int],
         "fdpp_rope_append": [ctypes.POINTER(RopeAppendArgs), _ptr],
         "fdpp_attention_decode_splits": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
         "fdpp_attention_prefill_plan": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
+        "fdpp_attention_cluster_combine_ok": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
     }.items():
         try:
             function = getattr(lib, name)
@@ -96,6 +101,11 @@ def library() -> ctypes.CDLL:
 def decode_splits(units: int, tiles: int, sms: int, ctas_per_sm: int = 2) -> int:
     """The decode kernel's split-count heuristic (pure host code in the library)."""
     return int(library().fdpp_attention_decode_splits(units, tiles, sms, ctas_per_sm))
+
+
+def cluster_combine_ok(splits: int, cc_major: int, ctas: int, sms: int) -> bool:
+    """The decode's cluster-combine rule (pure host code in the library; the launcher also checks residency)."""
+    return bool(library().fdpp_attention_cluster_combine_ok(splits, cc_major, ctas, sms))
 
 
 def prefill_plan(heads: int, seq: int, slots: int) -> tuple[int, bool]:
@@ -154,7 +164,7 @@ def read_library_counters(reset: bool = False) -> tuple[int, int]:
 
 
 def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard_hi, mask_mode, softmax, kernel,
-          num_splits, max_kv_len, counters, prefill_config=0) -> AttentionArgs:
+          num_splits, max_kv_len, counters, prefill_config=0, decode_combine="auto") -> AttentionArgs:
     device = query.device
     if device.type != "cuda":
         raise FdppError(f"attention runs on a CUDA GPU; query is on {device}")
@@ -221,6 +231,10 @@ def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard
         raise FdppError(f"attention: unknown prefill_config {prefill_config!r} (choose from "
                         f"{', '.join(map(str, PREFILL_CONFIGS))})")
     args.prefill_config = int(prefill_config)
+    if decode_combine not in DECODE_COMBINES:
+        raise FdppError(f"attention: unknown decode_combine {decode_combine!r} (choose from "
+                        f"{', '.join(DECODE_COMBINES)})")
+    args.decode_combine = DECODE_COMBINES[decode_combine]
     args.scale = float(dim ** -0.5 if scale is None else scale)
     args.phi, args.guard_lo, args.guard_hi = float(phi), float(guard_lo), float(guard_hi)
     args.query, (args.q_stride_b, args.q_stride_h, args.q_stride_s) = query.data_ptr(), query.stride()[:3]
@@ -259,9 +273,20 @@ def plan(query, key, value, past_len=None, bias=None, **kwargs) -> tuple[str, in
     return KERNEL_NAMES[kernel.value], splits.value
 
 
+def decode_combines_in_cluster(query, key, value, past_len=None, bias=None, **kwargs) -> bool:
+    """Whether attention() would combine these inputs' decode splits inside a thread block cluster."""
+    out = _torch().empty_like(query)
+    args = _args(query, key, value, out, past_len, bias, **_defaults(kwargs))
+    cluster = _i32(0)
+    fdpp_lib.check(library().fdpp_attention_decode_cluster(ctypes.byref(args), ctypes.byref(cluster)),
+                   "attention decode plan")
+    return bool(cluster.value)
+
+
 def _defaults(kwargs: dict) -> dict:
     options = dict(scale=None, phi=0.0, guard_lo=-60.0, guard_hi=10.0, mask_mode="past_len", softmax="unified",
-                   kernel="auto", num_splits=0, max_kv_len=None, counters=None, prefill_config=0)
+                   kernel="auto", num_splits=0, max_kv_len=None, counters=None, prefill_config=0,
+                   decode_combine="auto")
     unknown = set(kwargs) - set(options)
     if unknown:
         raise FdppError(f"attention: unknown option(s) {', '.join(sorted(unknown))}")
@@ -277,7 +302,8 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
     softmax ("unified" | "synchronized"), kernel ("auto" | "decode" | "prefill" | "rowwise"), num_splits (decode;
     0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
     or exact when past_len is on the CPU), counters (a Counters to add fallback counts to), prefill_config
-    (0 = the plan's tile shape; 1 to 4 force one, see PREFILL_CONFIGS; 4 needs an sm_90 GPU).
+    (0 = the plan's tile shape; 1 to 4 force one, see PREFILL_CONFIGS; 4 needs an sm_90 GPU), decode_combine
+    ("auto" | "kernel" | "cluster", see DECODE_COMBINES; "cluster" needs an sm_90 GPU and 2 to 8 splits).
     """
     torch = _torch()
     out = torch.empty_like(query) if out is None else out

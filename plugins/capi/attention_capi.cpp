@@ -71,6 +71,8 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
     return set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": the decode and prefill kernels take float16 or "
                                                              "bfloat16; float32 runs on the rowwise kernel (kernel 0 or 3)");
   if (x->num_splits < 0 || x->num_splits > 1024) return invalid(fn, "num_splits must be in [0, 1024]");
+  if (x->decode_combine < FDPP_COMBINE_AUTO || x->decode_combine > FDPP_COMBINE_CLUSTER)
+    return invalid(fn, "unknown decode_combine " + str(x->decode_combine) + " (0 plan, 1 kernel, 2 cluster)");
   if (x->prefill_config < 0 || x->prefill_config > 4)
     return invalid(fn, "unknown prefill_config " + str(x->prefill_config) +
                            " (0 plan, 1 128x32, 2 64x64, 3 128x32 rolled, 4 wgmma on sm_90)");
@@ -114,6 +116,7 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
   p->softmax = static_cast<fdpp::SoftmaxMode>(x->softmax_mode);
   p->kernel = static_cast<fdpp::AttnKernel>(x->kernel);
   p->num_splits = x->num_splits;
+  p->decode_combine = static_cast<fdpp::DecodeCombine>(x->decode_combine);
   p->prefill_config = x->prefill_config;
   p->scale = x->scale, p->phi = x->phi, p->guard_lo = x->guard_lo, p->guard_hi = x->guard_hi;
   p->q = x->query, p->q_sb = x->q_stride_b, p->q_sh = x->q_stride_h, p->q_ss = x->q_stride_s;
@@ -135,6 +138,10 @@ int fdpp_rope_append_args_size(void) { return static_cast<int>(sizeof(fdpp_rope_
 
 int fdpp_attention_decode_splits(int units, int tiles, int sms, int ctas_per_sm) {
   return fdpp::decode_num_splits(units, tiles, sms, ctas_per_sm);
+}
+
+int fdpp_attention_cluster_combine_ok(int splits, int cc_major, int ctas, int sms) {
+  return fdpp::cluster_combine_ok(splits, cc_major, ctas, sms) ? 1 : 0;
 }
 
 int fdpp_attention_prefill_plan(int heads, int seq, int slots, int* synchronized) {
@@ -168,6 +175,18 @@ fdpp_status fdpp_attention_plan(const fdpp_attention_args* args, int32_t* kernel
   });
 }
 
+fdpp_status fdpp_attention_decode_cluster(const fdpp_attention_args* args, int32_t* cluster) {
+  return fdpp::guarded("fdpp_attention_decode_cluster", [&] {
+    if (cluster == nullptr) return invalid("fdpp_attention_decode_cluster", "cluster is NULL");
+    fdpp::AttentionParams p;
+    if (fdpp_status st = to_params(args, &p, "fdpp_attention_decode_cluster")) return st;
+    const int uses = fdpp::decode_uses_cluster(p);
+    if (uses < 0) return fdpp::from_cuda(cudaGetLastError(), "fdpp_attention_decode_cluster (device query)");
+    *cluster = uses;
+    return FDPP_OK;
+  });
+}
+
 fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, void* workspace, size_t workspace_bytes,
                                    void* stream) {
   return fdpp::guarded("fdpp_attention_forward", [&] {
@@ -182,6 +201,13 @@ fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, void* worksp
                              " bytes, 16-byte aligned (ask fdpp_attention_workspace_bytes)");
     if (fdpp::choose_kernel(p) == fdpp::AttnKernel::kDecode && need == 0)
       return fdpp::from_cuda(cudaGetLastError(), "fdpp_attention_forward (device query)");
+    if (p.decode_combine == fdpp::DecodeCombine::kCluster && fdpp::choose_kernel(p) == fdpp::AttnKernel::kDecode &&
+        fdpp::decode_uses_cluster(p) == 0)
+      return fdpp::set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": decode_combine cluster needs an sm_90 GPU "
+                                                                     "and 2 to 8 decode splits in one wave of one CTA "
+                                                                     "per SM (this call has " +
+                                                                     str(fdpp::decode_splits_for(p)) +
+                                                                     " splits); use 0 (plan) or 1 (kernel)");
     const cudaError_t err = fdpp::attention_forward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
     if (err == cudaErrorInvalidDeviceFunction && p.prefill_config == 4) {
       return fdpp::set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": prefill_config 4 (the wgmma kernel) needs an "

@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 // Bump when fdpp_attention_args or fdpp_rope_append_args change (checked against sizeof by the Python side).
-#define FDPP_ATTENTION_ABI 2
+#define FDPP_ATTENTION_ABI 3
 
 typedef enum fdpp_mask_mode { FDPP_MASK_PAST_LEN = 0, FDPP_MASK_BIAS = 1, FDPP_MASK_NONE = 2 } fdpp_mask_mode;
 typedef enum fdpp_softmax_mode { FDPP_SOFTMAX_UNIFIED = 0, FDPP_SOFTMAX_SYNCHRONIZED = 1 } fdpp_softmax_mode;
@@ -20,6 +20,11 @@ typedef enum fdpp_attention_kernel {
   FDPP_ATTN_PREFILL = 2,  // force the tensor-core prefill kernel (float16/bfloat16)
   FDPP_ATTN_ROWWISE = 3   // force the float32 row-per-CTA online-softmax kernel (exact; slow)
 } fdpp_attention_kernel;
+typedef enum fdpp_decode_combine {
+  FDPP_COMBINE_AUTO = 0,     // the plan's choice: in a cluster where the GPU and split count allow it
+  FDPP_COMBINE_KERNEL = 1,   // a second kernel adds the splits' partials from the workspace
+  FDPP_COMBINE_CLUSTER = 2   // the splits of a row block form a thread block cluster (sm_90, 2-8 splits)
+} fdpp_decode_combine;
 
 // query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size), output [B, Hq, S, D];
 // strides in elements (the last dimension contiguous). Device pointers 16-byte aligned, strides multiples of
@@ -45,6 +50,7 @@ typedef struct fdpp_attention_args {
                            // 2 = 64 query rows x 64-key steps, 3 = as 1 with a rolled Q.K loop (fewer
                            // registers), 4 = 128 rows on warpgroup MMAs (sm_90 only; elsewhere
                            // FDPP_ERR_UNSUPPORTED); benchmarks and tests force one
+  int32_t decode_combine;  // fdpp_decode_combine; CLUSTER where the plan cannot take it: FDPP_ERR_UNSUPPORTED
 } fdpp_attention_args;
 
 // sizeof(fdpp_attention_args) and sizeof(fdpp_rope_append_args), for bindings to check their mirror structs.
@@ -63,6 +69,10 @@ FDPP_API fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, voi
 // device (>= 1), for diagnostics and benchmarks.
 FDPP_API fdpp_status fdpp_attention_plan(const fdpp_attention_args* args, int32_t* kernel, int32_t* num_splits);
 
+// Whether the decode combines its splits inside a thread block cluster for these args on the current device (*cluster
+// = 1) or with the combine kernel (0).
+FDPP_API fdpp_status fdpp_attention_decode_cluster(const fdpp_attention_args* args, int32_t* cluster);
+
 // The pure host split heuristic (attention_heuristics.h): units = batch x kv heads x row blocks, tiles = key tiles
 // of the longest sequence, sms = the GPU's SMs, ctas_per_sm = decode CTAs resident per SM.
 FDPP_API int fdpp_attention_decode_splits(int units, int tiles, int sms, int ctas_per_sm);
@@ -72,6 +82,11 @@ FDPP_API int fdpp_attention_decode_splits(int units, int tiles, int sms, int cta
 // slots = resident prefill CTAs on the GPU. Returns the prefill_config the plan picks (1-3); *synchronized (if not
 // NULL) = 1 where the plan runs the synchronized softmax although the unified one was asked for.
 FDPP_API int fdpp_attention_prefill_plan(int heads, int seq, int slots, int* synchronized);
+
+// The pure host rule for the decode's cluster combine (attention_heuristics.h): 1 where a grid of `ctas` CTAs in
+// `splits` splits on a GPU of compute capability major `cc_major` with `sms` SMs may combine in clusters (the
+// launcher also checks that all the clusters fit at once), else 0.
+FDPP_API int fdpp_attention_cluster_combine_ok(int splits, int cc_major, int ctas, int sms);
 
 // The library's own counters on the current device (used when args->counters is NULL): copies them to the host
 // (a synchronizing copy: diagnostics only, never inside a launch path) and zeroes them when reset != 0.

@@ -14,6 +14,9 @@
 // Combine kernel, one CTA per query row, launched with programmatic dependent launch so it is resident before the
 // split kernel ends: unified rows just add the splits' partials; a row whose guard bits are set is recomputed
 // exactly by the whole CTA (attention_fallback.cuh) and counted. Synchronized rows rescale by the splits' maxima.
+// On sm_90, where the grid is at most one CTA per SM and 2 to 8 splits, the splits of a row block instead form a
+// thread block cluster and the first CTA adds the others' partials from distributed shared memory (the cluster
+// combine, in the split kernel; cluster_combine_ok in attention_heuristics.h): one kernel per call.
 //
 // Programmatic dependent launch (sm_90+, both kernels; attention_decode_impl.cuh): a grid may become resident while
 // the grid before it in the stream is still running. Each kernel lets its dependents launch right after its own
@@ -113,8 +116,9 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
   if (range.begin >= range.end) {
     // The combine derives the same range and skips this split; with one split (no combine) the rows are empty:
-    // they output 0, as a row with no visible key does.
-    if (a.num_splits == 1) {
+    // they output 0, as a row with no visible key does. In a cluster the first split is empty only when all are
+    // (kv_len 0): it writes the zeros; every CTA still takes part in the cluster's two barriers.
+    if (a.num_splits == 1 || (a.cluster_combine && split == 0)) {
       const int rows_total = a.group * a.seq, row0 = (blockIdx.y - hkv * a.row_blocks) * Tr::kRows;
       for (int i = threadIdx.x; i < (rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows) * D;
            i += Tr::kThreads) {
@@ -122,6 +126,10 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
         static_cast<T*>(a.out)[b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + i % D] =
             Elem<T>::from_float(0.f);
       }
+    }
+    if (a.cluster_combine) {
+      cluster_sync();
+      cluster_sync();
     }
     return;
   }
@@ -317,11 +325,15 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   }
   __syncthreads();
 
-  // With one split this CTA holds whole rows: it normalizes and writes the output itself and no combine kernel
-  // runs (one launch less on the critical path); guard-flagged rows are recomputed below by this CTA's warps.
-  const bool direct = a.num_splits == 1;
-  for (int i = tid; i < rows_here * (D / 4); i += Tr::kThreads) {
-    const int r = i / (D / 4), d4 = i - r * (D / 4);
+  // This CTA's partial of row r, float4 d4: the warps' sums of p v and p, the OR of their guard bits, and
+  // (synchronized) their largest max m_all, which the sums are rescaled to.
+  struct RowPartial {
+    float4 acc;
+    float l;
+    uint32_t stat;
+    float m_all;
+  };
+  auto own_partial = [&](int r, int d4) {
     float wt[Tr::kWarps];
     float m_all = -kInf;
     if constexpr (!kUnified) {
@@ -332,16 +344,72 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     for (int w = 0; w < Tr::kWarps; ++w) {
       wt[w] = kUnified ? 1.f : State::merge_weight(__uint_as_float(red_stat[w * Tr::kRows + r]), m_all);
     }
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float l = 0.f;
-    uint32_t stat = 0;
+    RowPartial p = {make_float4(0.f, 0.f, 0.f, 0.f), 0.f, 0u, m_all};
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) {
       const float4 part = *reinterpret_cast<const float4*>(red + (w * Tr::kRows + r) * Tr::kRedStride + d4 * 4);
-      acc.x = fmaf(wt[w], part.x, acc.x), acc.y = fmaf(wt[w], part.y, acc.y);
-      acc.z = fmaf(wt[w], part.z, acc.z), acc.w = fmaf(wt[w], part.w, acc.w);
-      l = fmaf(wt[w], red_l[w * Tr::kRows + r], l);
-      stat |= red_stat[w * Tr::kRows + r];
+      p.acc.x = fmaf(wt[w], part.x, p.acc.x), p.acc.y = fmaf(wt[w], part.y, p.acc.y);
+      p.acc.z = fmaf(wt[w], part.z, p.acc.z), p.acc.w = fmaf(wt[w], part.w, p.acc.w);
+      p.l = fmaf(wt[w], red_l[w * Tr::kRows + r], p.l);
+      p.stat |= red_stat[w * Tr::kRows + r];
+    }
+    return p;
+  };
+
+  // The cluster combine: the splits of this row block are one thread block cluster. Once every CTA is past its key
+  // loop (barrier A) the others store their row partials into the first CTA's pipeline buffers (distributed shared
+  // memory); after barrier B the first CTA adds them to its own and finishes the rows as with one split. No
+  // workspace round trip and no combine kernel. Unified partials just add; synchronized ones rescale by their max.
+  float* recv = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kRedAllBytes);  // slot i: split i + 1
+  const bool cluster = a.cluster_combine;
+  const int n_splits = cluster ? active_splits(kv_len, range.chunk) : 1;
+  if (cluster) {
+    cluster_sync();  // A: the first CTA's receive area is free
+    if (split > 0) {
+      const uint32_t slot = smem_addr(recv + (split - 1) * Tr::kRecvSlotFloats);
+      for (int i = tid; i < rows_here * (D / 4); i += Tr::kThreads) {
+        const int r = i / (D / 4), d4 = i - r * (D / 4);
+        const RowPartial p = own_partial(r, d4);
+        st_cluster(cluster_map(slot + (r * D + d4 * 4) * 4, 0), p.acc);
+        if (d4 == 0) {
+          st_cluster(cluster_map(slot + (Tr::kRows * D + r) * 4, 0), __float_as_uint(p.l));
+          const uint32_t stat = kUnified ? p.stat : __float_as_uint(p.m_all);
+          st_cluster(cluster_map(slot + (Tr::kRows * (D + 1) + r) * 4, 0), stat);
+        }
+      }
+    }
+    cluster_sync();  // B: every partial is in the first CTA's shared memory
+    if (split > 0) return;
+  }
+  auto recv_l = [&](int i, int r) { return recv[i * Tr::kRecvSlotFloats + Tr::kRows * D + r]; };
+  auto recv_stat = [&](int i, int r) {
+    return __float_as_uint(recv[i * Tr::kRecvSlotFloats + Tr::kRows * (D + 1) + r]);
+  };
+
+  // With one split (or as the first CTA of a cluster) this CTA holds whole rows: it normalizes and writes the output
+  // itself and no combine kernel runs (one launch less on the critical path); guard-flagged rows are recomputed
+  // below by this CTA's warps.
+  const bool direct = a.num_splits == 1 || cluster;
+  for (int i = tid; i < rows_here * (D / 4); i += Tr::kThreads) {
+    const int r = i / (D / 4), d4 = i - r * (D / 4);
+    const RowPartial own = own_partial(r, d4);
+    float4 acc = own.acc;
+    float l = own.l;
+    const float m_all = own.m_all;
+    if (n_splits > 1) {  // the cluster's other splits
+      float m_top = m_all;
+      if constexpr (!kUnified) {
+        for (int j = 0; j + 1 < n_splits; ++j) m_top = fmaxf(m_top, __uint_as_float(recv_stat(j, r)));
+      }
+      const float w_own = kUnified ? 1.f : State::merge_weight(m_all, m_top);
+      acc.x *= w_own, acc.y *= w_own, acc.z *= w_own, acc.w *= w_own, l *= w_own;
+      for (int j = 0; j + 1 < n_splits; ++j) {
+        const float wt = kUnified ? 1.f : State::merge_weight(__uint_as_float(recv_stat(j, r)), m_top);
+        const float4 part = *reinterpret_cast<const float4*>(recv + j * Tr::kRecvSlotFloats + r * D + d4 * 4);
+        acc.x = fmaf(wt, part.x, acc.x), acc.y = fmaf(wt, part.y, acc.y);
+        acc.z = fmaf(wt, part.z, acc.z), acc.w = fmaf(wt, part.w, acc.w);
+        l = fmaf(wt, recv_l(j, r), l);
+      }
     }
     const int gr = row0 + r;
     const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
@@ -356,7 +424,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     *reinterpret_cast<float4*>(a.ws_acc + slot * D + d4 * 4) = acc;
     if (d4 == 0) {
       a.ws_l[slot] = l;
-      a.ws_stat[slot] = kUnified ? stat : __float_as_uint(m_all);
+      a.ws_stat[slot] = kUnified ? own.stat : __float_as_uint(m_all);
     }
   }
   if (!direct) return;
@@ -373,6 +441,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
       uint32_t stat = 0;
 #pragma unroll
       for (int w = 0; w < Tr::kWarps; ++w) stat |= red_stat[w * Tr::kRows + r];
+      for (int j = 0; j + 1 < n_splits; ++j) stat |= recv_stat(j, r);
       if (stat & (kGuardAbove | kGuardBelow | kGuardLowMax)) {
         if (lane == 0) atomicAdd(a.counters, 1ull);
         recompute_row_warp<T, D>(a, b, hq, s, kv_len, q_scratch);

@@ -5,5 +5,6 @@ namespace fdpp {
 namespace attn {
 template cudaError_t launch_decode<__nv_bfloat16>(const AttnArgs&, bool, bool, cudaStream_t);
 template cudaError_t decode_ctas_per_sm<__nv_bfloat16>(int, int*);
+template cudaError_t decode_cluster_capacity<__nv_bfloat16>(int, int, int*);
 }  // namespace attn
 }  // namespace fdpp

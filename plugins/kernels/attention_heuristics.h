@@ -52,6 +52,22 @@ inline int decode_num_splits(int units, int tiles, int sms, int ctas_per_sm) {
   return splits > cap ? cap : splits;
 }
 
+// Whether a decode grid of `ctas` CTAs in `splits` splits combines them inside thread block clusters: on sm_90
+// (clusters and distributed shared memory; the kernel's cluster code is compiled for sm_90a only), with 2 to 8
+// splits (8 is the portable cluster size, and 7 other splits' row partials fit the first CTA's pipeline buffers),
+// and only for a grid of at most one CTA per SM, which the launch enforces by padding the shared memory (the
+// cluster scheduler otherwise put two CTAs of a cluster on one SM and left SMs idle). The launcher also checks
+// that all the clusters are resident at once (cudaOccupancyMaxActiveClusters).
+// Measured (H200, us, graph timing, cluster / combine kernel, same run):
+//   run 31 (as committed): GQA 32/8 B=8 (64 units x 2 splits in clusters of 2) L=1K 12.8 / 14.4, L=8K 65.0 / 67.0
+//     (cuDNN 14.4, 66.5). B=1 32 heads (32 units x 4 splits) is not taken: fewer than 32 clusters of 4 fit at once.
+//   run 30 (no padding, no residency check): B=1 32 heads L=8K 52.6 / 36.4, L=32K 193.7 / 123.6; GQA B=8 L=32K
+//     (256 CTAs, two per SM) 316.1 / 239.6.
+constexpr int kMaxClusterSplits = 8;
+inline bool cluster_combine_ok(int splits, int cc_major, int ctas, int sms) {
+  return cc_major == 9 && splits >= 2 && splits <= kMaxClusterSplits && ctas <= sms;
+}
+
 // Prefill tile shape off Hopper (on sm_90 the launcher runs shape 4, the wgmma kernel, synchronized: see
 // attention_forward in attention_launch.cu): 1 = 128 query rows per CTA in 32-key steps, 2 = 64 query rows per CTA
 // in 64-key steps

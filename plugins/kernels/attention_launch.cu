@@ -53,6 +53,21 @@ cudaError_t decode_plan(const AttentionParams& p, int* splits) {
   return cudaSuccess;
 }
 
+// Whether the decode's `splits` splits combine inside thread block clusters (cluster_combine_ok, and every cluster
+// resident at once), unless decode_combine asks for the combine kernel.
+cudaError_t cluster_plan(const AttentionParams& p, int splits, const attn::DeviceInfo& info, bool* cluster) {
+  *cluster = false;
+  const int ctas = p.batch * p.num_kv_heads * row_blocks(p) * splits;
+  if (p.decode_combine == DecodeCombine::kKernel || !cluster_combine_ok(splits, info.major, ctas, info.num_sms))
+    return cudaSuccess;
+  int capacity = 0;
+  const cudaError_t err = p.dtype == AttnDtype::kBFloat16
+                              ? attn::decode_cluster_capacity<__nv_bfloat16>(p.head_dim, splits, &capacity)
+                              : attn::decode_cluster_capacity<__half>(p.head_dim, splits, &capacity);
+  *cluster = err == cudaSuccess && capacity >= ctas;
+  return err;
+}
+
 struct WorkspaceLayout {
   size_t acc = 0, l = 0, stat = 0, total = 0;
 };
@@ -158,6 +173,16 @@ int decode_splits_for(const AttentionParams& p) {
   return decode_plan(p, &splits) == cudaSuccess ? splits : -1;
 }
 
+int decode_uses_cluster(const AttentionParams& p) {
+  int splits = 1;
+  attn::DeviceInfo info;
+  bool cluster = false;
+  if (decode_plan(p, &splits) != cudaSuccess || attn::device_info(&info) != cudaSuccess ||
+      cluster_plan(p, splits, info, &cluster) != cudaSuccess)
+    return -1;
+  return cluster ? 1 : 0;
+}
+
 size_t attention_workspace_bytes(const AttentionParams& p) {
   if (choose_kernel(p) != AttnKernel::kDecode) return 0;
   int splits = 1;
@@ -226,6 +251,13 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       // Programmatic dependent launch only where the sm_90a code runs: on other GPUs the compute_80 PTX has no
       // griddepcontrol.wait, and an early start could read the previous kernel's output too soon.
       const bool pdl = info.major == 9;
+      // The splits combine in a cluster where they can (one kernel per call instead of two; cluster_combine_ok in
+      // attention_heuristics.h has the measurements). A forced cluster the plan cannot take is refused.
+      bool cluster = false;
+      err = cluster_plan(p, splits, info, &cluster);
+      if (err != cudaSuccess) return err;
+      if (p.decode_combine == DecodeCombine::kCluster && !cluster) return cudaErrorNotSupported;
+      a.cluster_combine = cluster ? 1 : 0;
       if (p.dtype == AttnDtype::kBFloat16) return attn::launch_decode<__nv_bfloat16>(a, unified, pdl, stream);
       if (p.dtype == AttnDtype::kFloat16) return attn::launch_decode<__half>(a, unified, pdl, stream);
       return cudaErrorInvalidValue;

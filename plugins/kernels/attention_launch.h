@@ -22,6 +22,11 @@ cudaError_t device_info(DeviceInfo* info);
 template <typename T>
 cudaError_t decode_ctas_per_sm(int head_dim, int* ctas);
 
+// CTAs of the decode split kernel resident at once when launched in clusters of `splits` (2 to 8) with the cluster
+// combine's shared memory (the occupancy API; cached per device).
+template <typename T>
+cudaError_t decode_cluster_capacity(int head_dim, int splits, int* ctas);
+
 // Raises kernel's dynamic shared-memory limit once per device (a host call, no stream work; harmless if repeated,
 // so the race of two threads doing it at once is benign).
 template <auto kernel>

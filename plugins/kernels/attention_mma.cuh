@@ -125,6 +125,39 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// --- thread block clusters (sm_90; the host launches clusters only there) ----------------------------------------
+
+// Every thread of every CTA in the cluster arrives; shared-memory writes before it (this CTA's and remote ones)
+// are visible to all of them after it.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();  // never launched in clusters there: the plan takes the cluster combine on sm_90 only
+#endif
+}
+
+// The shared-memory address `local` of this CTA, as the same offset in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t local, uint32_t rank) {
+  uint32_t remote = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+#endif
+  return remote;
+}
+__device__ __forceinline__ void st_cluster(uint32_t remote, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void st_cluster(uint32_t remote, uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(remote), "r"(v) : "memory");
+#endif
+}
+
 // --- programmatic dependent launch (sm_90+; no-ops elsewhere) --------------------------------------------------------
 
 __device__ __forceinline__ void pdl_launch_dependents() {

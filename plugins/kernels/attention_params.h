@@ -26,6 +26,9 @@ enum class AttnDtype : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 enum class MaskMode : int { kPastLen = 0, kBias = 1, kNone = 2 };
 enum class SoftmaxMode : int { kUnified = 0, kSynchronized = 1 };
 enum class AttnKernel : int { kAuto = 0, kDecode = 1, kPrefill = 2, kRowwise = 3 };
+// How the decode splits of a row are combined: the plan's choice, the combine kernel (through the workspace), or
+// inside a thread block cluster of the splits (sm_90, 2 to 8 splits; decode_split_kernel).
+enum class DecodeCombine : int { kAuto = 0, kKernel = 1, kCluster = 2 };
 
 // Guard flag bits a decode split writes per row (unified softmax only).
 constexpr uint32_t kGuardAbove = 1u;    // a visible s - phi above guard_hi: e^(s - phi) could overflow
@@ -56,6 +59,7 @@ struct AttentionParams {
   SoftmaxMode softmax = SoftmaxMode::kUnified;
   AttnKernel kernel = AttnKernel::kAuto;
   int num_splits = 0;  // decode: 0 = decode_num_splits() heuristic
+  DecodeCombine decode_combine = DecodeCombine::kAuto;  // kAuto: the cluster where it can run (cluster_combine_ok)
   int prefill_config = 0;  // prefill tile shape: 0 = prefill_tile_config() heuristic, else 1-3 (see the C ABI)
   float scale = 1.0f, phi = 0.0f, guard_lo = -60.0f, guard_hi = 10.0f;
 
@@ -110,5 +114,9 @@ cudaError_t attention_default_counters(unsigned long long** device_ptr);
 
 // Split count the decode kernel uses for these shapes on the current device.
 int decode_splits_for(const AttentionParams& p);
+
+// Whether the decode splits of these shapes combine inside a thread block cluster on the current device (the plan,
+// or what decode_combine forces; -1 where the device query failed).
+int decode_uses_cluster(const AttentionParams& p);
 
 }  // namespace fdpp

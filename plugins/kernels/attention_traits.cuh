@@ -27,12 +27,19 @@ struct DecodeTraits {
   static constexpr int kRedStride = D + 4;  // floats per row of the cross-warp reduction buffer (padded)
   static constexpr int kRedBytes = kWarps * kRows * kRedStride * 4;
   static constexpr int kSmemBytes = kStages * 2 * kTileBytes + kQBytes;
+  // The cluster combine (decode_split_kernel): after the key loop the leader CTA receives the other splits' row
+  // partials in its pipeline buffers, behind the reduction area: per split kRows x (D sums, l, stat) floats.
+  static constexpr int kRedAllBytes = kRedBytes + 2 * kWarps * kRows * 4;
+  static constexpr int kRecvSlotFloats = kRows * (D + 2);
+  static constexpr int kClusterSplitsFit = 1 + (kStages * 2 * kTileBytes - kRedAllBytes) / (kRecvSlotFloats * 4);
 
   static_assert(D == 64 || D == 128, "decode supports head_dim 64 and 128");
   static_assert(kKeysPerWarp % 16 == 0, "a warp's keys come in pairs of n8 fragments (one ldmatrix.x4)");
   static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row % 8) must stay fixed across a thread's passes");
   static_assert(kTile % kRowsPerPass == 0, "whole passes per tile");
   static_assert(kRedBytes <= kStages * 2 * kTileBytes, "the reduction reuses the pipeline buffers");
+  static_assert(kClusterSplitsFit >= 8, "a cluster of 8 splits (the portable maximum) fits the receive area");
+  static_assert(kRedAllBytes % 16 == 0, "the receive area is float4-aligned");
 };
 
 // Prefill: a CTA = 4 warps x 32 query rows (two m16 fragments each) of one query head; key tiles of 64 through a

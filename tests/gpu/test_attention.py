@@ -91,6 +91,55 @@ def test_decode_any_split_count_gives_the_same_result(num_splits):
     check_close(out, q, kr, vr, f"splits={num_splits}", scale=128 ** -0.5, past_len=past)
 
 
+def _hopper():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.parametrize("seq", [1, 3])
+@pytest.mark.parametrize("splits", [2, 3, 8])
+@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_cluster_combine_matches_the_combine_kernel(dtype, dim, softmax, splits, seq):
+    """The splits of a row block combined inside a thread block cluster (distributed shared memory) against the
+    combine kernel: both within the reference tolerance, the same fallback rows; uneven lengths (a sequence
+    shorter than the splits leaves some empty), GQA with padded row blocks, and a row spiking out of the window."""
+    if not _hopper():
+        pytest.skip("the cluster combine runs on sm_90")
+    att = _att()
+    q, k, v, past = make_inputs(3, 12, 2, seq, 1500, dim, dtype, spread=True)
+    past[2] = 40  # 41 + seq keys: fewer tiles than splits at d64 (128-key tiles), one tile at d128
+    kr, vr = reference_view(k, v, past, seq)
+    k[0, 1, 900] = q[0, 6, 0] * 12  # a key far above phi's window for one row of KV head 1
+    kr[0, 1, 900] = k[0, 1, 900]
+    results = {}
+    for combine in ("kernel", "cluster"):
+        counters = att.Counters()
+        out = att.attention(q, k, v, past, kernel="decode", softmax=softmax, num_splits=splits,
+                            decode_combine=combine, counters=counters)
+        check_close(out, q, kr, vr, f"decode {combine} combine, {splits} splits, seq {seq}", scale=dim ** -0.5,
+                    past_len=past)
+        results[combine] = (out.float(), counters.fallback_rows)
+    assert results["cluster"][1] == results["kernel"][1]
+    assert (softmax == "unified") == (results["cluster"][1] > 0)
+    assert (results["cluster"][0] - results["kernel"][0]).abs().max().item() < 2e-2
+
+
+def test_decode_plan_combines_in_a_cluster_where_it_can():
+    att = _att()
+    q, k, v, past = make_inputs(8, 32, 8, 1, 8192, 128, torch.float16)  # 64 units: 2 splits
+    assert att.plan(q, k, v, past) == ("decode", 2)
+    assert att.decode_combines_in_cluster(q, k, v, past) == _hopper()
+    assert not att.decode_combines_in_cluster(q, k, v, past, decode_combine="kernel")
+    assert not att.decode_combines_in_cluster(q, k, v, past, num_splits=16)  # more than a cluster of 8
+    if _hopper():
+        with pytest.raises(att.FdppError, match="2 to 8 decode splits"):
+            att.attention(q, k, v, past, num_splits=1, decode_combine="cluster")
+    else:
+        with pytest.raises(att.FdppError, match="sm_90"):
+            att.attention(q, k, v, past, decode_combine="cluster")
+
+
 def test_decode_grid_sized_for_the_cache_handles_short_sequences():
     """The split count comes from max_kv_len (the cache size in a captured graph); shorter sequences spread over
     the same splits."""
@@ -237,9 +286,10 @@ def test_adversarial_scores_stay_exact(dtype, kernel, seq, splits, softmax):
             assert counters.fallback_rows == 0
 
 
+@pytest.mark.parametrize("combine", ["auto", "kernel"])
 @pytest.mark.parametrize("num_splits", [0, 1])
 @pytest.mark.parametrize("seq", [1, 3])
-def test_decode_fallback_counter_counts_rows(seq, num_splits):
+def test_decode_fallback_counter_counts_rows(seq, num_splits, combine):
     """The decode kernel's unified max is the calibrated phi: rows outside [phi + guard_lo, phi + guard_hi]."""
     att = _att()
     q, k, v, past = make_inputs(2, 6, 3, seq, 400, 128, torch.float16)
@@ -248,7 +298,8 @@ def test_decode_fallback_counter_counts_rows(seq, num_splits):
     kr, vr = reference_view(k, v, past, seq)
     for phi in (-50.0, 75.0):  # every s - phi ~ 50 > guard_hi; then ~ -75 < guard_lo
         counters.reset()
-        out = att.attention(q, k, v, past, kernel="decode", phi=phi, num_splits=num_splits, counters=counters)
+        out = att.attention(q, k, v, past, kernel="decode", phi=phi, num_splits=num_splits, counters=counters,
+                            decode_combine=combine)
         check_close(out, q, kr, vr, f"decode phi={phi} splits={num_splits}", scale=128 ** -0.5, past_len=past)
         assert counters.fallback_rows == rows
     counters.reset()
@@ -460,7 +511,16 @@ def test_c_abi_rejects_bad_arguments_without_crashing():
 # CTAs (the GPU has room for call 2's grid at once); what call 2 consumes is NaN until call 1 writes it, so a read
 # before the wait shows as a non-finite output or a mismatch against the reference and the eager run.
 
-CHAIN_SPLITS = [(1, 1), (1, 4), (4, 1), (4, 4)]  # (call 1, call 2): the direct write or split + combine on each side
+# (call 1, call 2): the direct write or 4 splits on each side, combined in a cluster (sm_90) or by the combine kernel
+CHAIN_SPLITS = [(1, 1), (1, 4), (4, 1), (4, 4), (1, "4k"), ("4k", 1), ("4k", "4k")]
+
+
+def _grid(splits):
+    """Decode options for a chain side: a split count (combined as the plan chooses: in a cluster on sm_90), or
+    "<n>k" for n splits through the combine kernel."""
+    if isinstance(splits, str):
+        return dict(num_splits=int(splits[:-1]), decode_combine="kernel")
+    return dict(num_splits=splits)
 
 
 def _chain_randn(step, *shape, scale=1.0):
@@ -497,8 +557,8 @@ def _query_chain(splits, steps=3):
     counters = att.Counters()
     # q1 ~ 4 N(0, 1): scores ~ N(0, 16), so out1 follows a few keys' v (a query that matters for call 2); phi = 14
     # keeps every s - phi inside the default guard window (no fallback: the tiled path is the one tested).
-    first = dict(kernel="decode", num_splits=splits[0], phi=14.0, max_kv_len=kv_len, counters=counters)
-    second = dict(kernel="decode", num_splits=splits[1], max_kv_len=kv_len, counters=counters)
+    first = dict(kernel="decode", phi=14.0, max_kv_len=kv_len, counters=counters, **_grid(splits[0]))
+    second = dict(kernel="decode", max_kv_len=kv_len, counters=counters, **_grid(splits[1]))
 
     def calls():
         att.attention(q1, k, v, past, out=out1, workspace=workspace, **first)
@@ -527,11 +587,11 @@ def test_decode_chain_query_is_the_previous_calls_output(splits):
         check_close(out1, q1, kr, vr, f"chain call 1, replay {step}", scale=128 ** -0.5, past_len=past)
         check_close(out2, out1, kr, vr, f"chain call 2 (query = call 1's output), replay {step}",
                     scale=128 ** -0.5, past_len=past)
-        eager = att.attention(out1, k, v, past, kernel="decode", num_splits=splits[1], max_kv_len=k.shape[2])
+        eager = att.attention(out1, k, v, past, kernel="decode", max_kv_len=k.shape[2], **_grid(splits[1]))
         assert torch.equal(out2, eager), f"replay {step}: call 2 in the graph differs from the same call run alone"
 
 
-@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("splits", [1, 4, "4k"])
 def test_decode_chain_new_key_and_value_are_the_previous_calls_outputs(splits):
     """Calls A and B write their outputs into the K and V caches of call C as its newest key (position p, the one
     row of the cache C sees that was NaN before): a K or V row read before C's wait would be NaN."""
@@ -551,13 +611,13 @@ def test_decode_chain_new_key_and_value_are_the_previous_calls_outputs(splits):
     out_c = torch.empty_like(q_c)
     workspace = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
     counters = att.Counters()
-    ab = dict(kernel="decode", num_splits=splits, phi=14.0, max_kv_len=len_ab, counters=counters)
+    ab = dict(kernel="decode", phi=14.0, max_kv_len=len_ab, counters=counters, **_grid(splits))
 
     def calls():
         att.attention(q_a, k_ab, v_ab, past_ab, out=k_c[:, :, p:p + 1], workspace=workspace, **ab)
         att.attention(q_b, k_ab, v_ab, past_ab, out=v_c[:, :, p:p + 1], workspace=workspace, **ab)
-        att.attention(q_c, k_c, v_c, past_c, out=out_c, workspace=workspace, kernel="decode", num_splits=splits,
-                      max_kv_len=cap_c, counters=counters)
+        att.attention(q_c, k_c, v_c, past_c, out=out_c, workspace=workspace, kernel="decode", max_kv_len=cap_c,
+                      counters=counters, **_grid(splits))
 
     calls()
     graph = _capture(calls)
