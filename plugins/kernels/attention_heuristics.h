@@ -68,6 +68,16 @@ inline bool cluster_combine_ok(int splits, int cc_major, int ctas, int sms) {
   return cc_major == 9 && splits >= 2 && splits <= kMaxClusterSplits && ctas <= sms;
 }
 
+// Whether the plan tries one split fewer than decode_num_splits() gives, for rows of at most
+// kClusterShortRowTiles tiles, when the rule's count cannot combine in clusters and one fewer can. On short rows
+// the second kernel costs more than a quarter fewer CTAs. Measured (H200 run 34, us, same run; B=1, 32 heads,
+// 32 units, cuDNN 10.35 / 36.4): L=1K (16 tiles) 4 splits + combine kernel 10.32, 3 splits in clusters 9.56;
+// L=8K (128 tiles) 36.95 against 36.74, equal within noise, so long rows keep the rule's count.
+constexpr int kClusterShortRowTiles = 32;
+inline bool cluster_prefers_one_split_fewer(int splits, int tiles) {
+  return splits > 2 && splits - 1 <= kMaxClusterSplits && tiles <= kClusterShortRowTiles;
+}
+
 // Prefill tile shape off Hopper (on sm_90 the launcher runs shape 4, the wgmma kernel, synchronized: see
 // attention_forward in attention_launch.cu): 1 = 128 query rows per CTA in 32-key steps, 2 = 64 query rows per CTA
 // in 64-key steps

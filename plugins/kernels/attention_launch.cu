@@ -34,6 +34,21 @@ int row_blocks(const AttentionParams& p) {
   return (rows + 15) / 16;
 }
 
+// Whether the decode's `splits` splits combine inside thread block clusters (cluster_combine_ok, and every cluster
+// resident at once), unless decode_combine asks for the combine kernel.
+cudaError_t cluster_plan(const AttentionParams& p, int splits, const attn::DeviceInfo& info, bool* cluster) {
+  *cluster = false;
+  const int ctas = p.batch * p.num_kv_heads * row_blocks(p) * splits;
+  if (p.decode_combine == DecodeCombine::kKernel || !cluster_combine_ok(splits, info.major, ctas, info.num_sms))
+    return cudaSuccess;
+  int capacity = 0;
+  const cudaError_t err = p.dtype == AttnDtype::kBFloat16
+                              ? attn::decode_cluster_capacity<__nv_bfloat16>(p.head_dim, splits, &capacity)
+                              : attn::decode_cluster_capacity<__half>(p.head_dim, splits, &capacity);
+  *cluster = err == cudaSuccess && capacity >= ctas;
+  return err;
+}
+
 cudaError_t decode_plan(const AttentionParams& p, int* splits) {
   if (p.num_splits > 0) {
     *splits = p.num_splits;
@@ -50,22 +65,15 @@ cudaError_t decode_plan(const AttentionParams& p, int* splits) {
   const int tile = decode_tile(p.head_dim);
   const int tiles = (max_len + tile - 1) / tile;
   *splits = decode_num_splits(p.batch * p.num_kv_heads * row_blocks(p), tiles, info.num_sms, per_sm);
+  // Short rows: one split fewer where that count combines in clusters and the rule's count cannot
+  // (cluster_prefers_one_split_fewer in attention_heuristics.h).
+  bool cluster = false, fewer = false;
+  if (cluster_prefers_one_split_fewer(*splits, tiles)) {
+    if ((err = cluster_plan(p, *splits, info, &cluster)) != cudaSuccess) return err;
+    if (!cluster && (err = cluster_plan(p, *splits - 1, info, &fewer)) != cudaSuccess) return err;
+    if (fewer) --*splits;
+  }
   return cudaSuccess;
-}
-
-// Whether the decode's `splits` splits combine inside thread block clusters (cluster_combine_ok, and every cluster
-// resident at once), unless decode_combine asks for the combine kernel.
-cudaError_t cluster_plan(const AttentionParams& p, int splits, const attn::DeviceInfo& info, bool* cluster) {
-  *cluster = false;
-  const int ctas = p.batch * p.num_kv_heads * row_blocks(p) * splits;
-  if (p.decode_combine == DecodeCombine::kKernel || !cluster_combine_ok(splits, info.major, ctas, info.num_sms))
-    return cudaSuccess;
-  int capacity = 0;
-  const cudaError_t err = p.dtype == AttnDtype::kBFloat16
-                              ? attn::decode_cluster_capacity<__nv_bfloat16>(p.head_dim, splits, &capacity)
-                              : attn::decode_cluster_capacity<__half>(p.head_dim, splits, &capacity);
-  *cluster = err == cudaSuccess && capacity >= ctas;
-  return err;
 }
 
 struct WorkspaceLayout {

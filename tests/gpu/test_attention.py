@@ -132,6 +132,15 @@ def test_decode_plan_combines_in_a_cluster_where_it_can():
     assert att.decode_combines_in_cluster(q, k, v, past) == _hopper()
     assert not att.decode_combines_in_cluster(q, k, v, past, decode_combine="kernel")
     assert not att.decode_combines_in_cluster(q, k, v, past, num_splits=16)  # more than a cluster of 8
+    # B=1, 32 heads, L=1K: 4 splits by the rule; where 32 clusters of 4 do not fit at once (the H200), 3 in clusters.
+    q, k, v, past = make_inputs(1, 32, 32, 1, 1024, 128, torch.float16)
+    _, splits = att.plan(q, k, v, past)
+    assert splits in (3, 4) and att.decode_combines_in_cluster(q, k, v, past) == _hopper()
+    if not _hopper():
+        assert splits == 4
+    out = att.attention(q, k, v, past)
+    kr, vr = reference_view(k, v, past, 1)
+    check_close(out, q, kr, vr, f"B1 L1K, {splits} splits as planned", scale=128 ** -0.5, past_len=past)
     if _hopper():
         with pytest.raises(att.FdppError, match="2 to 8 decode splits"):
             att.attention(q, k, v, past, num_splits=1, decode_combine="cluster")
