@@ -64,7 +64,7 @@ inline int decode_num_splits(int units, int tiles, int sms, int ctas_per_sm) {
 //   run 30 (no padding, no residency check): B=1 32 heads L=8K 52.6 / 36.4, L=32K 193.7 / 123.6; GQA B=8 L=32K
 //     (256 CTAs, two per SM) 316.1 / 239.6.
 constexpr int kMaxClusterSplits = 8;
-inline bool cluster_combine_ok(int splits, int cc_major, int ctas, int sms) {
+inline bool cluster_combine_ok(int splits, int cc_major, long long ctas, int sms) {
   return cc_major == 9 && splits >= 2 && splits <= kMaxClusterSplits && ctas <= sms;
 }
 

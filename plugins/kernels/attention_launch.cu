@@ -38,7 +38,7 @@ int row_blocks(const AttentionParams& p) {
 // resident at once), unless decode_combine asks for the combine kernel.
 cudaError_t cluster_plan(const AttentionParams& p, int splits, const attn::DeviceInfo& info, bool* cluster) {
   *cluster = false;
-  const int ctas = p.batch * p.num_kv_heads * row_blocks(p) * splits;
+  const long long ctas = static_cast<long long>(p.batch) * p.num_kv_heads * row_blocks(p) * splits;
   if (p.decode_combine == DecodeCombine::kKernel || !cluster_combine_ok(splits, info.major, ctas, info.num_sms))
     return cudaSuccess;
   int capacity = 0;
