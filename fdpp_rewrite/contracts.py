@@ -223,7 +223,10 @@ def register_onnx_schemas() -> None:
         attributes = [defs.OpSchema.Attribute(name, getattr(defs.OpSchema.AttrType, _ONNX_ATTR[spec["type"]]),
                                               spec["doc"], required=bool(spec.get("required")))
                       for name, spec in contract.attributes.items()]
-        schema = defs.OpSchema(op, contract.domain, contract.version, contract.raw["doc"], inputs=inputs,
-                               outputs=outputs, type_constraints=constraints, attributes=attributes)
-        schema.set_type_and_shape_inference_function(_INFERENCE[op])
-        defs.register_schema(schema)
+        # Every version up to the contract's: a later version only adds optional attributes, so a model written
+        # for an earlier one (an older rewrite) still type-checks.
+        for since in range(1, contract.version + 1):
+            schema = defs.OpSchema(op, contract.domain, since, contract.raw["doc"], inputs=inputs,
+                                   outputs=outputs, type_constraints=constraints, attributes=attributes)
+            schema.set_type_and_shape_inference_function(_INFERENCE[op])
+            defs.register_schema(schema)

@@ -34,6 +34,7 @@ class GemmChoice:
     implb_split_k: int
     implc: str
     profile: str
+    implb_loader: str = "tma"
 
     def attributes(self) -> dict:
         return asdict(self)
@@ -46,7 +47,8 @@ class GemmChoice:
 # These are guesses, labelled as such on every node (profile="unprofiled-default"); `fdpp_rewrite profile` measures the real inflection points.
 _GEMM_DEFAULTS = load_contract("FlatGemm").defaults()  # the tile defaults live in the contract
 UNPROFILED_DEFAULT = GemmChoice(m1=0, m2=16, profile=UNPROFILED, **{
-    name: _GEMM_DEFAULTS[name] for name in ("implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k", "implc")})
+    name: _GEMM_DEFAULTS[name] for name in ("implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k", "implc",
+                                            "implb_loader")})
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def load_profile(path) -> Profile:
             choice = GemmChoice(m1=int(entry["m1"]), m2=int(entry["m2"]), implb_n_tile=int(implb["n_tile"]),
                                 implb_k_tile=int(implb["k_tile"]), implb_stages=int(implb["stages"]),
                                 implb_split_k=int(implb["split_k"]), implc=str(entry.get("implc", "cublaslt")),
-                                profile=label)
+                                profile=label, implb_loader=str(implb.get("loader", "tma")))
         except (KeyError, TypeError, ValueError) as exc:
             raise FdppError(f"profile {path} is malformed: {where} lacks or mistypes {exc}; re-run "
                             "`python -m fdpp_rewrite profile` on the GPU") from exc

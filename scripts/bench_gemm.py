@@ -115,8 +115,7 @@ def main():
             print(f"\n{name}: ImplB config search over {search['candidates']} candidates, best first "
                   f"(us at M = {search['m']}):")
             for item in search["top"]:
-                c = item["config"]
-                print(f"   n{c['n_tile']} k{c['k_tile']} s{c['stages']} x{c['split_k']}: "
+                print(f"   {gemm.config_label(item['config'])}: "
                       f"{' '.join(fmt(t) for t in item['us'])}  score {item['score']}")
         w_bytes = 2 * n * k
         copies = weight_copies(n, k, timer.l2_bytes)
@@ -147,7 +146,8 @@ def main():
         pdl_mixed.extend(pdl_after_cublaslt(gemm, timer, bench, plan, name, copies))
 
         # Ablations on ImplB with the shape's config (flushed). Padding and pipeline depth are ablated on the
-        # cp.async kernel (the TMA one takes neither pad 64 nor one stage), which is timed beside its TMA config.
+        # warp-tiled cp.async kernel (the 1024-column ones take neither pad 64 nor one stage), which is timed beside
+        # the profiled 1024-column config.
         cfg = plan["implb"]
         tma = cfg["k_tile"] >= 1024
         if tma:
@@ -363,14 +363,16 @@ def _bar_detail(key, side):
 
 
 def print_summary(summary, ablation, epilogue_rows, pdl_mixed):
+    from fdpp_rewrite.gpu import gemm
+
     print("\n== ablation (ImplB, us, L2 flushed)")
     print(f"{'shape':>8} {'M':>3} {'pad8':>8} {'pad16':>8} {'pad64':>8} {'stages=1':>9} {'stages=2':>9} {'profiled':>9}"
-          f" {'TMA':>8}  (cp.async config)")
+          f" {'k1024':>8}  (cp.async config; k1024: the profiled 1024-column config, TMA or rows)")
     for a in ablation:
         print(f"{a['shape']:>8} {a['m']:>3} {fmt(a['pad8_us'])} {fmt(a['pad16_us'])} {fmt(a['pad64_us'])} "
               f"{fmt(a['stages1_no_overlap_us']):>9} {fmt(a['stages2_double_buffer_us']):>9} "
               f"{fmt(a['stages_profiled_us']):>9} {fmt(a.get('tma_profiled_us')):>8}  "
-              f"n{a['config']['n_tile']} k{a['config']['k_tile']} s{a['config']['stages']} x{a['config']['split_k']}")
+              f"{gemm.config_label(a['config'])}")
     print("\n== static single implementation vs dispatched (geomean slowdown over the points it can run)")
     for impl, s in summary["static_single_implementation"].items():
         graph = (f"{s['graph_geomean_slowdown_vs_dispatched']:.3f}x over {s['graph_points_it_can_run']}/{s['points']}"

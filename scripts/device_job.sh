@@ -48,13 +48,14 @@ stage_gemm_bench() {  # with the plans of the profile made in this run, if there
   [ -f "$RESULTS/profiles/h200.json" ] && plans=(--profile "$RESULTS/profiles/h200.json")
   timeout "${BENCH_TIMEOUT:-180}" python3 scripts/bench_gemm.py --out "$RESULTS/gemm" --force "${plans[@]}"
 }
+stage_gemm_loaders()      { timeout 120 python3 scripts/bench_implb_loaders.py --out "$RESULTS/gemm_loaders"; }
 stage_profile() {
   timeout "${PROFILE_TIMEOUT:-300}" python3 -m fdpp_rewrite profile \
     ${PRESETS:-llama2-7b llama2-13b opt-6.7b chatglm2-6b smollm2-135m} \
     --out "$RESULTS/profiles/h200.json" --plots "$RESULTS/profiles/plots" --force ${PROFILE_ARGS:---quick}
 }
 
-ALL="smoke wgmma_probe attention_tests attention_sanitize attention_bench calibration_check gemm_tests gemm_sanitize profile gemm_bench"
+ALL="smoke wgmma_probe attention_tests attention_sanitize attention_bench calibration_check gemm_tests gemm_sanitize gemm_loaders profile gemm_bench"
 STAGES=${*:-$ALL}
 declare -A VERDICT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RESULTS/gpu.txt"

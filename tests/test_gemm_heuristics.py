@@ -128,10 +128,39 @@ def test_candidates_are_valid_and_within_the_contract(n, k, device):
         gemm().check_implb_config(c, 1, k, device["max_smem"], device["cc_major"])
         assert c["n_tile"] in (16, 32, 64) and c["stages"] <= 4 and c["split_k"] <= 8
         assert c["k_tile"] <= 512 or (c["k_tile"] == 1024 and c["n_tile"] == 16 and c["split_k"] == 1)
-        if device["cc_major"] < 9:
-            assert c["split_k"] == 1 and c["k_tile"] <= 512
-    if device["cc_major"] >= 9:
-        assert any(c["k_tile"] >= 1024 for c in configs), "the TMA configs are candidates on sm_90"
+        assert ("loader" in c) == (c["k_tile"] == 1024)
+        if device["cc_major"] < 9:  # no clusters, no TMA; the rows kernel is plain cp.async
+            assert c["split_k"] == 1 and (c["k_tile"] <= 512 or c["loader"] == "rows")
+    loaders = {c.get("loader") for c in configs}
+    assert "rows" in loaders, "the rows configs are candidates everywhere"
+    assert ("tma" in loaders) == (device["cc_major"] == 9), "the TMA configs are candidates on sm_90 only"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"stages": 5}, "2 to 4 stages"),
+    ({"n_tile": 32}, "n_tile 16, k_tile 1024 and split_k 1"),
+    ({"split_k": 2}, "n_tile 16, k_tile 1024 and split_k 1"),
+    ({"loader": "bulk"}, "loader must be one of"),
+])
+def test_rows_config_problems(change, message):
+    config = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows", **change}
+    with pytest.raises(FdppError, match=message):
+        gemm().check_implb_config(config, m=1, k=4096, max_smem=H200["max_smem"], cc_major=9)
+
+
+def test_rows_config_limits():
+    rows = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows"}
+    for m in (1, 9, 16):  # any K that is a multiple of 8 (the problem check's rule), off sm_90 too
+        gemm().check_implb_config(rows, m=m, k=1000, max_smem=H200["max_smem"], cc_major=9)
+        gemm().check_implb_config(rows, m=m, k=1000, max_smem=A100["max_smem"], cc_major=8)
+    with pytest.raises(FdppError, match="M <= 16"):
+        gemm().check_implb_config(rows, m=17, k=4096, max_smem=H200["max_smem"], cc_major=9)
+    with pytest.raises(FdppError, match="shared memory"):  # two stages of 16 + 16 rows x 2 KB = 128 KB
+        gemm().check_implb_config(rows, m=16, k=4096, max_smem=100 * 1024, cc_major=9)
+    # Without a loader a k_tile 1024 config is the TMA one, as in profiles written before the rows kernel.
+    tma = {key: value for key, value in rows.items() if key != "loader"}
+    with pytest.raises(FdppError, match="needs K to be a multiple of 64"):
+        gemm().check_implb_config(tma, m=1, k=1000, max_smem=H200["max_smem"], cc_major=9)
 
 
 def test_workspace_only_when_implc_is_reachable():

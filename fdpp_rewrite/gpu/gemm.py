@@ -1,7 +1,7 @@
 """ctypes bindings of the flat GEMM's C ABI (plugins/capi/gemm_capi.h) and a torch-facing `linear()`.
 
 A *plan* is the per-(N, K, dtype) dispatch table of the heuristic dataflow, as a dict shaped like one entry of
-engines/profiles/<gpu>.json: {"m1": int, "m2": int, "implb": {"n_tile", "k_tile", "stages", "split_k"},
+engines/profiles/<gpu>.json: {"m1": int, "m2": int, "implb": {"n_tile", "k_tile", "stages", "split_k"[, "loader"]},
 "implc": "cublaslt" | "cutlass"}.
 
 The pure host functions (select, default_plan, implb_candidates, check_implb_config, workspace_bytes) need the
@@ -23,19 +23,38 @@ IMPLB_MAX_M = 64
 IMPLA_MAX_M = 8
 
 
+# How a k_tile 1024 config streams the weight (the C ABI's loader codes): "tma", the tensor memory accelerator
+# (sm_90); "rows", row-streaming cp.async with two CTAs per SM. Smaller k_tiles have no loader choice.
+LOADERS = {"tma": 0, "rows": 1}
+LOADER_NAMES = {v: k for k, v in LOADERS.items()}
+BULK_MIN_K_TILE = 1024
+
+
 class ImplBConfig(ctypes.Structure):
     _fields_ = [("n_tile", ctypes.c_int32), ("k_tile", ctypes.c_int32), ("stages", ctypes.c_int32),
-                ("split_k", ctypes.c_int32)]
+                ("split_k", ctypes.c_int32), ("loader", ctypes.c_int32)]
 
     def as_dict(self) -> dict:
-        return {"n_tile": self.n_tile, "k_tile": self.k_tile, "stages": self.stages, "split_k": self.split_k}
+        d = {"n_tile": self.n_tile, "k_tile": self.k_tile, "stages": self.stages, "split_k": self.split_k}
+        if self.k_tile >= BULK_MIN_K_TILE:
+            d["loader"] = LOADER_NAMES.get(self.loader, str(self.loader))
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ImplBConfig":
+        loader = d.get("loader", "tma") if isinstance(d, dict) else None
+        if loader not in LOADERS:
+            raise FdppError(f"ImplB config {d!r}: loader must be one of {', '.join(LOADERS)}")
         try:
-            return cls(int(d["n_tile"]), int(d["k_tile"]), int(d["stages"]), int(d["split_k"]))
+            return cls(int(d["n_tile"]), int(d["k_tile"]), int(d["stages"]), int(d["split_k"]), LOADERS[loader])
         except (KeyError, TypeError, ValueError) as exc:
             raise FdppError(f"ImplB config {d!r} needs integer n_tile, k_tile, stages and split_k") from exc
+
+
+def config_label(c: dict) -> str:
+    """A config in one short word, e.g. 'n16 k1024 s3 x1 rows'."""
+    loader = f" {c['loader']}" if c.get("loader") else ""
+    return f"n{c['n_tile']} k{c['k_tile']} s{c['stages']} x{c['split_k']}{loader}"
 
 
 class Plan(ctypes.Structure):

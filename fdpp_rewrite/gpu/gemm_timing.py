@@ -79,17 +79,7 @@ class Timer:
         """Microseconds per launch of fns[i % len(fns)], i < iters, replayed as one CUDA graph (median of
         replays). Each fn must be capturable (no allocation, no sync)."""
         torch = self.torch
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for fn in fns:  # warm-up outside capture (cuBLAS plans, lazy module loads)
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(iters):
-                fns[i % len(fns)]()
+        graph = capture_graph(fns, iters)
         graph.replay()
         torch.cuda.synchronize()
         times = []
@@ -103,6 +93,25 @@ class Timer:
             times.append(start.elapsed_time(end) * 1000.0 / iters)
         del graph
         return statistics.median(times)
+
+
+def capture_graph(fns: list, iters: int):
+    """A CUDA graph of `iters` launches of fns[i % len(fns)], each fn run once outside the capture first (cuBLAS
+    plans, lazy module loads). Each fn must be capturable (no allocation, no sync)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(iters):
+            fns[i % len(fns)]()
+    return graph
 
 
 def safe_time(timer_call, *args, **kwargs) -> float | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.errors import FdppError
 
-EXPECTED_ABI_VERSION = 1
+EXPECTED_ABI_VERSION = 2
 STATUS_NAMES = {1: "invalid argument", 2: "unsupported", 3: "CUDA error", 4: "internal error"}
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 

@@ -121,7 +121,8 @@ def run(graph: gs.Graph, profile_path=None, default_profile=DEFAULT_PROFILE, sto
         count = sum(m.shape_key == (n, k, dtype) for m in matches)
         report.notes.append(f"[N={n}, K={k}] {dtype} x{count}: m1={choice.m1} m2={choice.m2} "
                             f"ImplB n_tile={choice.implb_n_tile} k_tile={choice.implb_k_tile} "
-                            f"stages={choice.implb_stages} split_k={choice.implb_split_k}")
+                            f"stages={choice.implb_stages} split_k={choice.implb_split_k}"
+                            + (f" loader={choice.implb_loader}" if choice.implb_k_tile >= 1024 else ""))
     names = NameMaker(graph, "fdpp_gemm")
     # each weight is read, transposed and written once: minutes for a 7B model, hence the bar
     for match in tqdm(matches, desc="flat gemm", unit="weight", leave=False, disable=None):

@@ -12,7 +12,7 @@ namespace fdpp {
 namespace {
 
 constexpr const char* kPluginName = "FlatGemm";     // = the ONNX op type in domain "fdpp"
-constexpr const char* kPluginVersion = "1";         // = contract.json "version"
+constexpr const char* kPluginVersion = "2";         // = contract.json "version"
 constexpr const char* kPluginNamespace = "";        // the ONNX parser's default plugin_namespace
 
 using nvinfer1::PluginField;
@@ -98,6 +98,10 @@ FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollecti
       a.plan.implb.stages = checked_int32(f, 1, gemm::kMaxStages);
     } else if (name == "implb_split_k") {
       a.plan.implb.split_k = checked_int32(f, 1, gemm::kMaxSplitK);
+    } else if (name == "implb_loader") {
+      const std::string loader = read_string(f);
+      if (loader != "tma" && loader != "rows") throw std::invalid_argument("implb_loader '" + loader + "' is not tma or rows");
+      a.plan.implb.loader = loader == "rows" ? gemm::kLoaderRows : gemm::kLoaderTma;
     } else if (name == "implc") {
       a.implc = read_string(f);
       if (a.implc == "cutlass") {
@@ -327,6 +331,8 @@ const nvinfer1::PluginFieldCollection* FlatGemmPlugin::getFieldsToSerialize() no
                                "implb_split_k"};
     text("epilogue", attrs_.epilogue);
     for (size_t i = 0; i < ints_.size(); ++i) fields_.emplace_back(int_names[i], &ints_[i], PluginFieldType::kINT32, 1);
+    loader_ = attrs_.plan.implb.loader == gemm::kLoaderRows ? "rows" : "tma";
+    text("implb_loader", loader_);
     text("implc", attrs_.implc);
     text("profile", attrs_.profile);
     collection_.nbFields = static_cast<int32_t>(fields_.size());
@@ -343,6 +349,7 @@ FlatGemmPluginCreator::FlatGemmPluginCreator() {
   fields_.emplace_back("epilogue", nullptr, PluginFieldType::kCHAR, 0);
   for (const char* name : {"has_bias", "m1", "m2", "implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k"})
     fields_.emplace_back(name, nullptr, PluginFieldType::kINT32, 1);
+  fields_.emplace_back("implb_loader", nullptr, PluginFieldType::kCHAR, 0);
   fields_.emplace_back("implc", nullptr, PluginFieldType::kCHAR, 0);
   fields_.emplace_back("profile", nullptr, PluginFieldType::kCHAR, 0);
   collection_.nbFields = static_cast<int32_t>(fields_.size());

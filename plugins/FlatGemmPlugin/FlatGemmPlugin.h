@@ -2,8 +2,8 @@
 //
 // Inputs: x [..., K], weight [N, K], bias [N] (when has_bias = 1), residual [..., N] (when epilogue = "residual").
 // Output: y [..., N], or [..., N/2] for epilogue "silu_mul". float16 or bfloat16, linear layout.
-// Attributes: epilogue, has_bias, m1, m2, implb_n_tile, implb_k_tile, implb_stages, implb_split_k, implc,
-// profile. enqueue() dispatches by the run-time M = product of x's leading dims: a table lookup, no timing.
+// Attributes: epilogue, has_bias, m1, m2, implb_n_tile, implb_k_tile, implb_stages, implb_split_k,
+// implb_loader (version 2), implc, profile. enqueue() dispatches by the run-time M = product of x's leading dims: a table lookup, no timing.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -74,6 +74,7 @@ class FlatGemmPlugin : public nvinfer1::IPluginV3,
   // Backing storage of getFieldsToSerialize()'s collection.
   std::vector<nvinfer1::PluginField> fields_;
   std::vector<int32_t> ints_;
+  std::string loader_;  // the serialized implb_loader
   nvinfer1::PluginFieldCollection collection_{};
 };
 

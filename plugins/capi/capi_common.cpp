@@ -4,7 +4,7 @@
 #include "kernels/axpy.h"
 
 namespace {
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;  // 2: fdpp_gemm_implb_config.loader
 thread_local std::string t_last_error;
 }  // namespace
 

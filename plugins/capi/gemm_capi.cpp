@@ -10,10 +10,12 @@ namespace {
 
 namespace g = fdpp::gemm;
 
-g::ImplBConfig to_config(const fdpp_gemm_implb_config& c) { return g::ImplBConfig{c.n_tile, c.k_tile, c.stages, c.split_k}; }
+g::ImplBConfig to_config(const fdpp_gemm_implb_config& c) {
+  return g::ImplBConfig{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader};
+}
 
 fdpp_gemm_implb_config from_config(const g::ImplBConfig& c) {
-  return fdpp_gemm_implb_config{c.n_tile, c.k_tile, c.stages, c.split_k};
+  return fdpp_gemm_implb_config{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader};
 }
 
 g::Plan to_plan(const fdpp_gemm_plan& p) { return g::Plan{p.m1, p.m2, to_config(p.implb), p.implc}; }

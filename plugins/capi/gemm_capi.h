@@ -25,9 +25,10 @@ typedef enum fdpp_gemm_epilogue {
 // ImplB tile configuration (see plugins/kernels/gemm_heuristics.h for the meaning and valid values).
 typedef struct fdpp_gemm_implb_config {
   int32_t n_tile;   // 16, 32, 64
-  int32_t k_tile;   // k_tile / (4 / (n_tile / 16)) in {32, 64, 128, 256}
+  int32_t k_tile;   // k_tile / (4 / (n_tile / 16)) in {32, 64, 128, 256}, or 1024 (16-row x 1024 pipelines)
   int32_t stages;   // 1..8 (1 = no overlap of loads and math)
   int32_t split_k;  // 1..8 CTAs of a cluster along K (> 1 needs sm_90)
+  int32_t loader;   // k_tile 1024 configs: 0 = TMA (sm_90), 1 = row-streaming cp.async; ignored below
 } fdpp_gemm_implb_config;
 
 // One (N, K, dtype)'s dispatch table, as profiled.

@@ -5,7 +5,8 @@
 // every one can be captured in a CUDA graph.
 //   ImplA  GEMV on CUDA cores (gemm_impla.cu), M <= 8
 //   ImplB  flat GEMM on tensor cores, batch padded to 8 on the MMA's N side, M <= 64: a cp.async pipeline
-//          (gemm_implb.cu) or, for k_tile 1024 configs on sm_90 at M <= 16, a TMA one (gemm_implb_bulk.cu)
+//          (gemm_implb.cu) or, for k_tile 1024 configs at M <= 16, a TMA one (gemm_implb_bulk.cu, sm_90) or a
+//          row-streaming cp.async one (gemm_implb_stream.cu), by the config's loader
 //   ImplC  cuBLASLt, loaded at run time (gemm_implc_cublaslt.cu), or CUTLASS 2.x (gemm_implc_cutlass.cu)
 // run_gemm() (gemm_dispatch.cu) picks one by the plan in gemm_heuristics.h.
 //
@@ -77,14 +78,18 @@ cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream);
 
 // ImplB: M <= 64. pad_m is 8 (the paper's choice); 16 and 64 run the same kernel on more zero rows (ablation).
 // When M's batch rows make config.stages too deep for shared memory, fewer stages (at least 2) are used.
-// A TMA config (implb_is_bulk) runs gemm_implb_bulk.cu where it can (sm_90, M <= 16, K % 64 == 0)
-// and the unprofiled default cp.async config elsewhere.
+// A k_tile 1024 config (implb_is_bulk) runs gemm_implb_bulk.cu (loader TMA: sm_90, M <= 16, K % 64 == 0) or
+// gemm_implb_stream.cu (loader rows: M <= 16) where it can, and the unprofiled default cp.async config elsewhere.
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& config, int pad_m, cudaStream_t stream);
 // Raises a kernel's dynamic shared memory limit to `bytes` (never lowers it), once per (kernel, device) and size;
 // thread-safe. A no-op up to 48 KB.
 cudaError_t ensure_dynamic_smem(const void* kernel, int device, int64_t bytes);
 // The TMA kernel itself, for batch_blocks (1 or 2) blocks of 8 rows.
 cudaError_t launch_implb_bulk(const Problem& p, const ImplBConfig& config, int batch_blocks, cudaStream_t stream);
+// The row-streaming cp.async kernel (gemm_implb_stream.cu), for batch_blocks (1 or 2) blocks of 8 rows.
+cudaError_t launch_implb_stream(const Problem& p, int stages, int batch_blocks, cudaStream_t stream);
+// CTAs of a 128-thread kernel resident per SM with this dynamic shared memory (host query, cached; at least 1).
+int resident_ctas_per_sm(const void* kernel, int device, int64_t smem);
 
 // ImplC through cuBLASLt. Workspace: implc_workspace_bytes(). Returns cudaErrorNotSupported (with a detail
 // message) when libcublasLt cannot be loaded; set FDPP_CUBLASLT_LIBRARY to its path.

@@ -212,6 +212,33 @@ __device__ __forceinline__ void store_block(const float (&acc)[NB][4], const Lan
   }
 }
 
+// The end of a 16-row block whose K range `Warps` warps shared (the 1024-column ImplB kernels): each warp's sums
+// into part[warp], a barrier of those warps (named barrier 1, so a producer warp outside them is not waited for),
+// warp 0 adds the others' sums, applies the epilogue and stores; every warp's sums are zeroed for the next block.
+// part is double-buffered by block parity by the caller: a warp may reach the next block's end before warp 0 has
+// read this one.
+template <typename T, int NB, int Warps, typename Params>
+__device__ __forceinline__ void finish_block(float (&acc)[NB][4], float (&part)[Warps][NB * 4][32], int warp,
+                                             int lane, int block, const Params& p) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) part[warp][nb * 4 + q][lane] = acc[nb][q];
+  asm volatile("bar.sync 1, %0;\n" ::"n"(Warps * 32) : "memory");
+  if (warp == 0) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int other = 1; other < Warps; ++other) acc[nb][q] += part[other][nb * 4 + q][lane];
+    store_block<T, NB>(acc, LaneRows(p.n, p.silu, block, lane >> 2), lane & 3, p.m, p.n, p.silu, p.bias, p.residual,
+                       p.y);
+  }
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+}
+
 // The problem's pointers, sizes and epilogue into a kernel parameter struct that has these fields (host code).
 template <typename Params>
 void fill_problem(Params& params, const Problem& p) {

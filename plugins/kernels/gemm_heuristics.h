@@ -30,11 +30,17 @@ enum class Impl : int32_t {
 //   stages  cp.async pipeline depth, 1 (no overlap: load, wait, compute) .. 8
 //   split_k CTAs (one thread-block cluster) sharing one tile's K range, reduced through distributed shared
 //           memory: 1 .. 8; > 1 needs compute capability 9.0 (clusters)
+//   loader  for k_tile 1024 configs, how the weight is streamed (ignored below): kLoaderTma, one CTA per SM with
+//           a producer warp and the tensor memory accelerator (gemm_implb_bulk.cu); kLoaderRows, two 128-thread
+//           CTAs per SM whose warps copy 512-byte row pieces with cp.async (gemm_implb_stream.cu)
+constexpr int32_t kLoaderTma = 0;
+constexpr int32_t kLoaderRows = 1;
 struct ImplBConfig {
   int32_t n_tile;
   int32_t k_tile;
   int32_t stages;
   int32_t split_k;
+  int32_t loader = kLoaderTma;
 };
 
 // What the profile says about one (N, K, dtype): ImplA for M <= m1, ImplB for m1 < M <= m2, ImplC above
@@ -87,11 +93,18 @@ inline int implb_batch_blocks(int64_t m, int pad_m) {
   return 8;
 }
 
-// k_tile >= 1024 selects ImplB's TMA pipeline (gemm_implb_bulk.cu: sm_90, M <= 16, K % 64 == 0, one CTA per SM,
-// the weight streamed by the tensor memory accelerator in 16-row x k_tile tiles); smaller k_tile the cp.async
-// one (gemm_implb.cu).
+// k_tile >= 1024 selects one of ImplB's 16-row x 1024-column pipelines (M <= 16): by c.loader the TMA one
+// (gemm_implb_bulk.cu: sm_90, K % 64 == 0, one CTA per SM, the weight streamed by the tensor memory accelerator)
+// or the row-streaming cp.async one (gemm_implb_stream.cu: two CTAs per SM); smaller k_tile the warp-tiled
+// cp.async kernel (gemm_implb.cu).
 constexpr int kBulkMinKTile = 1024;
 inline bool implb_is_bulk(const ImplBConfig& c) { return c.k_tile >= kBulkMinKTile; }
+inline bool implb_is_rows(const ImplBConfig& c) { return implb_is_bulk(c) && c.loader == kLoaderRows; }
+
+// Dynamic shared memory of the row-streaming kernel for m activation rows: per stage, 16 weight rows and m
+// activation rows of 1024 columns (2 KB each).
+//   3 stages, M = 1: 3 * 17 * 2048 = 104448 bytes (two CTAs fit an SM); M = 8: 3 * 24 * 2048 = 147456
+inline int64_t implb_rows_smem_bytes(int stages, int64_t m) { return int64_t(stages) * (16 + m) * 2048; }
 
 inline int implb_warps_n(const ImplBConfig& c) { return c.n_tile / 16; }
 inline int implb_warps_k(const ImplBConfig& c) { return kImplBWarps / implb_warps_n(c); }
@@ -105,7 +118,9 @@ inline int implb_kw(const ImplBConfig& c) { return c.k_tile / implb_warps_k(c); 
 // staged batch row feeds twice the MMAs; the config's n_tile is then per half-tile).
 //   TMA: 16 rows x k_tile x 2 bytes per stage, plus 1024 bytes to align the ring for the 128-byte swizzle;
 //        k_tile 1024, 3 stages: 3 * 32768 + 1024 = 99328 bytes
+//   rows loader: implb_rows_smem_bytes at the batch blocks' 8 rows each (the launcher sizes it by M)
 inline int64_t implb_smem_bytes(const ImplBConfig& c, int batch_blocks, int row_blocks = 1) {
+  if (implb_is_rows(c)) return implb_rows_smem_bytes(c.stages, 8 * batch_blocks);
   if (implb_is_bulk(c)) return int64_t(c.stages) * 16 * int64_t(c.k_tile) * 2 + 1024;
   const int64_t kgroups = implb_kw(c) / 32;
   const int64_t stage = int64_t(kImplBWarps) * (2 * row_blocks + batch_blocks) * kgroups * 512;
@@ -130,6 +145,16 @@ inline int64_t implb_grid(int64_t n, bool silu_mul, const ImplBConfig& c) {
 // cc_major its compute capability (clusters need 9).
 inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int batch_blocks, int64_t max_smem,
                                         int cc_major) {
+  if (c.loader != kLoaderTma && c.loader != kLoaderRows) return "loader must be 0 (TMA) or 1 (rows)";
+  if (implb_is_rows(c)) {
+    if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
+      return "a rows ImplB config needs n_tile 16, k_tile 1024 and split_k 1";
+    if (c.stages < 2 || c.stages > 4) return "a rows ImplB config needs 2 to 4 stages";
+    if (batch_blocks > 2) return "a rows ImplB config handles M <= 16";
+    if (implb_rows_smem_bytes(2, 8 * batch_blocks) > max_smem)
+      return "two stages of the rows ImplB need more shared memory than the GPU has";
+    return nullptr;
+  }
   if (implb_is_bulk(c)) {
     if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
       return "a TMA ImplB config (k_tile >= 1024) needs n_tile 16, k_tile 1024 and split_k 1";
@@ -253,6 +278,14 @@ inline int implb_candidates(int64_t n, int64_t k, bool silu_mul, int batch_block
   }
   for (int stages : {2, 3, 4}) {
     const ImplBConfig c{16, kBulkMinKTile, stages, 1};
+    if (implb_config_problem(c, k, batch_blocks, max_smem, cc_major) != nullptr) continue;
+    if (count < cap) out[count] = c;
+    ++count;
+  }
+  // The rows kernel: 2 and 3 stages (with 4 or more, two CTAs never fit an SM; the launcher takes fewer
+  // stages where M's activation rows do not let two CTAs fit).
+  for (int stages : {2, 3}) {
+    const ImplBConfig c{16, kBulkMinKTile, stages, 1, kLoaderRows};
     if (implb_config_problem(c, k, batch_blocks, max_smem, cc_major) != nullptr) continue;
     if (count < cap) out[count] = c;
     ++count;

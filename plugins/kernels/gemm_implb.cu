@@ -26,8 +26,9 @@
 // tiles through one continuous pipeline), and with programmatic dependent launch the weights of the first
 // stages are requested before waiting for the kernel that produces X (gemm.h: pdl_enabled).
 //
-// A config with k_tile >= 1024 (implb_is_bulk) selects the TMA version of this kernel instead
-// (gemm_implb_bulk.cu): on the H200 it streams the weight 5-14% faster at M <= 8 (docs/notes-gemm.md, run 23).
+// A config with k_tile >= 1024 (implb_is_bulk) selects a 16-row x 1024-column version of this kernel instead, the
+// TMA one (gemm_implb_bulk.cu) or the row-streaming one (gemm_implb_stream.cu): on the H200 they stream the weight
+// 5-14% faster at M <= 8 (docs/notes-gemm.md, runs 23 and 36-46).
 #include <cooperative_groups.h>
 
 #include <cstdlib>
@@ -239,24 +240,6 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
   detail::cp_async_wait<0>();
 }
 
-// CTAs of this kernel resident per SM at this shared memory size (host query, cached).
-int resident_ctas_per_sm(const void* kernel, int device, int64_t smem) {
-  static std::mutex mu;
-  static std::unordered_map<const void*, std::unordered_map<int64_t, int>> cache[64];
-  std::lock_guard<std::mutex> lock(mu);
-  auto& per_kernel = cache[device & 63][kernel];
-  auto found = per_kernel.find(smem);
-  if (found != per_kernel.end()) return found->second;
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128, size_t(smem)) != cudaSuccess) {
-    cudaGetLastError();
-    blocks = 1;
-  }
-  if (blocks < 1) blocks = 1;
-  per_kernel[smem] = blocks;
-  return blocks;
-}
-
 template <typename T, int NB, int RB>
 cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
   const void* kernel = reinterpret_cast<const void*>(&flat_gemm_kernel<T, NB, RB>);
@@ -324,6 +307,24 @@ cudaError_t ensure_dynamic_smem(const void* kernel, int device, int64_t bytes) {
   return err;
 }
 
+// CTAs of a 128-thread kernel resident per SM at this shared memory size (host query, cached).
+int resident_ctas_per_sm(const void* kernel, int device, int64_t smem) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, std::unordered_map<int64_t, int>> cache[64];
+  std::lock_guard<std::mutex> lock(mu);
+  auto& per_kernel = cache[device & 63][kernel];
+  auto found = per_kernel.find(smem);
+  if (found != per_kernel.end()) return found->second;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128, size_t(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    blocks = 1;
+  }
+  if (blocks < 1) blocks = 1;
+  per_kernel[smem] = blocks;
+  return blocks;
+}
+
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad_m, cudaStream_t stream) {
   if (p.m < 1 || p.m > kImplBMaxM) {
     set_detail("ImplB handles 1 <= M <= 64");
@@ -339,7 +340,8 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
   const int nb = implb_batch_blocks(p.m, pad_m);
   if (implb_is_bulk(requested)) {
     if (implb_config_problem(requested, p.k, nb, dev.max_smem_optin, dev.cc_major) == nullptr)
-      return launch_implb_bulk(p, requested, nb, stream);
+      return implb_is_rows(requested) ? launch_implb_stream(p, requested.stages, nb, stream)
+                                      : launch_implb_bulk(p, requested, nb, stream);
     return launch_implb(p, default_implb_config(p.n, p.k, p.silu_mul(), dev.num_sms, dev.cc_major), pad_m, stream);
   }
   // A profile picks one config per shape, usually at small M; at larger M each stage also holds more batch

@@ -195,24 +195,7 @@ __global__ void __launch_bounds__(kBulkThreads) flat_gemm_bulk_kernel(const __gr
     if (u + 2 < total) load_x(xr, u + 2);
     if (u % p.steps == p.steps - 1) {  // the block is complete: add the warps' K shares, epilogue, store
       const int b = u / p.steps;
-      auto& part = red[b & 1];  // a warp may reach the next block's end before warp 0 has read this one
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) part[warp][nb * 4 + q][lane] = acc[nb][q];
-      asm volatile("bar.sync 1, %0;\n" ::"n"(kBulkWarps * 32) : "memory");  // the consumer warps only
-      if (warp == 0) {
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-#pragma unroll
-            for (int other = 1; other < kBulkWarps; ++other) acc[nb][q] += part[other][nb * 4 + q][lane];
-        detail::store_block<T, NB>(acc, detail::LaneRows(p.n, p.silu, block0 + b, g), t, p.m, p.n, p.silu, p.bias,
-                                   p.residual, p.y);
-      }
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+      detail::finish_block<T, NB, kBulkWarps>(acc, red[b & 1], warp, lane, block0 + b, p);
     }
   };
 

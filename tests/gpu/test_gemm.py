@@ -145,29 +145,37 @@ def test_implb_configs(config, m, epilogue, dtype):
     _check(out, ref, peer)
 
 
-TMA_CONFIGS = [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s in (2, 3, 4)]
+# The 16-row x 1024-column pipelines: the TMA one (sm_90) and the row-streaming cp.async one.
+BULK_CONFIGS = ([{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s in (2, 3, 4)]
+                + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows"} for s in (2, 3, 4)])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul", "silu_mul+bias+residual"])
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 13, 16, 17, 40])
-@pytest.mark.parametrize("config", TMA_CONFIGS, ids=lambda c: "tma-s{stages}".format(**c))
-@pytest.mark.parametrize("shape", ["short-last-unit", "many-blocks"])
-def test_implb_tma_pipeline(config, m, epilogue, dtype, shape):
-    """The TMA ImplB (k_tile >= 1024, sm_90, M <= 16): N not a multiple of 16 (zero-filled rows past N), K a
-    multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than SMs (up to ~10 per CTA); above
-    M = 16 the launcher takes the default cp.async config instead, which must be just as right. (These checks do
-    not show which kernel ran: a config the TMA path wrongly refused would still pass through the fallback.)"""
+@pytest.mark.parametrize("config", BULK_CONFIGS, ids=lambda c: "{}-s{}".format(c.get("loader", "tma"), c["stages"]))
+@pytest.mark.parametrize("shape", ["short-last-unit", "many-blocks", "k-not-64"])
+def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
+    """The 1024-column ImplB pipelines (k_tile 1024, M <= 16; TMA on sm_90, rows anywhere): N not a multiple of 16
+    (zero-filled rows past N), K a multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than
+    SMs (up to ~10 per CTA); for rows also a K that is a multiple of 8 only (a partial 32-column group). Above M = 16
+    the launcher takes the default cp.async config instead, which must be just as right. (These checks do not show
+    which kernel ran: a config the path wrongly refused would still pass through the fallback.)"""
     from fdpp_rewrite.gpu import gemm
 
-    if gemm.device_info()["cc_major"] != 9:
+    rows = config.get("loader") == "rows"
+    if not rows and gemm.device_info()["cc_major"] != 9:
         pytest.skip("the TMA pipeline runs on compute capability 9.x (the library's sm_90a code)")
     silu = epilogue.startswith("silu")
     if shape == "short-last-unit":  # a 64-column last unit; silu: N / 2 a multiple of 8
         n, k = (4112, 3136) if silu else (4104, 2112)
-    else:  # ~10 blocks per CTA (the reduction buffers reused, the ring wrapped many times), a 576-column last unit;
-        n, k = (20008, 1600) if silu else (20000, 1600)  # silu: N / 2 = 10004, so the last gate box reads up rows
-    if m > 16 and shape == "many-blocks":
+    elif shape == "many-blocks":  # ~10 blocks per CTA (the reduction buffers reused, the ring wrapped many times),
+        n, k = (20008, 1600) if silu else (20000, 1600)  # a 576-column last unit; silu: N / 2 = 10004
+    else:
+        if not rows:
+            pytest.skip("the TMA pipeline needs K % 64 == 0 (the rows one takes any multiple of 8)")
+        n, k = (1048, 2072) if silu else (1000, 2072)  # 2072 = 2 x 1024 + 24: a last group of 24 columns
+    if m > 16 and shape != "short-last-unit":
         pytest.skip("above M = 16 the cp.async fallback runs; the first shape covers it")
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 7)
     out = _run("implb", x, w, bias, residual, epilogue, config=config)
@@ -279,7 +287,9 @@ def test_cuda_graph_capture_and_replay():
 @pytest.mark.parametrize("first, second, m", [("implb", "implb", 4), ("impla", "implb", 4), ("implb", "impla", 4),
                                               ("cublaslt", "implb", 4), ("implb", "implb", 24),
                                               ("cublaslt", "implb", 24), ("bulk", "bulk", 4), ("bulk", "bulk", 16),
-                                              ("implb", "bulk", 8), ("bulk", "impla", 1)])
+                                              ("implb", "bulk", 8), ("bulk", "impla", 1), ("rows", "rows", 4),
+                                              ("rows", "rows", 16), ("bulk", "rows", 8), ("rows", "bulk", 8),
+                                              ("rows", "impla", 1), ("cublaslt", "rows", 8)])
 def test_programmatic_dependent_launch_chain(first, second, m):
     """GEMM 2 reads GEMM 1's output. With programmatic dependent launch GEMM 2 starts streaming its weight
     early but must not read X before GEMM 1 is done: X is poisoned with NaN before every chain, and the result
@@ -299,9 +309,10 @@ def test_programmatic_dependent_launch_chain(first, second, m):
     a1, a2 = gemm.make_args(x, w1, out=mid), gemm.make_args(mid, w2, out=out)
 
     bulk = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}  # "bulk": ImplB's TMA pipeline
+    rows = dict(bulk, loader="rows")  # the row-streaming cp.async pipeline
     if "bulk" in (first, second) and gemm.device_info()["cc_major"] != 9:
         pytest.skip("the TMA pipeline runs on compute capability 9.x (the library's sm_90a code)")
-    if "bulk" in (first, second):
+    if {"bulk", "rows"} & {first, second}:
         k, n1 = 2048, 2048  # K a multiple of 64 for the TMA pipeline
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         w1 = torch.randn(n1, k, device="cuda", dtype=torch.float16) / k**0.5
@@ -310,8 +321,8 @@ def test_programmatic_dependent_launch_chain(first, second, m):
         a1, a2 = gemm.make_args(x, w1, out=mid), gemm.make_args(mid, w2, out=out)
 
     def launch(args, impl):
-        if impl == "bulk":
-            gemm.run_impl(args, "implb", implb_config=bulk, workspace=ws)
+        if impl in ("bulk", "rows"):
+            gemm.run_impl(args, "implb", implb_config=bulk if impl == "bulk" else rows, workspace=ws)
         else:
             gemm.run_impl(args, impl, workspace=ws)
 

@@ -48,15 +48,19 @@ for (n, k) in [(200, 264), (88, 520), (9000, 136)]:  # the last: many tiles per 
                 for impl in ("cublaslt", "cutlass"):
                     out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
                     gemm.linear(x, w, b, r, epilogue=ep, impl=impl, out=out)
-# ImplB's TMA pipeline (sm_90): rows past N zero-filled by the copy engine, a short last K unit, many blocks per CTA.
-for (n, k) in [(136, 1088), (4100, 192)] if cc == 9 else []:
+# ImplB's 1024-column pipelines: TMA (sm_90; rows past N zero-filled by the copy engine) and rows (cp.async zero
+# fill), a short last K unit, many blocks per CTA; rows also with K a multiple of 8 only.
+for (n, k) in [(136, 1088), (4100, 192), (200, 1048)]:
     for m in (1, 9, 16):
         for ep in ("none", "silu_mul"):
             x, w, b, r, n_out = inputs(m, n, k, ep)
             for stages in (2, 3):
-                out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
-                cfg = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1}
-                gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
+                for loader in ("tma", "rows"):
+                    if loader == "tma" and (cc != 9 or k % 64):
+                        continue
+                    out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
+                    cfg = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1, "loader": loader}
+                    gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
 torch.cuda.synchronize()
 print("CASE DONE")
 """

@@ -1,0 +1,222 @@
+// ImplB on a row-streaming cp.async pipeline (M <= 16; a config's loader kLoaderRows): the flat GEMM of
+// gemm_implb.cu with the loader that read weights fastest on the H200 -- two 128-thread CTAs per SM, each with
+// up to three 32 KB stages in flight, every warp instruction copying 512 contiguous bytes of one weight row
+// (docs/notes-gemm.md, run 32: a 33.5 MB weight in 8.15 us in a PDL chain, against 9.15 us for the TMA tiles
+// of gemm_implb_bulk.cu).
+//
+// The math is ImplB's: Y^T = W X^T with 16 weight rows on the MMA's M side and the batch padded to 8 on its
+// 8-wide side (two batch blocks up to M = 16), mma.sync m16n8k16, fp32 accumulators, and the K permutation of
+// gemm_implb.cu (lane (g, t) multiplies W[row][8t .. 8t+8) of every 32-wide K group with X[batch g][same]).
+//
+// Work: a unit is one 16-row block times 1024 columns. CTA c takes the contiguous blocks [c * per, (c + 1) * per),
+// per = ceil(blocks / resident CTAs), and streams their units in order. Warp w owns columns [256 w, 256 w + 256)
+// of every unit: it copies them -- the 16 weight rows and the M activation rows, 512 bytes each, one row per
+// instruction, one commit group per unit -- and multiplies them, so the ring needs no CTA barrier: a __syncwarp
+// orders a warp's copies before its reads, and its reads before the copy that refills the slot.
+//
+// Measured on the H200 (runs 36-40, docs/notes-gemm.md), and why it is built this way:
+// - X rides in the stage with the weights. Loaded into registers a unit ahead instead, its L2 latency under the
+//   weight stream held every refill back: 2.4 us per unit, o 11.6 us against 10.1 for the TMA kernel.
+// - A warp moves the unit's operands into registers and refills the slot before it multiplies.
+// - No L2::256B prefetch hint on the weight copies (2-3% slower with it); 512-column units were slower.
+#include "kernels/gemm_common.cuh"
+
+namespace fdpp {
+namespace gemm {
+namespace {
+
+using detail::Elem;
+
+constexpr int kUnitCols = 1024;                     // columns per unit
+constexpr int kWarpCols = kUnitCols / kImplBWarps;  // a warp's share: 256 columns
+constexpr int kGroups = kWarpCols / 32;             // K groups of 32 per warp and unit
+constexpr int kRowBytes = kWarpCols * 2;            // 512 bytes of a row per warp
+
+// Where 16-byte piece q (0..31) of row r of a warp's slot sits: rows 512 bytes apart and piece q moved to
+// q ^ (4 * (r & 1)), so the MMA reads (rows g and g + 1 of a quarter-warp, pieces 4j .. 4j + 3) hit all 32 banks.
+__device__ __forceinline__ uint32_t piece_offset(int r, int q) { return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4); }
+
+struct StreamGemmParams {
+  const void* x;
+  const void* w;
+  const void* bias;
+  const void* residual;
+  void* y;
+  int m, n, k;
+  int silu;
+  int stages;
+  int steps;           // units per block: ceil(k / kUnitCols)
+  int num_blocks;      // 16-row blocks (silu: 8 gate + 8 up rows)
+  int blocks_per_cta;
+};
+
+template <int NB>
+struct StreamShared {
+  float red[2][kImplBWarps][NB * 4][32];  // per block parity: the warps' partial sums
+};
+
+template <typename T, int NB>
+__global__ void __launch_bounds__(128) flat_gemm_stream_kernel(const StreamGemmParams p) {
+  extern __shared__ __align__(16) unsigned char ring[];
+  __shared__ StreamShared<NB> shared;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int block0 = blockIdx.x * p.blocks_per_cta;
+  const int block1 = block0 + p.blocks_per_cta < p.num_blocks ? block0 + p.blocks_per_cta : p.num_blocks;
+  const int total = (block1 - block0) * p.steps;
+  const T* w = reinterpret_cast<const T*>(p.w);
+  const T* x = reinterpret_cast<const T*>(p.x);
+  const int half_n = p.n >> 1;
+  // A stage: per warp, 16 weight rows then M activation rows, 512 bytes each (this warp's columns).
+  const int warp_slot = (16 + p.m) * kRowBytes;
+  const int stage_bytes = kImplBWarps * warp_slot;
+  unsigned char* my_ring = ring + warp * warp_slot;
+  const uint32_t my_ring_u32 = detail::smem_u32(my_ring);
+
+  // A lane copies piece `lane` of every row: columns col_of(u) .. + 8 of the unit.
+  auto col_of = [&](int u) { return (u % p.steps) * kUnitCols + warp * kWarpCols + lane * 8; };
+  auto issue_x = [&](uint32_t slot, int col) {  // through L1: every CTA of the SM reads the same rows
+    for (int r = 0; r < p.m; ++r)
+      detail::cp_async16_ca(slot + piece_offset(16 + r, lane), col < p.k ? x + int64_t(r) * p.k + col : x,
+                            col < p.k);
+  };
+  // Unit u into ring slot u % stages: the lane's pieces of the 16 weight rows and (with_x) of the M activation
+  // rows; one commit group.
+  auto issue = [&](int u, bool with_x) {
+    const int block = block0 + u / p.steps;
+    const int col = col_of(u);
+    const bool col_ok = col < p.k;
+    const uint32_t slot = my_ring_u32 + (u % p.stages) * stage_bytes;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      // Rows 0-7 and 8-15 of a block: LaneRows' row0 and row1 of lane group g = r % 8.
+      const int lo = r & 7;
+      int row;
+      bool ok;
+      if (p.silu) {
+        row = block * 8 + lo + (r < 8 ? 0 : half_n);
+        ok = block * 8 + lo < half_n;
+      } else {
+        row = block * 16 + r;
+        ok = row < p.n;
+      }
+      ok = ok && col_ok;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + piece_offset(r, lane)),
+                   "l"(ok ? w + int64_t(row) * p.k + col : w), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+    if (with_x) issue_x(slot, col);  // in the same group: the activations land with the weights
+    detail::cp_async_commit();
+  };
+
+  float acc[NB][4];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+
+  // Weights only may be read before the previous grid is done: the prologue's first `stages` units split into a
+  // weight group each and one activation group after the PDL wait. Group accounting: unit u is complete once at
+  // most stages - 1 groups are pending, counting the prologue's activation group as older than all later ones.
+  detail::pdl_launch_dependents();
+  for (int s = 0; s < p.stages; ++s) {
+    if (s < total)
+      issue(s, false);
+    else
+      detail::cp_async_commit();
+  }
+  detail::pdl_wait_for_previous_grid();
+  for (int s = 0; s < p.stages && s < total; ++s)
+    issue_x(my_ring_u32 + s * stage_bytes, col_of(s));
+  detail::cp_async_commit();
+
+  for (int u = 0; u < total; ++u) {
+    // Committed so far: the prologue's weight groups 0 .. stages-1, its activation group, then one group per
+    // iteration (unit i + stages at iteration i). Unit u < stages is complete with the activation group, after
+    // which u groups came; a later unit u with its own group, after which stages - 1 came.
+    detail::cp_async_wait_dynamic(u < p.stages - 1 ? u : p.stages - 1);
+    __syncwarp();  // every lane's copies of this unit have landed
+    // The unit's operands into registers, then the slot goes straight back to the loader.
+    const unsigned char* slot = my_ring + (u % p.stages) * stage_bytes;
+    const int col = (u % p.steps) * kUnitCols + warp * kWarpCols;
+    uint4 a_lo[kGroups], a_hi[kGroups], b[kGroups][NB];
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      if (col + 32 * j < p.k) {
+        a_lo[j] = detail::lds16(slot + piece_offset(g, 4 * j + t));      // W[row0][8t .. 8t+8) of group j
+        a_hi[j] = detail::lds16(slot + piece_offset(g + 8, 4 * j + t));  // W[row1][same]
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          const int mrow = nb * 8 + g;
+          b[j][nb] = mrow < p.m ? detail::lds16(slot + piece_offset(16 + mrow, 4 * j + t))
+                                : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    __syncwarp();  // the slot has been read: refill it with unit u + stages
+    if (u + p.stages < total)
+      issue(u + p.stages, true);
+    else
+      detail::cp_async_commit();
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      if (col + 32 * j < p.k) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          detail::mma_16816<T>(acc[nb], a_lo[j].x, a_hi[j].x, a_lo[j].y, a_hi[j].y, b[j][nb].x, b[j][nb].y);
+          detail::mma_16816<T>(acc[nb], a_lo[j].z, a_hi[j].z, a_lo[j].w, a_hi[j].w, b[j][nb].z, b[j][nb].w);
+        }
+      }
+    }
+    if (u % p.steps == p.steps - 1) {  // the block is complete: add the warps' K shares, epilogue, store
+      const int blk = u / p.steps;
+      detail::finish_block<T, NB, kImplBWarps>(acc, shared.red[blk & 1], warp, lane, block0 + blk, p);
+    }
+  }
+  detail::cp_async_wait<0>();
+}
+
+template <typename T, int NB>
+cudaError_t launch_typed(StreamGemmParams params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
+  auto kernel = flat_gemm_stream_kernel<T, NB>;
+  const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
+  if (err != cudaSuccess) return err;
+  // Equal contiguous block ranges over the CTAs resident at once (two per SM at three stages).
+  const int64_t resident = int64_t(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), dev.device, smem)) *
+                           dev.num_sms;
+  params.blocks_per_cta = int((params.num_blocks + resident - 1) / resident);
+  const int grid = (params.num_blocks + params.blocks_per_cta - 1) / params.blocks_per_cta;
+  return detail::launch_kernel(kernel, unsigned(grid), 128u, size_t(smem), stream, 1, params);
+}
+
+}  // namespace
+
+cudaError_t launch_implb_stream(const Problem& p, int stages, int batch_blocks, cudaStream_t stream) {
+  DeviceInfo dev;
+  cudaError_t err = current_device_info(&dev);
+  if (err != cudaSuccess) return err;
+  if (batch_blocks < 1 || batch_blocks > 2 || p.m > 16 || stages < 2 || stages > kMaxStages) {
+    set_detail("ImplB rows: needs M <= 16 and 2 to 8 stages");
+    return cudaErrorInvalidValue;
+  }
+  // Two CTAs per SM is the point of this loader: with more activation rows per stage the ring gets shallower
+  // (never below 2 stages) until two fit (228 KB per SM, 1 KB reserved per CTA, the reduction buffers).
+  const int64_t per_cta_extra = 1024 + int64_t(sizeof(StreamShared<2>)) / 2 * batch_blocks;
+  while (stages > 2 && 2 * (implb_rows_smem_bytes(stages, p.m) + per_cta_extra) > 228 * 1024) --stages;
+  const int64_t smem = implb_rows_smem_bytes(stages, p.m);
+  if (smem > dev.max_smem_optin) {
+    set_detail("ImplB rows: two stages need more shared memory than the GPU has");
+    return cudaErrorInvalidValue;
+  }
+  StreamGemmParams params{};
+  detail::fill_problem(params, p);
+  params.stages = stages;
+  params.steps = int((p.k + kUnitCols - 1) / kUnitCols);
+  params.num_blocks = int(implb_row_blocks(p.n, p.silu_mul()));
+  if (p.dtype == Dtype::kBFloat16)
+    return batch_blocks == 1 ? launch_typed<__nv_bfloat16, 1>(params, dev, smem, stream)
+                             : launch_typed<__nv_bfloat16, 2>(params, dev, smem, stream);
+  return batch_blocks == 1 ? launch_typed<__half, 1>(params, dev, smem, stream)
+                           : launch_typed<__half, 2>(params, dev, smem, stream);
+}
+
+}  // namespace gemm
+}  // namespace fdpp
