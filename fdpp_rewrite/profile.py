@@ -68,9 +68,12 @@ def choose_plan(ms: list, curves: dict) -> dict:
     ImplC is whichever library is faster in total above M = 16 (over all M when it has no points there). Then
     every (m1, m2) with ImplA valid on every M <= m1 and ImplB valid on every M in (m1, m2] is scored against
     the best of ImplA/ImplB/ImplC at each M: first by how many M it is more than 2% slower there, then by the
-    geometric mean of its slowdowns, then by the worst one. (Counting misses first keeps one outlier point --
-    a library heuristic switching algorithms at a single M -- from dragging a threshold across many good
-    points.) Returns {"m1", "m2", "implc", "worst_ratio", "misses"}."""
+    geometric mean of its slowdowns (to 0.1%), then by the worst one. (Counting misses first keeps one outlier
+    point -- a library heuristic switching algorithms at a single M -- from dragging a threshold across many
+    good points.) Among plans tied on all three, the one with the smaller m1 and then the larger m2: ImplB's
+    time is its weight stream and held from machine to machine, where the library's at a tied M did not (H200,
+    gate_up M=8: ImplB 45.44 us against cuBLASLt 45.43 on the profiling machine, 45.5 against 47.6-48.7 on
+    others; docs/notes-gemm.md, runs 56-57). Returns {"m1", "m2", "implc", "worst_ratio", "misses"}."""
     n = len(ms)
 
     def series(name):
@@ -110,7 +113,7 @@ def choose_plan(ms: list, curves: dict) -> dict:
                 continue
             misses = sum(r > 1.02 + 1e-9 for r in ratios)
             mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-            key = (misses, round(mean, 4), round(max(ratios), 3), m1, m2)
+            key = (misses, round(mean, 3), round(max(ratios), 3), m1, -m2)
             if winner is None or key < winner[0]:
                 winner = (key, m1, m2)
     if winner is None:

@@ -61,6 +61,18 @@ def test_choose_plan_prefers_the_smallest_worst_ratio_over_noise():
     assert choice["worst_ratio"] <= 1.02
 
 
+def test_choose_plan_breaks_ties_towards_implb():
+    # At M = 8 ImplB and the library are equal within 0.1%: the flat GEMM keeps it (its time held across machines).
+    ms = [1, 2, 4, 8, 16]
+    b = [10.0, 10.0, 10.0, 10.003, 14.0]
+    lt = [12.0, 12.0, 12.0, 10.0, 10.0]
+    choice = profile.choose_plan(ms, curves(ms, [None] * 5, b, lt, [None] * 5))
+    assert (choice["m1"], choice["m2"]) == (0, 8)
+    # A clear win for the library at M = 8 still moves the threshold.
+    lt[3] = 9.0
+    assert profile.choose_plan(ms, curves(ms, [None] * 5, b, lt, [None] * 5))["m2"] == 4
+
+
 def test_choose_plan_respects_where_implb_cannot_run():
     ms = [1, 8, 16, 32, 64]
     b = [10, 10, 10, None, 9]  # a config that does not fit at M = 32

@@ -31,8 +31,8 @@ enum class Impl : int32_t {
 //   split_k CTAs (one thread-block cluster) sharing one tile's K range, reduced through distributed shared
 //           memory: 1 .. 8; > 1 needs compute capability 9.0 (clusters)
 //   loader  for k_tile 1024 configs, how the weight is streamed (ignored below): kLoaderTma, one CTA per SM with
-//           a producer warp and the tensor memory accelerator (gemm_implb_bulk.cu); kLoaderRows, two 128-thread
-//           CTAs per SM whose warps copy 512-byte row pieces with cp.async (gemm_implb_stream.cu)
+//           a producer warp and the tensor memory accelerator (gemm_implb_bulk.cu); kLoaderRows, two 256-thread
+//           CTAs per SM whose warps copy 256-byte row pieces with cp.async (gemm_implb_stream.cu)
 constexpr int32_t kLoaderTma = 0;
 constexpr int32_t kLoaderRows = 1;
 struct ImplBConfig {

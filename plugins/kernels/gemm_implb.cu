@@ -307,8 +307,8 @@ cudaError_t ensure_dynamic_smem(const void* kernel, int device, int64_t bytes) {
   return err;
 }
 
-// CTAs of a 128-thread kernel resident per SM at this shared memory size (host query, cached).
-int resident_ctas_per_sm(const void* kernel, int device, int64_t smem) {
+// CTAs of a kernel of `threads` threads resident per SM at this shared memory size (host query, cached).
+int resident_ctas_per_sm(const void* kernel, int device, int64_t smem, int threads) {
   static std::mutex mu;
   static std::unordered_map<const void*, std::unordered_map<int64_t, int>> cache[64];
   std::lock_guard<std::mutex> lock(mu);
@@ -316,7 +316,7 @@ int resident_ctas_per_sm(const void* kernel, int device, int64_t smem) {
   auto found = per_kernel.find(smem);
   if (found != per_kernel.end()) return found->second;
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128, size_t(smem)) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, size_t(smem)) != cudaSuccess) {
     cudaGetLastError();
     blocks = 1;
   }

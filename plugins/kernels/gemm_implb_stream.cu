@@ -1,24 +1,26 @@
 // ImplB on a row-streaming cp.async pipeline (M <= 16; a config's loader kLoaderRows): the flat GEMM of
-// gemm_implb.cu with the loader that read weights fastest on the H200 -- two 128-thread CTAs per SM, each with
-// up to three 32 KB stages in flight, every warp instruction copying 512 contiguous bytes of one weight row
-// (docs/notes-gemm.md, run 32: a 33.5 MB weight in 8.15 us in a PDL chain, against 9.15 us for the TMA tiles
-// of gemm_implb_bulk.cu).
+// gemm_implb.cu with the loader that read weights fastest on the H200 -- two CTAs per SM, each with up to three
+// 32 KB stages in flight, every warp instruction copying 512 contiguous bytes of weight rows (docs/notes-gemm.md,
+// run 32: a 33.5 MB weight in 8.15 us in a PDL chain, against 9.15 us for the TMA tiles of gemm_implb_bulk.cu).
 //
 // The math is ImplB's: Y^T = W X^T with 16 weight rows on the MMA's M side and the batch padded to 8 on its
 // 8-wide side (two batch blocks up to M = 16), mma.sync m16n8k16, fp32 accumulators, and the K permutation of
 // gemm_implb.cu (lane (g, t) multiplies W[row][8t .. 8t+8) of every 32-wide K group with X[batch g][same]).
 //
 // Work: a unit is one 16-row block times 1024 columns. CTA c takes the contiguous blocks [c * per, (c + 1) * per),
-// per = ceil(blocks / resident CTAs), and streams their units in order. Warp w owns columns [256 w, 256 w + 256)
-// of every unit: it copies them -- the 16 weight rows and the M activation rows, 512 bytes each, one row per
-// instruction, one commit group per unit -- and multiplies them, so the ring needs no CTA barrier: a __syncwarp
-// orders a warp's copies before its reads, and its reads before the copy that refills the slot.
+// per = ceil(blocks / resident CTAs), and streams their units in order. Each of the 8 warps owns 128 columns of
+// every unit, [128 w, 128 w + 128): it copies them -- the 16 weight rows and the M activation rows, 256 bytes
+// each, two rows per instruction, one commit group per unit -- and multiplies them, so the ring needs no CTA
+// barrier: a __syncwarp orders a warp's copies before its reads, and its reads before the copy that refills the slot.
 //
-// Measured on the H200 (runs 36-40, docs/notes-gemm.md), and why it is built this way:
+// Measured on the H200 (docs/notes-gemm.md), and why it is built this way:
 // - X rides in the stage with the weights. Loaded into registers a unit ahead instead, its L2 latency under the
-//   weight stream held every refill back: 2.4 us per unit, o 11.6 us against 10.1 for the TMA kernel.
+//   weight stream held every refill back: 2.4 us per unit, o 11.6 us against 10.1 for the TMA kernel (runs 36-39).
 // - A warp moves the unit's operands into registers and refills the slot before it multiplies.
-// - No L2::256B prefetch hint on the weight copies (2-3% slower with it); 512-column units were slower.
+// - No L2::256B prefetch hint on the weight copies (2-3% slower with it); 512-column units were slower (run 40).
+// - 8 warps of 128 columns, not 4 of 256: the same bytes in flight, half the work per warp and unit between a
+//   slot landing and its refill. Same run (run 54, us, 4 / 8 warps): o M=1 10.07 / 9.27, M=8 11.13 / 10.19;
+//   qkv M=8 27.01 / 25.36; down M=8 24.17 / 22.83. 16 warps of 64 columns were slower than 8 (o M=1 10.02).
 #include "kernels/gemm_common.cuh"
 
 namespace fdpp {
@@ -27,12 +29,16 @@ namespace {
 
 using detail::Elem;
 
-constexpr int kUnitCols = 1024;                     // columns per unit
-constexpr int kWarpCols = kUnitCols / kImplBWarps;  // a warp's share: 256 columns
-constexpr int kGroups = kWarpCols / 32;             // K groups of 32 per warp and unit
-constexpr int kRowBytes = kWarpCols * 2;            // 512 bytes of a row per warp
+constexpr int kUnitCols = 1024;                    // columns per unit
+constexpr int kWarps = 8;                          // warps per CTA
+constexpr int kWarpCols = kUnitCols / kWarps;      // a warp's share: 128 columns
+constexpr int kGroups = kWarpCols / 32;            // K groups of 32 per warp and unit
+constexpr int kRowBytes = kWarpCols * 2;           // 256 bytes of a row per warp
+constexpr int kPieces = kRowBytes / 16;            // 16-byte pieces of a row piece
+constexpr int kRowsPerCopy = 32 / kPieces;         // row pieces one warp instruction copies: 2
+static_assert(kRowsPerCopy * kPieces == 32 && 16 % kRowsPerCopy == 0, "whole rows per warp instruction");
 
-// Where 16-byte piece q (0..31) of row r of a warp's slot sits: rows 512 bytes apart and piece q moved to
+// Where 16-byte piece q (0..15) of row r of a warp's slot sits: rows 256 bytes apart and piece q moved to
 // q ^ (4 * (r & 1)), so the MMA reads (rows g and g + 1 of a quarter-warp, pieces 4j .. 4j + 3) hit all 32 banks.
 __device__ __forceinline__ uint32_t piece_offset(int r, int q) { return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4); }
 
@@ -52,11 +58,11 @@ struct StreamGemmParams {
 
 template <int NB>
 struct StreamShared {
-  float red[2][kImplBWarps][NB * 4][32];  // per block parity: the warps' partial sums
+  float red[2][kWarps][NB * 4][32];  // per block parity: the warps' partial sums
 };
 
 template <typename T, int NB>
-__global__ void __launch_bounds__(128) flat_gemm_stream_kernel(const StreamGemmParams p) {
+__global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const StreamGemmParams p) {
   extern __shared__ __align__(16) unsigned char ring[];
   __shared__ StreamShared<NB> shared;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -67,17 +73,19 @@ __global__ void __launch_bounds__(128) flat_gemm_stream_kernel(const StreamGemmP
   const T* w = reinterpret_cast<const T*>(p.w);
   const T* x = reinterpret_cast<const T*>(p.x);
   const int half_n = p.n >> 1;
-  // A stage: per warp, 16 weight rows then M activation rows, 512 bytes each (this warp's columns).
+  // A stage: per warp, 16 weight rows then M activation rows, 256 bytes each (this warp's columns).
   const int warp_slot = (16 + p.m) * kRowBytes;
-  const int stage_bytes = kImplBWarps * warp_slot;
+  const int stage_bytes = kWarps * warp_slot;
   unsigned char* my_ring = ring + warp * warp_slot;
   const uint32_t my_ring_u32 = detail::smem_u32(my_ring);
+  // An instruction copies kRowsPerCopy row pieces: this lane copies piece `piece` of the `sub_row`-th of them.
+  const int piece = lane % kPieces, sub_row = lane / kPieces;
 
-  // A lane copies piece `lane` of every row: columns col_of(u) .. + 8 of the unit.
-  auto col_of = [&](int u) { return (u % p.steps) * kUnitCols + warp * kWarpCols + lane * 8; };
+  // A lane's columns of unit u: col_of(u) .. + 8.
+  auto col_of = [&](int u) { return (u % p.steps) * kUnitCols + warp * kWarpCols + piece * 8; };
   auto issue_x = [&](uint32_t slot, int col) {  // through L1: every CTA of the SM reads the same rows
-    for (int r = 0; r < p.m; ++r)
-      detail::cp_async16_ca(slot + piece_offset(16 + r, lane), col < p.k ? x + int64_t(r) * p.k + col : x,
+    for (int r = sub_row; r < p.m; r += kRowsPerCopy)
+      detail::cp_async16_ca(slot + piece_offset(16 + r, piece), col < p.k ? x + int64_t(r) * p.k + col : x,
                             col < p.k);
   };
   // Unit u into ring slot u % stages: the lane's pieces of the 16 weight rows and (with_x) of the M activation
@@ -88,7 +96,8 @@ __global__ void __launch_bounds__(128) flat_gemm_stream_kernel(const StreamGemmP
     const bool col_ok = col < p.k;
     const uint32_t slot = my_ring_u32 + (u % p.stages) * stage_bytes;
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r0 = 0; r0 < 16; r0 += kRowsPerCopy) {
+      const int r = r0 + sub_row;
       // Rows 0-7 and 8-15 of a block: LaneRows' row0 and row1 of lane group g = r % 8.
       const int lo = r & 7;
       int row;
@@ -101,7 +110,7 @@ __global__ void __launch_bounds__(128) flat_gemm_stream_kernel(const StreamGemmP
         ok = row < p.n;
       }
       ok = ok && col_ok;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + piece_offset(r, lane)),
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + piece_offset(r, piece)),
                    "l"(ok ? w + int64_t(row) * p.k + col : w), "r"(ok ? 16 : 0)
                    : "memory");
     }
@@ -168,7 +177,7 @@ __global__ void __launch_bounds__(128) flat_gemm_stream_kernel(const StreamGemmP
     }
     if (u % p.steps == p.steps - 1) {  // the block is complete: add the warps' K shares, epilogue, store
       const int blk = u / p.steps;
-      detail::finish_block<T, NB, kImplBWarps>(acc, shared.red[blk & 1], warp, lane, block0 + blk, p);
+      detail::finish_block<T, NB, kWarps>(acc, shared.red[blk & 1], warp, lane, block0 + blk, p);
     }
   }
   detail::cp_async_wait<0>();
@@ -180,11 +189,12 @@ cudaError_t launch_typed(StreamGemmParams params, const DeviceInfo& dev, int64_t
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
   if (err != cudaSuccess) return err;
   // Equal contiguous block ranges over the CTAs resident at once (two per SM at three stages).
-  const int64_t resident = int64_t(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), dev.device, smem)) *
-                           dev.num_sms;
+  const int64_t resident =
+      int64_t(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), dev.device, smem, kWarps * 32)) *
+      dev.num_sms;
   params.blocks_per_cta = int((params.num_blocks + resident - 1) / resident);
   const int grid = (params.num_blocks + params.blocks_per_cta - 1) / params.blocks_per_cta;
-  return detail::launch_kernel(kernel, unsigned(grid), 128u, size_t(smem), stream, 1, params);
+  return detail::launch_kernel(kernel, unsigned(grid), unsigned(kWarps * 32), size_t(smem), stream, 1, params);
 }
 
 }  // namespace
