@@ -1,7 +1,7 @@
 // ImplB on a row-streaming cp.async pipeline (M <= 16; a config's loader kLoaderRows): the flat GEMM of
-// gemm_implb.cu with the loader that read weights fastest on the H200 -- two CTAs per SM, each with up to three
-// 32 KB stages in flight, every warp instruction copying 512 contiguous bytes of weight rows (docs/notes-gemm.md,
-// run 32: a 33.5 MB weight in 8.15 us in a PDL chain, against 9.15 us for the TMA tiles of gemm_implb_bulk.cu).
+// gemm_implb.cu on the loader that read weights fastest on the H200 -- two CTAs per SM, each with up to three
+// 32 KB stages of 16-byte cp.async in flight (docs/notes-gemm.md, run 32: a 33.5 MB weight in 8.15 us in a PDL
+// chain, against 9.15 us for the TMA tiles of gemm_implb_bulk.cu).
 //
 // The math is ImplB's: Y^T = W X^T with 16 weight rows on the MMA's M side and the batch padded to 8 on its
 // 8-wide side (two batch blocks up to M = 16), mma.sync m16n8k16, fp32 accumulators, and the K permutation of
