@@ -38,6 +38,14 @@ def main() -> int:
                 att.attention(q, k, v, past, softmax=softmax, kernel="decode", num_splits=3, counters=counters)
             q, k, v = inputs(2, 4, 4, 3, 150, dim, dtype)
             att.attention(q, k, v, torch.tensor([100, 147], device="cuda"), kernel="decode", counters=counters)
+            # The other pipeline depths decode_stages() picks: 2 stages for more CTAs than SMs (8 x 32 heads), 4 for
+            # one CTA per SM streaming 33 key tiles (one split).
+            q, k, v = inputs(8, 32, 32, 1, 200, dim, dtype)
+            att.attention(q, k, v, torch.full((8,), 199, device="cuda"), kernel="decode", counters=counters)
+            tile = 64 if dim == 128 else 128
+            q, k, v = inputs(1, 2, 2, 1, 33 * tile, dim, dtype)
+            att.attention(q, k, v, torch.tensor([33 * tile - 1], device="cuda"), kernel="decode", num_splits=1,
+                          counters=counters)
             q, k, v = inputs(1, 4, 2, 300, 333, dim, dtype)
             past = torch.tensor([30], device="cuda")
             for config in configs:  # every prefill tile shape the plan can run or be forced to

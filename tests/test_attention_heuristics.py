@@ -47,6 +47,23 @@ def test_cluster_combine_rule(splits, cc_major, ctas, expected):
     assert cluster_combine_ok(splits, cc_major, ctas, H200_SMS) == expected
 
 
+@pytest.mark.parametrize("ctas,cluster,tiles_per_split,expected", [
+    (256, False, 16, 2),   # MHA B=8 L=1K: one split, two CTAs per SM
+    (1024, False, 128, 2),  # MHA B=8 L=32K: 4 splits, four waves' worth
+    (256, False, 128, 2),  # GQA 32/8 B=8 L=32K: 4 splits
+    (128, False, 32, 4),   # GQA B=1 L=32K: 16 splits of 32 tiles, one CTA per SM
+    (128, False, 128, 4),  # MHA B=1 L=32K: 4 splits of 128 tiles
+    (128, False, 8, 3),    # GQA B=1 L=8K: 16 splits of 8 tiles
+    (128, False, 1, 3),    # GQA B=1 L=1K: 16 splits of one tile
+    (128, True, 64, 3),    # GQA B=8 L=8K in clusters of 2: the cluster kernel has 3 stages
+    (96, True, 6, 3),      # MHA B=1 L=1K: 3 splits in clusters
+])
+def test_decode_stages_worked_examples(ctas, cluster, tiles_per_split, expected):
+    from fdpp_rewrite.gpu.attention import decode_stages
+
+    assert decode_stages(ctas, H200_SMS, cluster, tiles_per_split) == expected
+
+
 def test_decode_splits_give_at_most_one_cta_per_sm_unless_rows_are_long():
     from fdpp_rewrite.gpu.attention import decode_splits
 

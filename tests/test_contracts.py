@@ -30,6 +30,21 @@ def test_contract_files_are_complete(op):
                                           name: spec["default"]})
 
 
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_plugin_version_matches_the_contract_and_reaches_the_onnx_parser(op):
+    """TensorRT's ONNX parser finds a plugin creator by (op type, the node's plugin_version attribute, default
+    "1"): the adapter must register the contract's version, and a node of an op past version 1 must carry it."""
+    import re
+    from pathlib import Path
+
+    contract = load_contract(op)
+    source = (Path(__file__).parents[1] / "plugins" / f"{op}Plugin" / f"{op}Plugin.cpp").read_text()
+    registered = re.search(r'kPluginVersion = "(\d+)"', source).group(1)
+    assert registered == str(contract.version)
+    attrs = contract.validate_attributes(ATTENTION_ATTRS if op == "AsyncSoftmaxAttention" else GEMM_ATTRS)
+    assert attrs.get("plugin_version", "1") == registered
+
+
 def test_defaults_are_filled_and_inputs_follow_attributes():
     gemm = load_contract("FlatGemm")
     full = gemm.validate_attributes(GEMM_ATTRS)

@@ -130,9 +130,9 @@ def test_candidates_are_valid_and_within_the_contract(n, k, device):
         assert c["k_tile"] <= 512 or (c["k_tile"] == 1024 and c["n_tile"] == 16 and c["split_k"] == 1)
         assert ("loader" in c) == (c["k_tile"] == 1024)
         if device["cc_major"] < 9:  # no clusters, no TMA; the rows kernel is plain cp.async
-            assert c["split_k"] == 1 and (c["k_tile"] <= 512 or c["loader"] == "rows")
+            assert c["split_k"] == 1 and (c["k_tile"] <= 512 or c["loader"] in ("rows", "rows1"))
     loaders = {c.get("loader") for c in configs}
-    assert "rows" in loaders, "the rows configs are candidates everywhere"
+    assert {"rows", "rows1"} <= loaders, "the rows configs (both leads) are candidates everywhere"
     assert ("tma" in loaders) == (device["cc_major"] == 9), "the TMA configs are candidates on sm_90 only"
 
 
@@ -142,8 +142,9 @@ def test_candidates_are_valid_and_within_the_contract(n, k, device):
     ({"split_k": 2}, "n_tile 16, k_tile 1024 and split_k 1"),
     ({"loader": "bulk"}, "loader must be one of"),
 ])
-def test_rows_config_problems(change, message):
-    config = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows", **change}
+@pytest.mark.parametrize("loader", ["rows", "rows1"])
+def test_rows_config_problems(change, message, loader):
+    config = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": loader, **change}
     with pytest.raises(FdppError, match=message):
         gemm().check_implb_config(config, m=1, k=4096, max_smem=H200["max_smem"], cc_major=9)
 

@@ -82,6 +82,7 @@ def library() -> ctypes.CDLL:
         "fdpp_attention_decode_splits": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
         "fdpp_attention_prefill_plan": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
         "fdpp_attention_cluster_combine_ok": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
+        "fdpp_attention_decode_stages": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
     }.items():
         try:
             function = getattr(lib, name)
@@ -106,6 +107,11 @@ def decode_splits(units: int, tiles: int, sms: int, ctas_per_sm: int = 2) -> int
 def cluster_combine_ok(splits: int, cc_major: int, ctas: int, sms: int) -> bool:
     """The decode's cluster-combine rule (pure host code in the library; the launcher also checks residency)."""
     return bool(library().fdpp_attention_cluster_combine_ok(splits, cc_major, ctas, sms))
+
+
+def decode_stages(ctas: int, sms: int, cluster: bool, tiles_per_split: int) -> int:
+    """The decode's pipeline-stage rule (pure host code in the library): 2, 3 or 4."""
+    return int(library().fdpp_attention_decode_stages(ctas, sms, int(cluster), tiles_per_split))
 
 
 def prefill_plan(heads: int, seq: int, slots: int) -> tuple[int, bool]:

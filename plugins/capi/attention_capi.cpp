@@ -140,6 +140,10 @@ int fdpp_attention_decode_splits(int units, int tiles, int sms, int ctas_per_sm)
   return fdpp::decode_num_splits(units, tiles, sms, ctas_per_sm);
 }
 
+int fdpp_attention_decode_stages(int ctas, int sms, int cluster, int tiles_per_split) {
+  return fdpp::decode_stages(ctas, sms, cluster != 0, tiles_per_split);
+}
+
 int fdpp_attention_cluster_combine_ok(int splits, int cc_major, int ctas, int sms) {
   return fdpp::cluster_combine_ok(splits, cc_major, ctas, sms) ? 1 : 0;
 }

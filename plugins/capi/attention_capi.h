@@ -88,6 +88,11 @@ FDPP_API int fdpp_attention_prefill_plan(int heads, int seq, int slots, int* syn
 // launcher also checks that all the clusters fit at once), else 0.
 FDPP_API int fdpp_attention_cluster_combine_ok(int splits, int cc_major, int ctas, int sms);
 
+// The pure host rule for the decode's pipeline stages (attention_heuristics.h): the stages the split kernel runs
+// for a grid of `ctas` CTAs on `sms` SMs, combining in clusters (cluster != 0) or not, each CTA streaming
+// `tiles_per_split` key tiles. Returns 2, 3 or 4.
+FDPP_API int fdpp_attention_decode_stages(int ctas, int sms, int cluster, int tiles_per_split);
+
 // The library's own counters on the current device (used when args->counters is NULL): copies them to the host
 // (a synchronizing copy: diagnostics only, never inside a launch path) and zeroes them when reset != 0.
 FDPP_API fdpp_status fdpp_attention_read_counters(unsigned long long* host_fallback_rows,

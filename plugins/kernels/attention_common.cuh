@@ -30,6 +30,7 @@ struct AttnArgs {
   // decode split-KV
   int num_splits, row_blocks;
   int cluster_combine;  // 1: the splits of a row block form a thread block cluster whose first CTA combines them
+  int decode_stages;    // pipeline stages of the split kernel (host-chosen: decode_stages() in attention_heuristics.h)
   int prefill_slots;   // prefill: CTAs resident on the GPU at once (orders the work, see prefill_kernel)
   int prefill_config;  // prefill tile shape (host-chosen: prefill_tile_config() in attention_heuristics.h): 1, 2 or 3
   float* ws_acc;       // [rows][splits][head_dim] partial sums of p * v

@@ -62,10 +62,10 @@ __device__ __forceinline__ int kv_len_hint(const AttnArgs& a, int b) {
 // loads right after the wait). Every address lies in keys [0, kv_capacity) of (b, hkv): the hint length is clamped,
 // and the rows are whole rows the cp.async loads could read. Contiguous rows (seq stride == head_dim): one bulk
 // prefetch per tile per tensor, spread over the warps' lane 0; strided rows: one bulk prefetch per row.
-template <typename T, int D>
+template <typename T, int D, int Stages>
 __device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, int hkv, int split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Tr = DecodeTraits<D>;
+  using Tr = DecodeTraits<D, Stages>;
   constexpr uint32_t kRowBytes = D * sizeof(T);
   const SplitRange r = split_range(kv_len_hint(a, b), a.num_splits, Tr::kTile, split);
   const int span = r.end - r.begin;
@@ -91,9 +91,9 @@ __device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, i
 #endif
 }
 
-template <typename T, int D, bool kUnified>
+template <typename T, int D, bool kUnified, int Stages>
 __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) {
-  using Tr = DecodeTraits<D>;
+  using Tr = DecodeTraits<D, Stages>;
   using State = std::conditional_t<kUnified, UnifiedMaxSoftmax<2, true>, SynchronizedSoftmax<2, true>>;
   constexpr int kNT = Tr::kNTiles;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // (the combine of the previous call, RoPE + cache append, the GEMM producing Q). Before the wait: L2 hints only,
   // which cannot change what any load returns. Everything that kernel may write -- Q, the new K/V rows, past_len,
   // the workspace, the output, the counters -- is read or written only after it.
-  prefetch_first_tiles<T, D>(a, b, hkv, split);
+  prefetch_first_tiles<T, D, Stages>(a, b, hkv, split);
   pdl_wait_primary();  // the previous grid has completed and its memory is visible from here on
   // Only now may the next grid start (its own prologue overlaps this grid's work). Triggering before the wait let
   // every later call's grids become resident one after another while the first still ran, each prefetching for a

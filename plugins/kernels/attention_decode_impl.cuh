@@ -56,16 +56,25 @@ constexpr int cluster_smem_bytes() {
   return DecodeTraits<D>::kSmemBytes > 116 * 1024 ? DecodeTraits<D>::kSmemBytes : 116 * 1024;
 }
 
+template <typename T, int D, bool kUnified, int Stages>
+cudaError_t launch_split(const AttnArgs& a, bool pdl, cudaStream_t stream) {
+  using Tr = DecodeTraits<D, Stages>;
+  constexpr auto split = decode_split_kernel<T, D, kUnified, Stages>;
+  // The cluster combine runs only the 3-stage kernel: its receive area is sized for 7 partials there.
+  if (a.cluster_combine && Stages != 3) return cudaErrorInvalidValue;
+  const int smem = a.cluster_combine ? cluster_smem_bytes<D>() : Tr::kSmemBytes;
+  cudaError_t err = allow_smem<split>(Stages == 3 ? cluster_smem_bytes<D>() : smem);  // the largest it is launched with
+  if (err != cudaSuccess) return err;
+  const dim3 grid(a.num_splits, a.num_kv_heads * a.row_blocks, a.batch);
+  return launch_decode_kernel(split, grid, Tr::kThreads, smem, pdl, stream, a, a.cluster_combine ? a.num_splits : 1);
+}
+
 template <typename T, int D, bool kUnified>
 cudaError_t launch_decode_impl(const AttnArgs& a, bool use_pdl, cudaStream_t stream) {
-  using Tr = DecodeTraits<D>;
-  constexpr auto split = decode_split_kernel<T, D, kUnified>;
-  cudaError_t err = allow_smem<split>(cluster_smem_bytes<D>());  // the largest this kernel is launched with
-  if (err != cudaSuccess) return err;
   const bool pdl = use_pdl && attention_pdl_allowed();
-  const dim3 grid(a.num_splits, a.num_kv_heads * a.row_blocks, a.batch);
-  err = launch_decode_kernel(split, grid, Tr::kThreads, a.cluster_combine ? cluster_smem_bytes<D>() : Tr::kSmemBytes,
-                             pdl, stream, a, a.cluster_combine ? a.num_splits : 1);
+  cudaError_t err = a.decode_stages == 2   ? launch_split<T, D, kUnified, 2>(a, pdl, stream)
+                    : a.decode_stages == 4 ? launch_split<T, D, kUnified, 4>(a, pdl, stream)
+                                           : launch_split<T, D, kUnified, 3>(a, pdl, stream);
   // One split, or a cluster per row block: the split kernel wrote the output.
   if (err != cudaSuccess || a.num_splits == 1 || a.cluster_combine) return err;
   return launch_decode_kernel(decode_combine_kernel<T, D, kUnified>, dim3(a.batch * a.num_heads * a.seq), 128, 0,
@@ -86,7 +95,7 @@ cudaError_t launch_decode(const AttnArgs& a, bool unified, bool use_pdl, cudaStr
 template <typename T, int D>
 cudaError_t ctas_per_sm_impl(int* ctas) {
   using Tr = DecodeTraits<D>;
-  constexpr auto split = decode_split_kernel<T, D, true>;
+  constexpr auto split = decode_split_kernel<T, D, true, 3>;
   cudaError_t err = allow_smem<split>(cluster_smem_bytes<D>());
   if (err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, split, Tr::kThreads, Tr::kSmemBytes);
@@ -114,7 +123,7 @@ cudaError_t decode_ctas_per_sm(int head_dim, int* ctas) {
 // API's clusters x splits, cached per device, head_dim and split count.
 template <typename T, int D>
 cudaError_t cluster_capacity_impl(int splits, int* ctas) {
-  constexpr auto split = decode_split_kernel<T, D, true>;
+  constexpr auto split = decode_split_kernel<T, D, true, 3>;
   cudaError_t err = allow_smem<split>(cluster_smem_bytes<D>());
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};

@@ -64,6 +64,26 @@ inline int decode_num_splits(int units, int tiles, int sms, int ctas_per_sm) {
 //   run 30 (no padding, no residency check): B=1 32 heads L=8K 52.6 / 36.4, L=32K 193.7 / 123.6; GQA B=8 L=32K
 //     (256 CTAs, two per SM) 316.1 / 239.6.
 constexpr int kMaxClusterSplits = 8;
+// Pipeline stages of the split kernel (a stage: one key tile of K and V, 32 KB at either head_dim), from its grid:
+//   ctas: CTAs of the split grid; sms: streaming multiprocessors; cluster: the splits combine in clusters;
+//   tiles_per_split: key tiles one CTA streams (of the longest sequence).
+// A cluster combine runs 3 stages (the other splits' partials land in its pipeline buffers, sized for 7 of them).
+// A grid of more CTAs than SMs (two per SM) runs 2, and a grid of at most one CTA per SM 4 where each CTA streams
+// at least kDeepStageTiles tiles, else 3: about 128 KB of loads in flight per SM in both long cases. More was
+// slower with two CTAs per SM and fewer with one. Measured (H200 run 65, ratio cuDNN / ours, same process, 2 / 3 /
+// 4 stages; head_dim 128, 32 query heads, fp16):
+//   two CTAs per SM: MHA B=8 L=1K 1.005 / 0.995 / 0.926, L=8K 0.991 / 0.978 / 0.984, L=32K (1024 CTAs) 1.002 /
+//     0.994 / 0.993; GQA 32/8 B=8 L=32K 0.998 / 0.992 / 0.979;
+//   one CTA per SM: MHA B=1 L=8K (32 tiles per split) 0.855 / 0.975 / 0.978, L=32K (128) 0.840 / 0.989 / 0.991;
+//     GQA B=1 L=32K (32) 0.877 / 1.000 / 1.003, L=8K (8) 0.970 / 1.041 / 1.010, L=1K (1) 1.085 / 1.048 / 1.032.
+// Worked examples (H200, 132 SMs): MHA B=8 L=1K, 256 CTAs -> 2; GQA B=1 L=32K, 128 CTAs of 32 tiles -> 4; GQA B=1
+// L=8K, 128 CTAs of 8 tiles -> 3; GQA B=8 L=8K in clusters of 2 -> 3.
+constexpr int kDeepStageTiles = 32;
+inline int decode_stages(long long ctas, int sms, bool cluster, int tiles_per_split) {
+  if (cluster) return 3;
+  if (ctas > sms) return 2;
+  return tiles_per_split >= kDeepStageTiles ? 4 : 3;
+}
 inline bool cluster_combine_ok(int splits, int cc_major, long long ctas, int sms) {
   return cc_major == 9 && splits >= 2 && splits <= kMaxClusterSplits && ctas <= sms;
 }

@@ -49,6 +49,13 @@ cudaError_t cluster_plan(const AttentionParams& p, int splits, const attn::Devic
   return err;
 }
 
+// Key tiles of the longest sequence the call may see.
+int decode_tiles(const AttentionParams& p) {
+  const int max_len = p.max_kv_len > 0 ? p.max_kv_len : p.kv_capacity;
+  const int tile = decode_tile(p.head_dim);
+  return (max_len + tile - 1) / tile;
+}
+
 cudaError_t decode_plan(const AttentionParams& p, int* splits) {
   if (p.num_splits > 0) {
     *splits = p.num_splits;
@@ -61,9 +68,7 @@ cudaError_t decode_plan(const AttentionParams& p, int* splits) {
   err = p.dtype == AttnDtype::kBFloat16 ? attn::decode_ctas_per_sm<__nv_bfloat16>(p.head_dim, &per_sm)
                                         : attn::decode_ctas_per_sm<__half>(p.head_dim, &per_sm);
   if (err != cudaSuccess) return err;
-  const int max_len = p.max_kv_len > 0 ? p.max_kv_len : p.kv_capacity;
-  const int tile = decode_tile(p.head_dim);
-  const int tiles = (max_len + tile - 1) / tile;
+  const int tiles = decode_tiles(p);
   *splits = decode_num_splits(p.batch * p.num_kv_heads * row_blocks(p), tiles, info.num_sms, per_sm);
   // Short rows: one split fewer where that count combines in clusters and the rule's count cannot
   // (cluster_prefers_one_split_fewer in attention_heuristics.h).
@@ -266,6 +271,8 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       if (err != cudaSuccess) return err;
       if (p.decode_combine == DecodeCombine::kCluster && !cluster) return cudaErrorNotSupported;
       a.cluster_combine = cluster ? 1 : 0;
+      a.decode_stages = decode_stages(static_cast<long long>(p.batch) * p.num_kv_heads * a.row_blocks * splits,
+                                      info.num_sms, cluster, (decode_tiles(p) + splits - 1) / splits);
       if (p.dtype == AttnDtype::kBFloat16) return attn::launch_decode<__nv_bfloat16>(a, unified, pdl, stream);
       if (p.dtype == AttnDtype::kFloat16) return attn::launch_decode<__half>(a, unified, pdl, stream);
       return cudaErrorInvalidValue;

@@ -5,10 +5,11 @@ namespace fdpp {
 namespace attn {
 
 // Split-KV decode: a CTA = 4 warps holds 16 query rows (the G query heads x seq tokens of one KV head, padded) and
-// streams its split's keys in tiles through a 3-stage cp.async pipeline; each warp takes a quarter of every tile.
-// One stage (K and V tile) is 32 KB at either head_dim, so 2 CTAs fit an SM (2 x 100 KB of 227 KB) with up to
-// 4 stages = 128 KB of loads in flight per SM: enough to keep HBM busy (Little's law: ~4.5 TB/s x ~1.5 us).
-template <int D>
+// streams its split's keys in tiles through a 2- to 4-stage cp.async pipeline (decode_stages() in
+// attention_heuristics.h picks per grid); each warp takes a quarter of every tile. One stage (K and V tile) is
+// 32 KB at either head_dim: 2 stages for two CTAs per SM or 4 for one keep about 128 KB of loads in flight per SM
+// (more was measured slower; Little's law needs ~50 KB per SM at ~4.5 TB/s and ~1.5 us of latency).
+template <int D, int Stages = 3>
 struct DecodeTraits {
   static constexpr int kHeadDim = D;
   static constexpr int kWarps = 4;
@@ -17,7 +18,7 @@ struct DecodeTraits {
   static constexpr int kTile = D == 128 ? 64 : 128;  // keys per pipeline stage
   static constexpr int kKeysPerWarp = kTile / kWarps;
   static constexpr int kNTiles = kKeysPerWarp / 8;  // n8 score fragments per warp per tile
-  static constexpr int kStages = 3;
+  static constexpr int kStages = Stages;  // 3 unless decode_stages() says otherwise
   static constexpr int kRowBytes = D * 2;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kRowsPerPass = kThreads / kChunks;
@@ -38,7 +39,10 @@ struct DecodeTraits {
   static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row % 8) must stay fixed across a thread's passes");
   static_assert(kTile % kRowsPerPass == 0, "whole passes per tile");
   static_assert(kRedBytes <= kStages * 2 * kTileBytes, "the reduction reuses the pipeline buffers");
-  static_assert(kClusterSplitsFit >= 8, "a cluster of 8 splits (the portable maximum) fits the receive area");
+  static_assert(Stages >= 2 && Stages <= 4, "decode runs 2 to 4 stages");
+  // Only the 3-stage kernel combines in clusters (the launcher's rule): its receive area must hold 7 partials.
+  static_assert(Stages != 3 || kClusterSplitsFit >= 8,
+                "a cluster of 8 splits (the portable maximum) fits the receive area");
   static_assert(kRedAllBytes % 16 == 0, "the receive area is float4-aligned");
 };
 

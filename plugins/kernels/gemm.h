@@ -87,7 +87,7 @@ cudaError_t ensure_dynamic_smem(const void* kernel, int device, int64_t bytes);
 // The TMA kernel itself, for batch_blocks (1 or 2) blocks of 8 rows.
 cudaError_t launch_implb_bulk(const Problem& p, const ImplBConfig& config, int batch_blocks, cudaStream_t stream);
 // The row-streaming cp.async kernel (gemm_implb_stream.cu), for batch_blocks (1 or 2) blocks of 8 rows.
-cudaError_t launch_implb_stream(const Problem& p, int stages, int batch_blocks, cudaStream_t stream);
+cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_units, int batch_blocks, cudaStream_t stream);
 // CTAs of a kernel of `threads` threads resident per SM with this dynamic shared memory (host query, cached per
 // kernel and size; at least 1).
 int resident_ctas_per_sm(const void* kernel, int device, int64_t smem, int threads = 128);

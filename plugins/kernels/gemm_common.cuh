@@ -215,8 +215,8 @@ __device__ __forceinline__ void store_block(const float (&acc)[NB][4], const Lan
 // The end of a 16-row block whose K range `Warps` warps shared (the 1024-column ImplB kernels): each warp's sums
 // into part[warp], a barrier of those warps (named barrier 1, so a producer warp outside them is not waited for),
 // warp 0 adds the others' sums, applies the epilogue and stores; every warp's sums are zeroed for the next block.
-// part is double-buffered by block parity by the caller: a warp may reach the next block's end before warp 0 has
-// read this one.
+// A warp may reach the next block's end before warp 0 has read this one: the caller double-buffers part by block
+// parity, or holds every warp at a barrier after this call.
 template <typename T, int NB, int Warps, typename Params>
 __device__ __forceinline__ void finish_block(float (&acc)[NB][4], float (&part)[Warps][NB * 4][32], int warp,
                                              int lane, int block, const Params& p) {

@@ -32,9 +32,12 @@ enum class Impl : int32_t {
 //           memory: 1 .. 8; > 1 needs compute capability 9.0 (clusters)
 //   loader  for k_tile 1024 configs, how the weight is streamed (ignored below): kLoaderTma, one CTA per SM with
 //           a producer warp and the tensor memory accelerator (gemm_implb_bulk.cu); kLoaderRows, two 256-thread
-//           CTAs per SM whose warps copy 256-byte row pieces with cp.async (gemm_implb_stream.cu)
+//           CTAs per SM whose warps copy 256-byte row pieces with cp.async (gemm_implb_stream.cu), every stage's
+//           weights issued before the PDL wait; kLoaderRows1, the same kernel issuing only its first unit's
+//           weights before the wait (the other stages fill right after it, with their activations)
 constexpr int32_t kLoaderTma = 0;
 constexpr int32_t kLoaderRows = 1;
+constexpr int32_t kLoaderRows1 = 2;
 struct ImplBConfig {
   int32_t n_tile;
   int32_t k_tile;
@@ -99,7 +102,11 @@ inline int implb_batch_blocks(int64_t m, int pad_m) {
 // cp.async kernel (gemm_implb.cu).
 constexpr int kBulkMinKTile = 1024;
 inline bool implb_is_bulk(const ImplBConfig& c) { return c.k_tile >= kBulkMinKTile; }
-inline bool implb_is_rows(const ImplBConfig& c) { return implb_is_bulk(c) && c.loader == kLoaderRows; }
+inline bool implb_is_rows(const ImplBConfig& c) {
+  return implb_is_bulk(c) && (c.loader == kLoaderRows || c.loader == kLoaderRows1);
+}
+// Units whose weights the rows kernel issues before the PDL wait (the rest of its ring fills after it).
+inline int implb_rows_lead_units(const ImplBConfig& c) { return c.loader == kLoaderRows1 ? 1 : c.stages; }
 
 // Dynamic shared memory of the row-streaming kernel for m activation rows: per stage, 16 weight rows and m
 // activation rows of 1024 columns (2 KB each).
@@ -145,7 +152,8 @@ inline int64_t implb_grid(int64_t n, bool silu_mul, const ImplBConfig& c) {
 // cc_major its compute capability (clusters need 9).
 inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int batch_blocks, int64_t max_smem,
                                         int cc_major) {
-  if (c.loader != kLoaderTma && c.loader != kLoaderRows) return "loader must be 0 (TMA) or 1 (rows)";
+  if (c.loader != kLoaderTma && c.loader != kLoaderRows && c.loader != kLoaderRows1)
+    return "loader must be 0 (TMA), 1 (rows) or 2 (rows1)";
   if (implb_is_rows(c)) {
     if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
       return "a rows ImplB config needs n_tile 16, k_tile 1024 and split_k 1";
@@ -283,13 +291,14 @@ inline int implb_candidates(int64_t n, int64_t k, bool silu_mul, int batch_block
     ++count;
   }
   // The rows kernel: 2 and 3 stages (with 4 or more, two CTAs never fit an SM; the launcher takes fewer
-  // stages where M's activation rows do not let two CTAs fit).
-  for (int stages : {2, 3}) {
-    const ImplBConfig c{16, kBulkMinKTile, stages, 1, kLoaderRows};
-    if (implb_config_problem(c, k, batch_blocks, max_smem, cc_major) != nullptr) continue;
-    if (count < cap) out[count] = c;
-    ++count;
-  }
+  // stages where M's activation rows do not let two CTAs fit), leading with all of them or with one unit.
+  for (int32_t loader : {kLoaderRows, kLoaderRows1})
+    for (int stages : {2, 3}) {
+      const ImplBConfig c{16, kBulkMinKTile, stages, 1, loader};
+      if (implb_config_problem(c, k, batch_blocks, max_smem, cc_major) != nullptr) continue;
+      if (count < cap) out[count] = c;
+      ++count;
+    }
   return count;
 }
 

@@ -340,7 +340,8 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
   const int nb = implb_batch_blocks(p.m, pad_m);
   if (implb_is_bulk(requested)) {
     if (implb_config_problem(requested, p.k, nb, dev.max_smem_optin, dev.cc_major) == nullptr)
-      return implb_is_rows(requested) ? launch_implb_stream(p, requested.stages, nb, stream)
+      return implb_is_rows(requested)
+                 ? launch_implb_stream(p, requested.stages, implb_rows_lead_units(requested), nb, stream)
                                       : launch_implb_bulk(p, requested, nb, stream);
     return launch_implb(p, default_implb_config(p.n, p.k, p.silu_mul(), dev.num_sms, dev.cc_major), pad_m, stream);
   }

@@ -1,5 +1,5 @@
-// ImplB on a row-streaming cp.async pipeline (M <= 16; a config's loader kLoaderRows): the flat GEMM of
-// gemm_implb.cu on the loader that read weights fastest on the H200 -- two CTAs per SM, each with up to three
+// ImplB on a row-streaming cp.async pipeline (M <= 16; a config's loader kLoaderRows or kLoaderRows1): the flat
+// GEMM of gemm_implb.cu on the loader that read weights fastest on the H200 -- two CTAs per SM, each with up to three
 // 32 KB stages of 16-byte cp.async in flight (docs/notes-gemm.md, run 32: a 33.5 MB weight in 8.15 us in a PDL
 // chain, against 9.15 us for the TMA tiles of gemm_implb_bulk.cu).
 //
@@ -21,6 +21,10 @@
 // - 8 warps of 128 columns, not 4 of 256: the same bytes in flight, half the work per warp and unit between a
 //   slot landing and its refill. Same run (run 54, us, 4 / 8 warps): o M=1 10.07 / 9.27, M=8 11.13 / 10.19;
 //   qkv M=8 27.01 / 25.36; down M=8 24.17 / 22.83. 16 warps of 64 columns were slower than 8 (o M=1 10.02).
+// - How many units' weights go out before the PDL wait is the loader's choice: all the stages (rows) or one
+//   (rows1, the rest with their activations right after the wait). Same run (run 64, us, M = 1 / 2 / 4 / 8), 2
+//   stages: o 9.29 / 9.56 / 9.87 / 10.27 (rows) against 9.12 / 9.23 / 9.37 / 9.50 (rows1); but qkv at 3 stages
+//   23.67 / 23.99 / 24.82 / 25.87 against 24.98 / 25.30 / 25.12 / 26.77. The profile picks per shape.
 #include "kernels/gemm_common.cuh"
 
 namespace fdpp {
@@ -51,20 +55,21 @@ struct StreamGemmParams {
   int m, n, k;
   int silu;
   int stages;
+  int lead;            // units whose weights are issued before the PDL wait: stages (loader rows) or 1 (rows1)
   int steps;           // units per block: ceil(k / kUnitCols)
   int num_blocks;      // 16-row blocks (silu: 8 gate + 8 up rows)
   int blocks_per_cta;
 };
 
-template <int NB>
+template <int NB, int Parities>
 struct StreamShared {
-  float red[2][kWarps][NB * 4][32];  // per block parity: the warps' partial sums
+  float red[Parities][kWarps][NB * 4][32];  // the warps' partial sums (per block parity when there are two)
 };
 
-template <typename T, int NB>
+template <typename T, int NB, int Parities>
 __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const StreamGemmParams p) {
   extern __shared__ __align__(16) unsigned char ring[];
-  __shared__ StreamShared<NB> shared;
+  __shared__ StreamShared<NB, Parities> shared;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int block0 = blockIdx.x * p.blocks_per_cta;
@@ -122,26 +127,34 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
 
-  // Weights only may be read before the previous grid is done: the prologue's first `stages` units split into a
-  // weight group each and one activation group after the PDL wait. Group accounting: unit u is complete once at
-  // most stages - 1 groups are pending, counting the prologue's activation group as older than all later ones.
+  // Weights only may be read before the previous grid is done: the prologue's first `lead` units split into a
+  // weight group each and one activation group after the PDL wait; units lead .. stages - 1 follow it, one group
+  // each. Group accounting: unit u < lead is complete once at most stages - lead + u groups are pending (its
+  // activations are in the lead's group), every later unit once at most stages - 1 are.
   detail::pdl_launch_dependents();
-  for (int s = 0; s < p.stages; ++s) {
+  for (int s = 0; s < p.lead; ++s) {
     if (s < total)
       issue(s, false);
     else
       detail::cp_async_commit();
   }
   detail::pdl_wait_for_previous_grid();
-  for (int s = 0; s < p.stages && s < total; ++s)
+  for (int s = 0; s < p.lead && s < total; ++s)
     issue_x(my_ring_u32 + s * stage_bytes, col_of(s));
   detail::cp_async_commit();
+  for (int s = p.lead; s < p.stages; ++s) {
+    if (s < total)
+      issue(s, true);
+    else
+      detail::cp_async_commit();
+  }
 
   for (int u = 0; u < total; ++u) {
-    // Committed so far: the prologue's weight groups 0 .. stages-1, its activation group, then one group per
-    // iteration (unit i + stages at iteration i). Unit u < stages is complete with the activation group, after
-    // which u groups came; a later unit u with its own group, after which stages - 1 came.
-    detail::cp_async_wait_dynamic(u < p.stages - 1 ? u : p.stages - 1);
+    // Committed so far: the prologue's weight groups 0 .. lead-1, its activation group, its groups for units lead ..
+    // stages-1, then one per iteration (unit i + stages at iteration i). Unit u < lead is complete with the
+    // activation group, after which stages - lead + u groups came; a later unit u with its own group, after which
+    // stages - 1 came.
+    detail::cp_async_wait_dynamic(u < p.lead ? p.stages - p.lead + u : p.stages - 1);
     __syncwarp();  // every lane's copies of this unit have landed
     // The unit's operands into registers, then the slot goes straight back to the loader.
     const unsigned char* slot = my_ring + (u % p.stages) * stage_bytes;
@@ -177,15 +190,17 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
     }
     if (u % p.steps == p.steps - 1) {  // the block is complete: add the warps' K shares, epilogue, store
       const int blk = u / p.steps;
-      detail::finish_block<T, NB, kWarps>(acc, shared.red[blk & 1], warp, lane, block0 + blk, p);
+      detail::finish_block<T, NB, kWarps>(acc, shared.red[blk % Parities], warp, lane, block0 + blk, p);
+      // One buffer: no warp may write the next block's sums before they have been read.
+      if (Parities == 1 && block0 + blk + 1 < block1) asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
     }
   }
   detail::cp_async_wait<0>();
 }
 
-template <typename T, int NB>
+template <typename T, int NB, int Parities>
 cudaError_t launch_typed(StreamGemmParams params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
-  auto kernel = flat_gemm_stream_kernel<T, NB>;
+  auto kernel = flat_gemm_stream_kernel<T, NB, Parities>;
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
   if (err != cudaSuccess) return err;
   // Equal contiguous block ranges over the CTAs resident at once (two per SM at three stages).
@@ -197,9 +212,19 @@ cudaError_t launch_typed(StreamGemmParams params, const DeviceInfo& dev, int64_t
   return detail::launch_kernel(kernel, unsigned(grid), unsigned(kWarps * 32), size_t(smem), stream, 1, params);
 }
 
+template <typename T>
+cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream,
+                       int batch_blocks, int parities) {
+  if (batch_blocks == 1)
+    return parities == 1 ? launch_typed<T, 1, 1>(params, dev, smem, stream)
+                         : launch_typed<T, 1, 2>(params, dev, smem, stream);
+  return parities == 1 ? launch_typed<T, 2, 1>(params, dev, smem, stream)
+                       : launch_typed<T, 2, 2>(params, dev, smem, stream);
+}
+
 }  // namespace
 
-cudaError_t launch_implb_stream(const Problem& p, int stages, int batch_blocks, cudaStream_t stream) {
+cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_units, int batch_blocks, cudaStream_t stream) {
   DeviceInfo dev;
   cudaError_t err = current_device_info(&dev);
   if (err != cudaSuccess) return err;
@@ -208,9 +233,18 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int batch_blocks, 
     return cudaErrorInvalidValue;
   }
   // Two CTAs per SM is the point of this loader: with more activation rows per stage the ring gets shallower
-  // (never below 2 stages) until two fit (228 KB per SM, 1 KB reserved per CTA, the reduction buffers).
-  const int64_t per_cta_extra = 1024 + int64_t(sizeof(StreamShared<2>)) / 2 * batch_blocks;
-  while (stages > 2 && 2 * (implb_rows_smem_bytes(stages, p.m) + per_cta_extra) > 228 * 1024) --stages;
+  // (never below 2 stages) until two fit (228 KB per SM, 1 KB reserved per CTA, the reduction buffers). One
+  // reduction buffer instead of two where that saves a stage: at M = 2, 3 stages instead of 2 (run 62, us, two
+  // buffers / one: qkv 24.16 / 23.66, down 22.01 / 21.46, gate_up 45.22 / 43.38; o, whose profile takes 2 stages,
+  // 9.55 / 9.79 at 3).
+  auto fitting = [&](int parities) {
+    const int64_t per_cta_extra = 1024 + int64_t(sizeof(StreamShared<1, 1>)) * parities * batch_blocks;
+    int s = stages;
+    while (s > 2 && 2 * (implb_rows_smem_bytes(s, p.m) + per_cta_extra) > 228 * 1024) --s;
+    return s;
+  };
+  const int parities = fitting(1) > fitting(2) ? 1 : 2;
+  stages = fitting(parities);
   const int64_t smem = implb_rows_smem_bytes(stages, p.m);
   if (smem > dev.max_smem_optin) {
     set_detail("ImplB rows: two stages need more shared memory than the GPU has");
@@ -219,13 +253,12 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int batch_blocks, 
   StreamGemmParams params{};
   detail::fill_problem(params, p);
   params.stages = stages;
+  params.lead = lead_units < 1 ? 1 : lead_units < stages ? lead_units : stages;
   params.steps = int((p.k + kUnitCols - 1) / kUnitCols);
   params.num_blocks = int(implb_row_blocks(p.n, p.silu_mul()));
   if (p.dtype == Dtype::kBFloat16)
-    return batch_blocks == 1 ? launch_typed<__nv_bfloat16, 1>(params, dev, smem, stream)
-                             : launch_typed<__nv_bfloat16, 2>(params, dev, smem, stream);
-  return batch_blocks == 1 ? launch_typed<__half, 1>(params, dev, smem, stream)
-                           : launch_typed<__half, 2>(params, dev, smem, stream);
+    return launch_for<__nv_bfloat16>(params, dev, smem, stream, batch_blocks, parities);
+  return launch_for<__half>(params, dev, smem, stream, batch_blocks, parities);
 }
 
 }  // namespace gemm

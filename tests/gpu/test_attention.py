@@ -91,6 +91,30 @@ def test_decode_any_split_count_gives_the_same_result(num_splits):
     check_close(out, q, kr, vr, f"splits={num_splits}", scale=128 ** -0.5, past_len=past)
 
 
+@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("depth", [2, 4])
+def test_decode_pipeline_depths_match_reference(depth, dim, softmax):
+    """The split kernel at the 2 and 4 stages decode_stages() picks: more CTAs than SMs (batch 8 x 32 heads, one
+    split), and one CTA per SM streaming 33 key tiles (one split forced)."""
+    from fdpp_rewrite.gpu.attention import decode_stages
+
+    att = _att()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tile = 64 if dim == 128 else 128
+    if depth == 2:
+        batch, heads, kv_len, splits, ctas = 8, 32, 300, 0, 8 * 32
+        if ctas <= sms:
+            pytest.skip("this GPU has at least as many SMs as the grid has CTAs")
+    else:
+        batch, heads, kv_len, splits, ctas = 1, 4, 33 * tile - 5, 1, 4
+    assert decode_stages(ctas, sms, False, (kv_len + tile - 1) // tile // max(splits, 1)) == depth
+    q, k, v, past = make_inputs(batch, heads, heads, 1, kv_len, dim, torch.float16, spread=True)
+    out = att.attention(q, k, v, past, kernel="decode", softmax=softmax, num_splits=splits)
+    kr, vr = reference_view(k, v, past, 1)
+    check_close(out, q, kr, vr, f"decode {depth} stages d{dim} {softmax}", scale=dim ** -0.5, past_len=past)
+
+
 def _hopper():
     return torch.cuda.get_device_capability()[0] == 9
 

@@ -147,23 +147,25 @@ def test_implb_configs(config, m, epilogue, dtype):
 
 # The 16-row x 1024-column pipelines: the TMA one (sm_90) and the row-streaming cp.async one.
 BULK_CONFIGS = ([{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s in (2, 3, 4)]
-                + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows"} for s in (2, 3, 4)])
+                + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows"} for s in (2, 3, 4)]
+                + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows1"} for s in (2, 3)])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul", "silu_mul+bias+residual"])
-@pytest.mark.parametrize("m", [1, 3, 8, 9, 13, 16, 17, 40])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 13, 16, 17, 40])
 @pytest.mark.parametrize("config", BULK_CONFIGS, ids=lambda c: "{}-s{}".format(c.get("loader", "tma"), c["stages"]))
 @pytest.mark.parametrize("shape", ["short-last-unit", "many-blocks", "k-not-64"])
 def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
     """The 1024-column ImplB pipelines (k_tile 1024, M <= 16; TMA on sm_90, rows anywhere): N not a multiple of 16
     (zero-filled rows past N), K a multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than
-    SMs (up to ~10 per CTA); for rows also a K that is a multiple of 8 only (a partial 32-column group). Above M = 16
+    SMs (up to ~10 per CTA); for rows also a K that is a multiple of 8 only (a partial 32-column group), and M = 2,
+    where rows at 3 stages has one reduction buffer (and a barrier after each block's sums). Above M = 16
     the launcher takes the default cp.async config instead, which must be just as right. (These checks do not show
     which kernel ran: a config the path wrongly refused would still pass through the fallback.)"""
     from fdpp_rewrite.gpu import gemm
 
-    rows = config.get("loader") == "rows"
+    rows = config.get("loader") in ("rows", "rows1")
     if not rows and gemm.device_info()["cc_major"] != 9:
         pytest.skip("the TMA pipeline runs on compute capability 9.x (the library's sm_90a code)")
     silu = epilogue.startswith("silu")
@@ -289,7 +291,8 @@ def test_cuda_graph_capture_and_replay():
                                               ("cublaslt", "implb", 24), ("bulk", "bulk", 4), ("bulk", "bulk", 16),
                                               ("implb", "bulk", 8), ("bulk", "impla", 1), ("rows", "rows", 4),
                                               ("rows", "rows", 16), ("bulk", "rows", 8), ("rows", "bulk", 8),
-                                              ("rows", "impla", 1), ("cublaslt", "rows", 8)])
+                                              ("rows", "impla", 1), ("cublaslt", "rows", 8), ("rows1", "rows1", 4),
+                                              ("rows", "rows1", 8), ("rows1", "impla", 1), ("cublaslt", "rows1", 8)])
 def test_programmatic_dependent_launch_chain(first, second, m):
     """GEMM 2 reads GEMM 1's output. With programmatic dependent launch GEMM 2 starts streaming its weight
     early but must not read X before GEMM 1 is done: X is poisoned with NaN before every chain, and the result
@@ -310,9 +313,10 @@ def test_programmatic_dependent_launch_chain(first, second, m):
 
     bulk = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}  # "bulk": ImplB's TMA pipeline
     rows = dict(bulk, loader="rows")  # the row-streaming cp.async pipeline
+    lean = {"rows": rows, "rows1": dict(bulk, loader="rows1"), "bulk": bulk}  # rows1: one unit before the PDL wait
     if "bulk" in (first, second) and gemm.device_info()["cc_major"] != 9:
         pytest.skip("the TMA pipeline runs on compute capability 9.x (the library's sm_90a code)")
-    if {"bulk", "rows"} & {first, second}:
+    if {"bulk", "rows", "rows1"} & {first, second}:
         k, n1 = 2048, 2048  # K a multiple of 64 for the TMA pipeline
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         w1 = torch.randn(n1, k, device="cuda", dtype=torch.float16) / k**0.5
@@ -321,8 +325,8 @@ def test_programmatic_dependent_launch_chain(first, second, m):
         a1, a2 = gemm.make_args(x, w1, out=mid), gemm.make_args(mid, w2, out=out)
 
     def launch(args, impl):
-        if impl in ("bulk", "rows"):
-            gemm.run_impl(args, "implb", implb_config=bulk if impl == "bulk" else rows, workspace=ws)
+        if impl in lean:
+            gemm.run_impl(args, "implb", implb_config=lean[impl], workspace=ws)
         else:
             gemm.run_impl(args, impl, workspace=ws)
 

@@ -55,12 +55,19 @@ for (n, k) in [(136, 1088), (4100, 192), (200, 1048)]:
         for ep in ("none", "silu_mul"):
             x, w, b, r, n_out = inputs(m, n, k, ep)
             for stages in (2, 3):
-                for loader in ("tma", "rows"):
+                for loader in ("tma", "rows", "rows1"):
                     if loader == "tma" and (cc != 9 or k % 64):
                         continue
                     out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
                     cfg = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1, "loader": loader}
                     gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
+# The rows pipeline with one reduction buffer (M = 2 at 3 stages) and three blocks per CTA: the barrier that keeps
+# the next block's sums off the buffer until warp 0 has read it.
+for ep in ("none", "silu_mul"):
+    x, w, b, r, n_out = inputs(2, 9608, 136, ep)
+    out = torch.empty(2, n_out, device="cuda", dtype=torch.float16)
+    cfg = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows"}
+    gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
 torch.cuda.synchronize()
 print("CASE DONE")
 """
