@@ -45,6 +45,15 @@ def test_plugin_version_matches_the_contract_and_reaches_the_onnx_parser(op):
     assert attrs.get("plugin_version", "1") == registered
 
 
+def test_flat_gemm_adapter_reads_every_loader_the_contract_allows():
+    """The TensorRT adapter parses implb_loader by string compare: every contract choice must be spelled there."""
+    from pathlib import Path
+
+    source = (Path(__file__).parents[1] / "plugins" / "FlatGemmPlugin" / "FlatGemmPlugin.cpp").read_text()
+    for loader in load_contract("FlatGemm").attributes["implb_loader"]["choices"]:
+        assert f'"{loader}"' in source, loader
+
+
 def test_defaults_are_filled_and_inputs_follow_attributes():
     gemm = load_contract("FlatGemm")
     full = gemm.validate_attributes(GEMM_ATTRS)
