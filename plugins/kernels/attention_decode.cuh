@@ -19,8 +19,9 @@
 // combine, in the split kernel; cluster_combine_ok in attention_heuristics.h): one kernel per call.
 //
 // Programmatic dependent launch (sm_90+, both kernels; attention_decode_impl.cuh): a grid may become resident while
-// the grid before it in the stream is still running. Each kernel lets its dependents launch right after its own
-// griddepcontrol.wait (so at most one grid runs ahead), and nothing it does before that wait reads or writes anything
+// the grid before it in the stream is still running. Each kernel lets its dependents launch only after its own
+// griddepcontrol.wait (so at most one grid runs ahead; the split kernel once it has issued its last loads, the
+// combine kernel right after the wait), and nothing it does before that wait reads or writes anything
 // another kernel may write: the split kernel only issues L2 prefetch hints for its first K/V tiles there
 // (prefetch_first_tiles), the combine kernel nothing at all.
 #pragma once
@@ -108,10 +109,14 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // the workspace, the output, the counters -- is read or written only after it.
   prefetch_first_tiles<T, D, Stages>(a, b, hkv, split);
   pdl_wait_primary();  // the previous grid has completed and its memory is visible from here on
-  // Only now may the next grid start (its own prologue overlaps this grid's work). Triggering before the wait let
-  // every later call's grids become resident one after another while the first still ran, each prefetching for a
-  // call far ahead: GQA B=8 L=8K measured 98 us instead of 65 that way (H200 run 11).
-  pdl_launch_dependents();
+  // The next grid may start once this CTA has issued its last tile's loads (the top of the key loop, below), not
+  // earlier. Before the wait, every later call's grids became resident one after another while the first still
+  // ran, each prefetching for a call far ahead: GQA B=8 L=8K measured 98 us instead of 65 that way (H200 run 11).
+  // Right after the wait, the next grid (the combine kernel, or the next call's split grid wherever the splits
+  // write the output themselves) sat resident for the whole key loop and its prefetches came too early: same
+  // run, us, right after the wait / at the last load (H200 run 74): MHA B1 L1K (cluster) 9.53 / 8.71, B1 L8K
+  // 36.83 / 35.67; GQA B1 L1K 6.58 / 6.35, L8K 14.08 / 13.39, L32K 36.88 / 35.73; B8 L8K 63.95 / 63.19; the
+  // long B8 rows within 0.1%.
   const int kv_len = kv_len_of(a, b);
   const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
   if (range.begin >= range.end) {
@@ -199,7 +204,10 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   uint32_t qa[D / 16][4];
 
+  // The iteration that issues the last tile's loads (the prologue issued them all when there are fewer tiles).
+  const int trigger_tile = num_tiles > Tr::kStages ? num_tiles - Tr::kStages : 0;
   for (int tile = 0; tile < num_tiles; ++tile) {
+    if (tile == trigger_tile) pdl_launch_dependents();
     cp_async_wait<Tr::kStages - 2>();
     __syncthreads();
     if (tile == 0) {
