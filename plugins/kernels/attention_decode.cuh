@@ -114,9 +114,9 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // ran, each prefetching for a call far ahead: GQA B=8 L=8K measured 98 us instead of 65 that way (H200 run 11).
   // Right after the wait, the next grid (the combine kernel, or the next call's split grid wherever the splits
   // write the output themselves) sat resident for the whole key loop and its prefetches came too early: same
-  // run, us, right after the wait / at the last load (H200 run 74): MHA B1 L1K (cluster) 9.53 / 8.71, B1 L8K
-  // 36.83 / 35.67; GQA B1 L1K 6.58 / 6.35, L8K 14.08 / 13.39, L32K 36.88 / 35.73; B8 L8K 63.95 / 63.19; the
-  // long B8 rows within 0.1%.
+  // run, us, right after the wait / two tiles before the last (H200 run 74): MHA B1 L1K (cluster) 9.53 / 8.71, B1
+  // L8K 36.83 / 35.67; GQA B1 L1K 6.58 / 6.35, L8K 14.08 / 13.39, L32K 36.88 / 35.73; B8 L8K 63.95 / 63.19; the
+  // long B8 rows within 0.1%. Zero and six tiles before the last measured alike; runs 75-78 time this rule.
   const int kv_len = kv_len_of(a, b);
   const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
   if (range.begin >= range.end) {
