@@ -1,10 +1,11 @@
-"""ImplB's two 1024-column pipelines against each other and cuBLAS, in one run (the data behind the rows loader).
+"""ImplB's 1024-column pipelines against each other and cuBLAS, in one run (the data behind the loader choice).
 
     PYTHONPATH=. python3 scripts/bench_implb_loaders.py --out DIR [--shapes o,down] [--ms 1,8] [--stages 2,3]
 
 For each Llama2-7B decode shape and M: cuBLAS (torch.nn.functional.linear), the TMA pipeline (loader "tma" at the
 stages of the run-23 profile: 3 for qkv, 2 otherwise) and the row-streaming cp.async pipeline at each --stages, with
-every stage's weights issued before the PDL wait (loader "rows") and with only the first unit's (loader "rows1").
+every stage's weights issued before the PDL wait (loader "rows") and with only the first unit's (loader "rows1"),
+and the cluster-pair pipeline (loader "pair", M <= 8; rows1 above) at each --stages.
 Every variant is captured as one CUDA graph of 60 launches over rotating weight copies (together > 3x L2, so every
 weight is read cold), with programmatic dependent launch as the library default; all graphs of a row are replayed
 in turn, rep by rep, and the median per launch is reported. Each kernel's output is also compared with torch's
@@ -58,7 +59,7 @@ def main():
         bench = ShapeBench(n, k, "float16", max(ms), copies=copies)
         base = {"n_tile": 16, "k_tile": 1024, "split_k": 1}
         variants = {"cublas": ("cublas", None), "tma": ("implb", dict(base, stages=3 if name == "qkv" else 2))}
-        for loader in ("rows", "rows1"):
+        for loader in ("rows", "rows1", "pair"):
             for s in args.stages.split(","):
                 variants[f"{loader}_s{s}"] = ("implb", dict(base, stages=int(s), loader=loader))
         for m in ms:

@@ -134,6 +134,14 @@ def test_candidates_are_valid_and_within_the_contract(n, k, device):
     loaders = {c.get("loader") for c in configs}
     assert {"rows", "rows1"} <= loaders, "the rows configs (both leads) are candidates everywhere"
     assert ("tma" in loaders) == (device["cc_major"] == 9), "the TMA configs are candidates on sm_90 only"
+    assert ("pair" in loaders) == (device["cc_major"] == 9), "the cluster-pair configs are candidates on sm_90 only"
+
+
+def test_pair_candidates_only_up_to_m_8():
+    at = {m: {c.get("loader") for c in gemm().implb_candidates(4096, 4096, m, H200["num_sms"], H200["max_smem"], 9)}
+          for m in (1, 8, 9, 16)}
+    assert "pair" in at[1] and "pair" in at[8]
+    assert "pair" not in at[9] and "pair" not in at[16] and "rows" in at[16]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -142,8 +150,13 @@ def test_candidates_are_valid_and_within_the_contract(n, k, device):
     ({"split_k": 2}, "n_tile 16, k_tile 1024 and split_k 1"),
     ({"loader": "bulk"}, "loader must be one of"),
 ])
-@pytest.mark.parametrize("loader", ["rows", "rows1"])
+@pytest.mark.parametrize("loader", ["rows", "rows1", "pair"])
 def test_rows_config_problems(change, message, loader):
+    if loader == "pair" and "stages" in change:
+        message = "2 or 3 stages"
+    elif loader == "pair" and "loader" not in change:
+        message = "n_tile 16, k_tile 1024 and split_k 1"
+
     config = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": loader, **change}
     with pytest.raises(FdppError, match=message):
         gemm().check_implb_config(config, m=1, k=4096, max_smem=H200["max_smem"], cc_major=9)
@@ -158,6 +171,13 @@ def test_rows_config_limits():
         gemm().check_implb_config(rows, m=17, k=4096, max_smem=H200["max_smem"], cc_major=9)
     with pytest.raises(FdppError, match="shared memory"):  # two stages of 16 + 16 rows x 2 KB = 128 KB
         gemm().check_implb_config(rows, m=16, k=4096, max_smem=100 * 1024, cc_major=9)
+    pair = dict(rows, loader="pair")
+    for m in (1, 8):
+        gemm().check_implb_config(pair, m=m, k=1000, max_smem=H200["max_smem"], cc_major=9)
+    with pytest.raises(FdppError, match="M <= 8"):
+        gemm().check_implb_config(pair, m=9, k=4096, max_smem=H200["max_smem"], cc_major=9)
+    with pytest.raises(FdppError, match="clusters"):
+        gemm().check_implb_config(pair, m=1, k=4096, max_smem=A100["max_smem"], cc_major=8)
     # Without a loader a k_tile 1024 config is the TMA one, as in profiles written before the rows kernel.
     tma = {key: value for key, value in rows.items() if key != "loader"}
     with pytest.raises(FdppError, match="needs K to be a multiple of 64"):

@@ -12,7 +12,7 @@ namespace fdpp {
 namespace {
 
 constexpr const char* kPluginName = "FlatGemm";     // = the ONNX op type in domain "fdpp"
-constexpr const char* kPluginVersion = "3";         // = contract.json "version" (and its plugin_version)
+constexpr const char* kPluginVersion = "4";         // = contract.json "version" (and its plugin_version)
 constexpr const char* kPluginNamespace = "";        // the ONNX parser's default plugin_namespace
 
 using nvinfer1::PluginField;
@@ -100,10 +100,11 @@ FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollecti
       a.plan.implb.split_k = checked_int32(f, 1, gemm::kMaxSplitK);
     } else if (name == "implb_loader") {
       const std::string loader = read_string(f);
-      if (loader != "tma" && loader != "rows" && loader != "rows1")
-        throw std::invalid_argument("implb_loader '" + loader + "' is not tma, rows or rows1");
+      if (loader != "tma" && loader != "rows" && loader != "rows1" && loader != "pair")
+        throw std::invalid_argument("implb_loader '" + loader + "' is not tma, rows, rows1 or pair");
       a.plan.implb.loader = loader == "rows"    ? gemm::kLoaderRows
                             : loader == "rows1" ? gemm::kLoaderRows1
+                            : loader == "pair"  ? gemm::kLoaderPair
                                                 : gemm::kLoaderTma;
     } else if (name == "implc") {
       a.implc = read_string(f);
@@ -336,6 +337,7 @@ const nvinfer1::PluginFieldCollection* FlatGemmPlugin::getFieldsToSerialize() no
     for (size_t i = 0; i < ints_.size(); ++i) fields_.emplace_back(int_names[i], &ints_[i], PluginFieldType::kINT32, 1);
     loader_ = attrs_.plan.implb.loader == gemm::kLoaderRows    ? "rows"
               : attrs_.plan.implb.loader == gemm::kLoaderRows1 ? "rows1"
+              : attrs_.plan.implb.loader == gemm::kLoaderPair  ? "pair"
                                                                 : "tma";
     text("implb_loader", loader_);
     text("implc", attrs_.implc);

@@ -34,10 +34,15 @@ enum class Impl : int32_t {
 //           a producer warp and the tensor memory accelerator (gemm_implb_bulk.cu); kLoaderRows, two 256-thread
 //           CTAs per SM whose warps copy 256-byte row pieces with cp.async (gemm_implb_stream.cu), every stage's
 //           weights issued before the PDL wait; kLoaderRows1, the same kernel issuing only its first unit's
-//           weights before the wait (the other stages fill right after it, with their activations)
+//           weights before the wait in the first half of its grid and two units' in the second half (the other
+//           stages fill right after it, with their activations); kLoaderPair (M <= 8, sm_90), a cluster of two
+//           CTAs per 32-row block, one K half each, so that each CTA reads half the activations per weight byte,
+//           every stage's weights issued before the wait (gemm_implb_pair.cu); at M > 8 the launcher runs
+//           the same stages as rows1
 constexpr int32_t kLoaderTma = 0;
 constexpr int32_t kLoaderRows = 1;
 constexpr int32_t kLoaderRows1 = 2;
+constexpr int32_t kLoaderPair = 3;
 struct ImplBConfig {
   int32_t n_tile;
   int32_t k_tile;
@@ -102,16 +107,26 @@ inline int implb_batch_blocks(int64_t m, int pad_m) {
 // cp.async kernel (gemm_implb.cu).
 constexpr int kBulkMinKTile = 1024;
 inline bool implb_is_bulk(const ImplBConfig& c) { return c.k_tile >= kBulkMinKTile; }
+inline bool implb_is_pair(const ImplBConfig& c) { return implb_is_bulk(c) && c.loader == kLoaderPair; }
+// The cp.async row-streaming family: the rows kernel (loaders rows and rows1) and the cluster-pair kernel.
 inline bool implb_is_rows(const ImplBConfig& c) {
-  return implb_is_bulk(c) && (c.loader == kLoaderRows || c.loader == kLoaderRows1);
+  return implb_is_bulk(c) && (c.loader == kLoaderRows || c.loader == kLoaderRows1 || c.loader == kLoaderPair);
 }
-// Units whose weights the rows kernel issues before the PDL wait (the rest of its ring fills after it).
-inline int implb_rows_lead_units(const ImplBConfig& c) { return c.loader == kLoaderRows1 ? 1 : c.stages; }
+// Units whose weights the rows kernel issues before the PDL wait (the rest of its ring fills after it), in the
+// first or the second half of its grid: rows every stage; rows1 one unit, and two in the second half.
+//   rows1, 2 stages: 1 / 2; rows1, 3 stages: 1 / 2; rows, 3 stages: 3 / 3
+inline int implb_rows_lead_units(const ImplBConfig& c, bool second_half) {
+  if (c.loader != kLoaderRows1) return c.stages;
+  return second_half && c.stages >= 2 ? 2 : 1;
+}
 
 // Dynamic shared memory of the row-streaming kernel for m activation rows: per stage, 16 weight rows and m
 // activation rows of 1024 columns (2 KB each).
 //   3 stages, M = 1: 3 * 17 * 2048 = 104448 bytes (two CTAs fit an SM); M = 8: 3 * 24 * 2048 = 147456
 inline int64_t implb_rows_smem_bytes(int stages, int64_t m) { return int64_t(stages) * (16 + m) * 2048; }
+// The same for the cluster-pair kernel: per stage 32 weight rows and m activation rows of 512 columns (1 KB each).
+//   2 stages, M = 8: 2 * 40 * 1024 = 81920 bytes (two CTAs fit an SM); 3 stages, M = 1: 3 * 33 * 1024 = 101376
+inline int64_t implb_pair_smem_bytes(int stages, int64_t m) { return int64_t(stages) * (32 + m) * 1024; }
 
 inline int implb_warps_n(const ImplBConfig& c) { return c.n_tile / 16; }
 inline int implb_warps_k(const ImplBConfig& c) { return kImplBWarps / implb_warps_n(c); }
@@ -127,6 +142,7 @@ inline int implb_kw(const ImplBConfig& c) { return c.k_tile / implb_warps_k(c); 
 //        k_tile 1024, 3 stages: 3 * 32768 + 1024 = 99328 bytes
 //   rows loader: implb_rows_smem_bytes at the batch blocks' 8 rows each (the launcher sizes it by M)
 inline int64_t implb_smem_bytes(const ImplBConfig& c, int batch_blocks, int row_blocks = 1) {
+  if (implb_is_pair(c)) return implb_pair_smem_bytes(c.stages, 8 * batch_blocks);
   if (implb_is_rows(c)) return implb_rows_smem_bytes(c.stages, 8 * batch_blocks);
   if (implb_is_bulk(c)) return int64_t(c.stages) * 16 * int64_t(c.k_tile) * 2 + 1024;
   const int64_t kgroups = implb_kw(c) / 32;
@@ -152,8 +168,18 @@ inline int64_t implb_grid(int64_t n, bool silu_mul, const ImplBConfig& c) {
 // cc_major its compute capability (clusters need 9).
 inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int batch_blocks, int64_t max_smem,
                                         int cc_major) {
-  if (c.loader != kLoaderTma && c.loader != kLoaderRows && c.loader != kLoaderRows1)
-    return "loader must be 0 (TMA), 1 (rows) or 2 (rows1)";
+  if (c.loader != kLoaderTma && c.loader != kLoaderRows && c.loader != kLoaderRows1 && c.loader != kLoaderPair)
+    return "loader must be 0 (TMA), 1 (rows), 2 (rows1) or 3 (pair)";
+  if (implb_is_pair(c)) {
+    if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
+      return "a pair ImplB config needs n_tile 16, k_tile 1024 and split_k 1 (its tiling is fixed)";
+    if (c.stages < 2 || c.stages > 3) return "a pair ImplB config needs 2 or 3 stages";
+    if (!hopper_paths(cc_major)) return "a pair ImplB config needs thread-block clusters (a compute capability 9.x GPU)";
+    if (batch_blocks > 1) return "a pair ImplB config handles M <= 8";
+    if (implb_pair_smem_bytes(2, 8) > max_smem)
+      return "two stages of the pair ImplB need more shared memory than the GPU has";
+    return nullptr;
+  }
   if (implb_is_rows(c)) {
     if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
       return "a rows ImplB config needs n_tile 16, k_tile 1024 and split_k 1";
@@ -291,8 +317,9 @@ inline int implb_candidates(int64_t n, int64_t k, bool silu_mul, int batch_block
     ++count;
   }
   // The rows kernel: 2 and 3 stages (with 4 or more, two CTAs never fit an SM; the launcher takes fewer
-  // stages where M's activation rows do not let two CTAs fit), leading with all of them or with one unit.
-  for (int32_t loader : {kLoaderRows, kLoaderRows1})
+  // stages where M's activation rows do not let two CTAs fit), leading with all of them or with one unit; the
+  // cluster-pair kernel (M <= 8) the same way.
+  for (int32_t loader : {kLoaderRows, kLoaderRows1, kLoaderPair})
     for (int stages : {2, 3}) {
       const ImplBConfig c{16, kBulkMinKTile, stages, 1, loader};
       if (implb_config_problem(c, k, batch_blocks, max_smem, cc_major) != nullptr) continue;

@@ -339,10 +339,15 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
   if (err != cudaSuccess) return err;
   const int nb = implb_batch_blocks(p.m, pad_m);
   if (implb_is_bulk(requested)) {
-    if (implb_config_problem(requested, p.k, nb, dev.max_smem_optin, dev.cc_major) == nullptr)
-      return implb_is_rows(requested)
-                 ? launch_implb_stream(p, requested.stages, implb_rows_lead_units(requested), nb, stream)
-                                      : launch_implb_bulk(p, requested, nb, stream);
+    ImplBConfig bulk = requested;
+    if (implb_is_pair(bulk) && nb > 1) bulk.loader = kLoaderRows1;  // the pair kernel is for M <= 8
+    if (implb_config_problem(bulk, p.k, nb, dev.max_smem_optin, dev.cc_major) == nullptr) {
+      if (implb_is_pair(bulk)) return launch_implb_pair(p, bulk.stages, stream);
+      if (implb_is_rows(bulk))
+        return launch_implb_stream(p, bulk.stages, implb_rows_lead_units(bulk, false),
+                                   implb_rows_lead_units(bulk, true), nb, stream);
+      return launch_implb_bulk(p, bulk, nb, stream);
+    }
     return launch_implb(p, default_implb_config(p.n, p.k, p.silu_mul(), dev.num_sms, dev.cc_major), pad_m, stream);
   }
   // A profile picks one config per shape, usually at small M; at larger M each stage also holds more batch

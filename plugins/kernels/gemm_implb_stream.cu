@@ -16,6 +16,8 @@
 // Measured on the H200 (docs/notes-gemm.md), and why it is built this way:
 // - X rides in the stage with the weights. Loaded into registers a unit ahead instead, its L2 latency under the
 //   weight stream held every refill back: 2.4 us per unit, o 11.6 us against 10.1 for the TMA kernel (runs 36-39).
+//   It is copied from L2 without an L1 allocation (.cg); through L1 (.ca), for the other CTA of the SM, it was
+//   slower at M = 8 (run 94, o rows1, us, .ca / .cg: M = 1 9.24 / 9.24, M = 4 9.57 / 9.48, M = 8 10.27 / 9.98).
 // - A warp moves the unit's operands into registers and refills the slot before it multiplies.
 // - No L2::256B prefetch hint on the weight copies (2-3% slower with it); 512-column units were slower (run 40).
 // - 8 warps of 128 columns, not 4 of 256: the same bytes in flight, half the work per warp and unit between a
@@ -25,6 +27,12 @@
 //   (rows1, the rest with their activations right after the wait). Same run (run 64, us, M = 1 / 2 / 4 / 8), 2
 //   stages: o 9.29 / 9.56 / 9.87 / 10.27 (rows) against 9.12 / 9.23 / 9.37 / 9.50 (rows1); but qkv at 3 stages
 //   23.67 / 23.99 / 24.82 / 25.87 against 24.98 / 25.30 / 25.12 / 26.77. The profile picks per shape.
+// - rows1 leads with one unit in the first half of the grid and two in the second. The second half's CTAs start
+//   last, as the previous grid's CTAs leave, so their first weights were still in flight at the release and their
+//   activations queued behind them (run 79). Two units ahead put them a unit further along when the release comes,
+//   and the first half still sends few weight bytes ahead of its activations. Same run (run 87, o, 2 stages, us,
+//   M = 1 / 2 / 4 / 8): one unit everywhere 9.38 / 9.56 / 9.56 / 9.76, this split 9.00 / 9.14 / 9.17 / 9.65; 1.25
+//   to 1.75 units everywhere 9.51-9.78 at M = 1, two everywhere 9.29 (run 64).
 #include "kernels/gemm_common.cuh"
 
 namespace fdpp {
@@ -55,7 +63,8 @@ struct StreamGemmParams {
   int m, n, k;
   int silu;
   int stages;
-  int lead;            // units whose weights are issued before the PDL wait: stages (loader rows) or 1 (rows1)
+  int lead;            // units whose weights the first half of the grid issues before the PDL wait
+  int lead_late;       // the same for the second half (implb_rows_lead_units)
   int steps;           // units per block: ceil(k / kUnitCols)
   int num_blocks;      // 16-row blocks (silu: 8 gate + 8 up rows)
   int blocks_per_cta;
@@ -75,9 +84,9 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   const int block0 = blockIdx.x * p.blocks_per_cta;
   const int block1 = block0 + p.blocks_per_cta < p.num_blocks ? block0 + p.blocks_per_cta : p.num_blocks;
   const int total = (block1 - block0) * p.steps;
+  const int lead = blockIdx.x < gridDim.x / 2 ? p.lead : p.lead_late;
   const T* w = reinterpret_cast<const T*>(p.w);
   const T* x = reinterpret_cast<const T*>(p.x);
-  const int half_n = p.n >> 1;
   // A stage: per warp, 16 weight rows then M activation rows, 256 bytes each (this warp's columns).
   const int warp_slot = (16 + p.m) * kRowBytes;
   const int stage_bytes = kWarps * warp_slot;
@@ -88,10 +97,11 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
 
   // A lane's columns of unit u: col_of(u) .. + 8.
   auto col_of = [&](int u) { return (u % p.steps) * kUnitCols + warp * kWarpCols + piece * 8; };
-  auto issue_x = [&](uint32_t slot, int col) {  // through L1: every CTA of the SM reads the same rows
+  auto issue_x = [&](uint32_t slot, int col) {  // from L2 (.cg), like the weights
     for (int r = sub_row; r < p.m; r += kRowsPerCopy)
-      detail::cp_async16_ca(slot + piece_offset(16 + r, piece), col < p.k ? x + int64_t(r) * p.k + col : x,
-                            col < p.k);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + piece_offset(16 + r, piece)),
+                   "l"(col < p.k ? x + int64_t(r) * p.k + col : x), "r"(col < p.k ? 16 : 0)
+                   : "memory");
   };
   // Unit u into ring slot u % stages: the lane's pieces of the 16 weight rows and (with_x) of the M activation
   // rows; one commit group.
@@ -104,17 +114,9 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
     for (int r0 = 0; r0 < 16; r0 += kRowsPerCopy) {
       const int r = r0 + sub_row;
       // Rows 0-7 and 8-15 of a block: LaneRows' row0 and row1 of lane group g = r % 8.
-      const int lo = r & 7;
-      int row;
-      bool ok;
-      if (p.silu) {
-        row = block * 8 + lo + (r < 8 ? 0 : half_n);
-        ok = block * 8 + lo < half_n;
-      } else {
-        row = block * 16 + r;
-        ok = row < p.n;
-      }
-      ok = ok && col_ok;
+      const detail::LaneRows rows(p.n, p.silu, block, r & 7);
+      const int row = r < 8 ? rows.row0 : rows.row1;
+      const bool ok = (r < 8 ? rows.ok0 : rows.ok1) && col_ok;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + piece_offset(r, piece)),
                    "l"(ok ? w + int64_t(row) * p.k + col : w), "r"(ok ? 16 : 0)
                    : "memory");
@@ -132,17 +134,17 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   // each. Group accounting: unit u < lead is complete once at most stages - lead + u groups are pending (its
   // activations are in the lead's group), every later unit once at most stages - 1 are.
   detail::pdl_launch_dependents();
-  for (int s = 0; s < p.lead; ++s) {
+  for (int s = 0; s < lead; ++s) {
     if (s < total)
       issue(s, false);
     else
       detail::cp_async_commit();
   }
   detail::pdl_wait_for_previous_grid();
-  for (int s = 0; s < p.lead && s < total; ++s)
+  for (int s = 0; s < lead && s < total; ++s)
     issue_x(my_ring_u32 + s * stage_bytes, col_of(s));
   detail::cp_async_commit();
-  for (int s = p.lead; s < p.stages; ++s) {
+  for (int s = lead; s < p.stages; ++s) {
     if (s < total)
       issue(s, true);
     else
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
     // stages-1, then one per iteration (unit i + stages at iteration i). Unit u < lead is complete with the
     // activation group, after which stages - lead + u groups came; a later unit u with its own group, after which
     // stages - 1 came.
-    detail::cp_async_wait_dynamic(u < p.lead ? p.stages - p.lead + u : p.stages - 1);
+    detail::cp_async_wait_dynamic(u < lead ? p.stages - lead + u : p.stages - 1);
     __syncwarp();  // every lane's copies of this unit have landed
     // The unit's operands into registers, then the slot goes straight back to the loader.
     const unsigned char* slot = my_ring + (u % p.stages) * stage_bytes;
@@ -224,7 +226,8 @@ cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, in
 
 }  // namespace
 
-cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_units, int batch_blocks, cudaStream_t stream) {
+cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, int lead_second, int batch_blocks,
+                                cudaStream_t stream) {
   DeviceInfo dev;
   cudaError_t err = current_device_info(&dev);
   if (err != cudaSuccess) return err;
@@ -253,7 +256,9 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_units, in
   StreamGemmParams params{};
   detail::fill_problem(params, p);
   params.stages = stages;
-  params.lead = lead_units < 1 ? 1 : lead_units < stages ? lead_units : stages;
+  auto clamp_lead = [&](int units) { return units < 1 ? 1 : units < stages ? units : stages; };
+  params.lead = clamp_lead(lead_first);
+  params.lead_late = clamp_lead(lead_second);
   params.steps = int((p.k + kUnitCols - 1) / kUnitCols);
   params.num_blocks = int(implb_row_blocks(p.n, p.silu_mul()));
   if (p.dtype == Dtype::kBFloat16)

@@ -145,10 +145,12 @@ def test_implb_configs(config, m, epilogue, dtype):
     _check(out, ref, peer)
 
 
-# The 16-row x 1024-column pipelines: the TMA one (sm_90) and the row-streaming cp.async one.
+# The 16-row x 1024-column pipelines: the TMA one (sm_90), the row-streaming cp.async one, and the cluster-pair
+# one (sm_90, M <= 8; rows1 above).
 BULK_CONFIGS = ([{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s in (2, 3, 4)]
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows"} for s in (2, 3, 4)]
-                + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows1"} for s in (2, 3)])
+                + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows1"} for s in (2, 3)]
+                + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "pair"} for s in (2, 3)])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -165,9 +167,9 @@ def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
     which kernel ran: a config the path wrongly refused would still pass through the fallback.)"""
     from fdpp_rewrite.gpu import gemm
 
-    rows = config.get("loader") in ("rows", "rows1")
-    if not rows and gemm.device_info()["cc_major"] != 9:
-        pytest.skip("the TMA pipeline runs on compute capability 9.x (the library's sm_90a code)")
+    rows = config.get("loader") in ("rows", "rows1", "pair")  # cp.async: any K that is a multiple of 8
+    if config.get("loader") in (None, "pair") and gemm.device_info()["cc_major"] != 9:
+        pytest.skip("the TMA and cluster-pair pipelines run on compute capability 9.x (the library's sm_90a code)")
     silu = epilogue.startswith("silu")
     if shape == "short-last-unit":  # a 64-column last unit; silu: N / 2 a multiple of 8
         n, k = (4112, 3136) if silu else (4104, 2112)
@@ -292,7 +294,9 @@ def test_cuda_graph_capture_and_replay():
                                               ("implb", "bulk", 8), ("bulk", "impla", 1), ("rows", "rows", 4),
                                               ("rows", "rows", 16), ("bulk", "rows", 8), ("rows", "bulk", 8),
                                               ("rows", "impla", 1), ("cublaslt", "rows", 8), ("rows1", "rows1", 4),
-                                              ("rows", "rows1", 8), ("rows1", "impla", 1), ("cublaslt", "rows1", 8)])
+                                              ("rows", "rows1", 8), ("rows1", "impla", 1), ("cublaslt", "rows1", 8),
+                                              ("pair", "pair", 1), ("pair", "pair", 8), ("rows1", "pair", 4),
+                                              ("pair", "rows", 8), ("cublaslt", "pair", 8), ("pair", "impla", 1)])
 def test_programmatic_dependent_launch_chain(first, second, m):
     """GEMM 2 reads GEMM 1's output. With programmatic dependent launch GEMM 2 starts streaming its weight
     early but must not read X before GEMM 1 is done: X is poisoned with NaN before every chain, and the result
@@ -313,10 +317,11 @@ def test_programmatic_dependent_launch_chain(first, second, m):
 
     bulk = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}  # "bulk": ImplB's TMA pipeline
     rows = dict(bulk, loader="rows")  # the row-streaming cp.async pipeline
-    lean = {"rows": rows, "rows1": dict(bulk, loader="rows1"), "bulk": bulk}  # rows1: one unit before the PDL wait
-    if "bulk" in (first, second) and gemm.device_info()["cc_major"] != 9:
-        pytest.skip("the TMA pipeline runs on compute capability 9.x (the library's sm_90a code)")
-    if {"bulk", "rows", "rows1"} & {first, second}:
+    lean = {"rows": rows, "rows1": dict(bulk, loader="rows1"), "bulk": bulk,  # rows1: one unit before the PDL wait
+            "pair": dict(bulk, loader="pair")}  # clusters of two CTAs, one K half each
+    if {"bulk", "pair"} & {first, second} and gemm.device_info()["cc_major"] != 9:
+        pytest.skip("the TMA and cluster-pair pipelines run on compute capability 9.x (the library's sm_90a code)")
+    if {"bulk", "rows", "rows1", "pair"} & {first, second}:
         k, n1 = 2048, 2048  # K a multiple of 64 for the TMA pipeline
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         w1 = torch.randn(n1, k, device="cuda", dtype=torch.float16) / k**0.5

@@ -48,19 +48,28 @@ for (n, k) in [(200, 264), (88, 520), (9000, 136)]:  # the last: many tiles per 
                 for impl in ("cublaslt", "cutlass"):
                     out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
                     gemm.linear(x, w, b, r, epilogue=ep, impl=impl, out=out)
-# ImplB's 1024-column pipelines: TMA (sm_90; rows past N zero-filled by the copy engine) and rows (cp.async zero
-# fill), a short last K unit, many blocks per CTA; rows also with K a multiple of 8 only.
+# ImplB's 1024-column pipelines: TMA (sm_90; rows past N zero-filled by the copy engine), rows (cp.async zero
+# fill) and pair (sm_90: clusters, the sums through distributed shared memory), a short last K unit, many blocks per
+# CTA; rows and pair also with K a multiple of 8 only.
 for (n, k) in [(136, 1088), (4100, 192), (200, 1048)]:
     for m in (1, 9, 16):
         for ep in ("none", "silu_mul"):
             x, w, b, r, n_out = inputs(m, n, k, ep)
             for stages in (2, 3):
-                for loader in ("tma", "rows", "rows1"):
-                    if loader == "tma" and (cc != 9 or k % 64):
+                for loader in ("tma", "rows", "rows1", "pair"):
+                    if (loader == "tma" and (cc != 9 or k % 64)) or (loader == "pair" and cc != 9):
                         continue
                     out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
                     cfg = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1, "loader": loader}
                     gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
+# The pair pipeline at its largest M (8 activation rows per stage, two row tiles per cluster).
+if cc == 9:
+    for (n, k) in [(136, 1088), (4100, 192)]:
+        for ep in ("none", "silu_mul"):
+            x, w, b, r, n_out = inputs(8, n, k, ep)
+            out = torch.empty(8, n_out, device="cuda", dtype=torch.float16)
+            cfg = {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1, "loader": "pair"}
+            gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
 # The rows pipeline with one reduction buffer (M = 2 at 3 stages) and three blocks per CTA: the barrier that keeps
 # the next block's sums off the buffer until warp 0 has read it.
 for ep in ("none", "silu_mul"):
