@@ -121,6 +121,22 @@ def choose_plan(ms: list, curves: dict) -> dict:
     return {"m1": winner[1], "m2": winner[2], "implc": implc, "worst_ratio": winner[0][2], "misses": winner[0][0]}
 
 
+def lone_peaks(ms: list, values: list, margin: float = 0.02) -> list:
+    """Indices of the points that stand more than `margin` above both neighbours one M away (M and M +- 1 all
+    measured). The kernels' times do not jump up at one M and back at the next, so such a point is taken for noise
+    and timed again. H200 run 102: gate_up ImplB 44.63 / 47.12 / 44.57 us at M = 6 / 7 / 8 moved m2 from 8 to 6,
+    and the benchmark then found cuBLASLt 2.7% slower than ImplB at M = 8.
+        ms [5, 6, 7, 8], values [44.5, 44.6, 47.1, 44.6] -> [2]"""
+    peaks = []
+    for i in range(1, len(ms) - 1):
+        left, here, right = values[i - 1], values[i], values[i + 1]
+        if ms[i] - ms[i - 1] != 1 or ms[i + 1] - ms[i] != 1 or not all(_valid(t) for t in (left, here, right)):
+            continue
+        if here > (1 + margin) * max(left, right):
+            peaks.append(i)
+    return peaks
+
+
 def check_existing_profile(existing: dict, gpu: str) -> None:
     """Refuse to add to a profile file of another schema or another GPU (called before measuring)."""
     if not isinstance(existing, dict) or existing.get("schema") != PROFILE_SCHEMA:
@@ -287,13 +303,24 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
     curves = {"m": list(ms)}
     for name in IMPLS + ("cublas",):
         curves[f"{name}_us"] = []
-    for m in ms:
+    retimed = []
+    for j, m in enumerate(ms):
         for name in IMPLS + ("cublas",):
             if (name == "impla" and m > IMPLA_MAX_M) or (name == "implb" and m > IMPLB_MAX_M):
                 t = None
             else:
                 t = time_impl(bench, timer, timing, name, m, config if name == "implb" else None)
-            curves[f"{name}_us"].append(None if t is None else round(t, 3))
+            values = curves[f"{name}_us"]
+            values.append(None if t is None else round(t, 3))
+            # A second look at the previous M if it stands out as a lone peak, right away, so that the second time
+            # is taken in the same state of the GPU as its neighbours (timed after the sweep's large M, the second
+            # times came out higher: H200 run 103). The lower time stands: noise only adds.
+            if j >= 2 and lone_peaks(ms[j - 2:j + 1], values[j - 2:j + 1]) == [1]:
+                again = time_impl(bench, timer, timing, name, ms[j - 1], config if name == "implb" else None)
+                retimed.append({"impl": name, "m": ms[j - 1],
+                                "us": [values[j - 1], None if again is None else round(again, 3)]})
+                if _valid(again) and again < values[j - 1]:
+                    values[j - 1] = round(again, 3)
         if progress is not None:
             progress.update(1)
     plan = choose_plan(ms, curves)
@@ -311,6 +338,7 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
                                  for c, t, s in search[:8]],
                          "candidates": len(search)},
         "curves": curves,
+        "retimed": retimed,
     }
 
 

@@ -181,3 +181,42 @@ def test_profile_cli_times_in_a_graph_by_default():
     args = parser.parse_args(["llama2-7b"])
     assert args.timing == "graph" and not args.quick
     assert set(profile.TIMINGS) == {"graph", "flushed"}
+
+
+def test_lone_peaks_finds_a_point_above_both_neighbours():
+    from fdpp_rewrite.profile import lone_peaks
+
+    # The worked example in the docstring (H200 run 102, gate_up ImplB).
+    assert lone_peaks([5, 6, 7, 8], [44.5, 44.6, 47.1, 44.6]) == [2]
+    # A step up that stays is a real change, not noise; neither is a rise within 2%.
+    assert lone_peaks([5, 6, 7, 8], [44.5, 44.6, 47.1, 47.2]) == []
+    assert lone_peaks([5, 6, 7], [44.5, 45.3, 44.6]) == []
+    # Neighbours further than one M apart (16 -> 24 -> 32) or unmeasured ones say nothing.
+    assert lone_peaks([16, 24, 32], [40.0, 60.0, 41.0]) == []
+    assert lone_peaks([7, 8, 9], [44.6, 47.1, None]) == []
+
+
+def test_profile_shape_times_a_lone_peak_again_and_keeps_the_lower_time(monkeypatch):
+    from types import SimpleNamespace
+
+    from fdpp_rewrite import profile
+
+    calls = []
+
+    def fake_time(bench, timer, timing, name, m, config=None, plan=None, replays=10):
+        calls.append((name, m))
+        if name == "implb" and m == 7:
+            return 50.0 if calls.count(("implb", 7)) == 1 else 44.7  # a noisy first time, then the real one
+        if name == "impla":
+            return 60.0 + m
+        return 44.5 if name == "implb" else 45.0  # ImplC within 2% of ImplB
+
+    monkeypatch.setattr(profile, "ShapeBench", lambda *args, **kwargs: SimpleNamespace())
+    monkeypatch.setattr(profile, "search_implb", lambda *args, **kwargs: ({"n_tile": 16}, []))
+    monkeypatch.setattr(profile, "time_impl", fake_time)
+    entry = profile.profile_shape(4096, 4096, "float16", SimpleNamespace(l2_bytes=1 << 20), {}, ms=[5, 6, 7, 8, 9])
+    assert entry["retimed"] == [{"impl": "implb", "m": 7, "us": [50.0, 44.7]}]
+    assert entry["curves"]["implb_us"][2] == 44.7
+    assert calls.count(("implb", 7)) == 2 and calls.count(("implb", 6)) == 1
+    # Without the second look M = 7 would miss by 11% and m2 would stop at 6 (ImplC within 2% beyond it).
+    assert entry["m2"] == 9

@@ -71,6 +71,27 @@ __device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void* src, boo
                : "memory");
 }
 
+// From L2 without an L1 allocation and without a prefetch hint (the rows and pair kernels: the hint was 2-3%
+// slower there, run 40).
+__device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+// An L2 policy for data read once per launch (the weights): evicted first, so that it does not push out what other
+// CTAs or the next kernel read again (the activations, the KV cache).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// cp_async16_l2 under an L2 cache policy.
+__device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int N>

@@ -3,22 +3,29 @@
 //
 // Why: every CTA of the rows kernel reads all of X for its 16 rows, so at M = 8 the activations are half as many
 // bytes from L2 as the weights are from HBM (16 MB against 33.5 for o). With 32 rows and half of K per CTA the same
-// weight bytes come with half the activations. Same run (run 89, o, us, M = 1 / 2 / 4 / 8): rows1 9.18 / 9.32 /
-// 9.30 / 9.59, this kernel 8.77 / 8.86 / 8.90 / 8.92; and copying only 4 of M = 8 activation rows (a wrong-output
-// diagnostic, run 88) took o from 9.58 to 8.99 us, the M = 4 time.
+// weight bytes come with half the activations. Copying only 4 of M = 8 activation rows (a wrong-output diagnostic,
+// run 88) took o from 9.58 to 8.99 us, the M = 4 time.
 //
 // Work: cluster c (CTAs 2c and 2c + 1) owns rows [32c, 32c + 32) (silu_mul: 16-row blocks 2c and 2c + 1, each
 // 8 gate + 8 up rows); rank r streams the 512-column units [r * half, (r + 1) * half) of K, half = ceil(units / 2).
 // Each of the 8 warps owns 64 columns of every unit: it copies the 32 weight rows and the M activation rows,
-// 128 bytes each, four rows per instruction, one commit group per unit, and multiplies them as two m16n8k16 row
-// tiles (the K permutation of gemm_implb.cu), so the ring needs no CTA barrier. Every stage's weights are issued
-// before the PDL wait (one unit ahead was slower here: run 90, o M = 1 9.42 against 8.98 us).
+// 128 bytes each, four rows per instruction, and multiplies them as two m16n8k16 row tiles (the K permutation of
+// gemm_implb.cu), so the ring needs no CTA barrier. Weights come with an L2 evict-first policy, activations from L2
+// without L1, as in the rows kernel.
 //
-// The end: the warps' sums meet in shared memory (warp 0 adds them), rank 1's warp 0 writes its K half's sums into
-// rank 0's shared memory (distributed shared memory), and rank 0's warp 0 adds them and runs the epilogue. Two
-// cluster barrier phases order this: phase 0 (arrived at the top) says that rank 0 is running before rank 1 writes
-// to it; phase 1 that the sums have landed. Warps that have nothing left to do exit; a cluster barrier waits only
-// for threads that have not exited.
+// The pipeline: every stage's weights are issued before the PDL wait (one unit ahead was slower: run 90, o M = 1
+// 9.42 against 8.98 us, and so was the rows1 split of one and two units: run 99, 9.25 against 8.99), then one
+// activation group per stage, so that unit 0 can start when its own activations have landed.
+//
+// The end is split between the ranks: rank r finishes row tile r. Warp i < 2 of each CTA adds tile i over the
+// warps; where i is the other rank's tile it writes the sums into that rank's shared memory (distributed shared
+// memory), and rank i's warp i adds them and runs the epilogue. Two cluster barrier phases order this: phase 0
+// (arrived at the top) says that the other CTA is running before it is written to, phase 1 that the sums have
+// landed. Warps with nothing left to do exit; a cluster barrier waits only for threads that have not exited.
+//
+// Same run (run 99, o, us, M = 1 / 2 / 4 / 8): rows1 9.48 / 9.55 / 9.69 / 9.96; the kernel before this layout (one
+// activation group, activations through L1, rank 0 finishing both tiles) 10.17 / 9.60 / 9.65 / 9.79 with the
+// evict-first weights; this kernel 8.99 / 9.18 / 9.21 / 9.37. down at M = 8: rows 23.40, this kernel 22.59.
 #include "kernels/gemm_common.cuh"
 
 namespace fdpp {
@@ -26,14 +33,14 @@ namespace gemm {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kRows = 32;                      // weight rows per cluster (two 16-row MMA tiles)
+constexpr int kRanks = 2;                      // CTAs per cluster: one K half each
+constexpr int kRows = 16 * kRanks;             // weight rows per cluster: one 16-row MMA tile per rank
 constexpr int kUnitCols = 512;                 // columns per unit
 constexpr int kWarpCols = kUnitCols / kWarps;  // 64
 constexpr int kGroups = kWarpCols / 32;        // K groups of 32 per warp and unit: 2
 constexpr int kRowBytes = kWarpCols * 2;       // 128 bytes of a row per warp
 constexpr int kPieces = kRowBytes / 16;        // 8
 constexpr int kRowsPerCopy = 32 / kPieces;     // row pieces one warp instruction copies: 4
-constexpr int kSums = 2 * 4;                   // accumulators per lane: two row tiles x 4 (one batch block)
 
 // Where 16-byte piece q (0..7) of row r of a warp's slot sits: rows 128 bytes apart and piece q moved to
 // q ^ (4 * (r & 1)), so that the MMA reads (rows g and g + 1 of a quarter-warp, pieces 4j .. 4j + 3) hit all 32 banks.
@@ -51,8 +58,8 @@ struct PairGemmParams {
 };
 
 struct PairShared {
-  float red[kWarps][kSums][32];  // the warps' sums
-  float other[kSums][32];        // rank 1's sums (rank 0 only)
+  float red[kWarps][kRanks * 4][32];  // the warps' sums of both tiles
+  float other[4][32];                 // the other rank's sums of this rank's tile
 };
 
 // Clusters, compiled only where the kernel body is (sm_90+).
@@ -72,11 +79,12 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
   const int g = lane >> 2, t = lane & 3;
   uint32_t rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  const int pair = blockIdx.x >> 1;
+  const int pair = blockIdx.x / kRanks;
   const int units = (p.k + kUnitCols - 1) / kUnitCols;
   const int half = (units + 1) / 2;
   const int u0 = int(rank) * half;
   const int total = (u0 + half < units ? u0 + half : units) - u0;
+  const uint64_t weight_policy = detail::l2_evict_first_policy();
   const T* w = reinterpret_cast<const T*>(p.w);
   const T* x = reinterpret_cast<const T*>(p.x);
   // A stage: per warp, 32 weight rows then M activation rows, 128 bytes each (this warp's columns).
@@ -88,10 +96,10 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
 
   auto col_of = [&](int u) { return (u0 + u) * kUnitCols + warp * kWarpCols + piece * 8; };
   auto slot_of = [&](int u) { return my_ring_u32 + (u % p.stages) * stage_bytes; };
-  auto issue_x = [&](int u) {  // through L1: both CTAs of an SM read the same rows
+  auto issue_x = [&](int u) {
     const int col = col_of(u);
     for (int r = sub_row; r < p.m; r += kRowsPerCopy)
-      detail::cp_async16_ca(slot_of(u) + piece_offset(kRows + r, piece), col < p.k ? x + int64_t(r) * p.k + col : x,
+      detail::cp_async16_l2(slot_of(u) + piece_offset(kRows + r, piece), col < p.k ? x + int64_t(r) * p.k + col : x,
                             col < p.k);
   };
   auto issue_w = [&](int u) {
@@ -101,38 +109,38 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
     for (int r0 = 0; r0 < kRows; r0 += kRowsPerCopy) {
       const int r = r0 + sub_row;
       // Row r & 15 of 16-row block pair * 2 + r / 16: LaneRows' row0 (rows 0-7) or row1 (8-15) of lane group r % 8.
-      const detail::LaneRows rows(p.n, p.silu, pair * 2 + (r >> 4), r & 7);
+      const detail::LaneRows rows(p.n, p.silu, pair * kRanks + (r >> 4), r & 7);
       const int row = (r & 15) < 8 ? rows.row0 : rows.row1;
       const bool ok = ((r & 15) < 8 ? rows.ok0 : rows.ok1) && col < p.k;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + piece_offset(r, piece)),
-                   "l"(ok ? w + int64_t(row) * p.k + col : w), "r"(ok ? 16 : 0)
-                   : "memory");
+      detail::cp_async16_l2(slot + piece_offset(r, piece), ok ? w + int64_t(row) * p.k + col : w, ok, weight_policy);
     }
   };
 
-  float acc[2][4] = {};
-  // Every stage's weights before the PDL wait (one group each), their activations in one group after it, then
-  // one group per unit. Unit u < stages is complete once at most u groups are pending, every later unit once at
-  // most stages - 1 are.
+  float acc[kRanks][4] = {};
+  // Groups: every stage's weights before the PDL wait (one each), then one activation group per stage, then one
+  // group per unit. Unit u's group (its activations for u < stages) is the (stages + u)-th either way, so a unit is
+  // complete once at most stages - 1 groups are pending.
   detail::pdl_launch_dependents();
   for (int s = 0; s < p.stages; ++s) {
     if (s < total) issue_w(s);
     detail::cp_async_commit();
   }
   detail::pdl_wait_for_previous_grid();
-  for (int s = 0; s < p.stages && s < total; ++s) issue_x(s);
-  detail::cp_async_commit();
+  for (int s = 0; s < p.stages; ++s) {
+    if (s < total) issue_x(s);
+    detail::cp_async_commit();
+  }
 
   for (int u = 0; u < total; ++u) {
-    detail::cp_async_wait_dynamic(u < p.stages ? u : p.stages - 1);
+    detail::cp_async_wait_dynamic(p.stages - 1);
     __syncwarp();  // every lane's copies of this unit have landed
     const unsigned char* slot = my_ring + (u % p.stages) * stage_bytes;
     const int col = (u0 + u) * kUnitCols + warp * kWarpCols;
-    uint4 a_lo[2][kGroups], a_hi[2][kGroups], b[kGroups];
+    uint4 a_lo[kRanks][kGroups], a_hi[kRanks][kGroups], b[kGroups];
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
 #pragma unroll
-      for (int tile = 0; tile < 2; ++tile) {
+      for (int tile = 0; tile < kRanks; ++tile) {
         a_lo[tile][j] = detail::lds16(slot + piece_offset(16 * tile + g, 4 * j + t));      // W[row0][8t .. 8t+8)
         a_hi[tile][j] = detail::lds16(slot + piece_offset(16 * tile + g + 8, 4 * j + t));  // W[row1][same]
       }
@@ -148,7 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
     for (int j = 0; j < kGroups; ++j) {
       if (col + 32 * j < p.k) {
 #pragma unroll
-        for (int tile = 0; tile < 2; ++tile) {
+        for (int tile = 0; tile < kRanks; ++tile) {
           detail::mma_16816<T>(acc[tile], a_lo[tile][j].x, a_hi[tile][j].x, a_lo[tile][j].y, a_hi[tile][j].y, b[j].x,
                                b[j].y);
           detail::mma_16816<T>(acc[tile], a_lo[tile][j].z, a_hi[tile][j].z, a_lo[tile][j].w, a_hi[tile][j].w, b[j].z,
@@ -159,36 +167,37 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
   }
   detail::cp_async_wait<0>();
 
-  // This CTA's K half: the warps' sums into warp 0.
+  // This CTA's K half of both tiles: warp i adds tile i over the warps.
 #pragma unroll
-  for (int i = 0; i < kSums; ++i) shared.red[warp][i][lane] = acc[i / 4][i % 4];
+  for (int i = 0; i < kRanks * 4; ++i) shared.red[warp][i][lane] = acc[i / 4][i % 4];
   asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
-  if (warp != 0) return;
+  if (warp >= kRanks) return;
+  float sums[1][4];
 #pragma unroll
-  for (int i = 0; i < kSums; ++i)
+  for (int q = 0; q < 4; ++q) {
+    sums[0][q] = 0.f;
 #pragma unroll
-    for (int other = 1; other < kWarps; ++other) acc[i / 4][i % 4] += shared.red[other][i][lane];
+    for (int other = 0; other < kWarps; ++other) sums[0][q] += shared.red[other][warp * 4 + q][lane];
+  }
   cluster_wait();  // phase 0: both CTAs are running
-  if (rank == 1) {
+  if (warp != int(rank)) {  // the other rank's tile: send this K half's sums there
 #pragma unroll
-    for (int i = 0; i < kSums; ++i) {
+    for (int q = 0; q < 4; ++q) {
       uint32_t remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(remote) : "r"(detail::smem_u32(&shared.other[i][lane])));
-      asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(acc[i / 4][i % 4]) : "memory");
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                   : "=r"(remote)
+                   : "r"(detail::smem_u32(&shared.other[q][lane])), "r"(warp));
+      asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(sums[0][q]) : "memory");
     }
-    cluster_arrive_release();  // phase 1: the sums are in rank 0's shared memory
+    cluster_arrive_release();  // phase 1: the sums are in the other rank's shared memory
     return;
   }
   cluster_arrive_relaxed();
   cluster_wait();  // phase 1
 #pragma unroll
-  for (int tile = 0; tile < 2; ++tile) {
-    float sums[1][4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) sums[0][q] = acc[tile][q] + shared.other[tile * 4 + q][lane];
-    detail::store_block<T, 1>(sums, detail::LaneRows(p.n, p.silu, pair * 2 + tile, g), t, p.m, p.n, p.silu, p.bias,
-                              p.residual, p.y);
-  }
+  for (int q = 0; q < 4; ++q) sums[0][q] += shared.other[q][lane];
+  detail::store_block<T, 1>(sums, detail::LaneRows(p.n, p.silu, pair * kRanks + warp, g), t, p.m, p.n, p.silu,
+                            p.bias, p.residual, p.y);
 #endif
 }
 
@@ -215,7 +224,15 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   // (228 KB per SM, 1 KB reserved per CTA).
   const int64_t per_cta_extra = 1024 + int64_t(sizeof(PairShared));
   while (stages > 2 && 2 * (implb_pair_smem_bytes(stages, p.m) + per_cta_extra) > 228 * 1024) --stages;
-  const int64_t smem = implb_pair_smem_bytes(stages, p.m);
+  const int64_t blocks = implb_row_blocks(p.n, p.silu_mul());
+  const int grid = int(2 * ((blocks + 1) / 2));  // one cluster of two per pair of 16-row blocks
+  int64_t smem = implb_pair_smem_bytes(stages, p.m);
+  // Never three CTAs per SM for a grid that fits one wave at two: at 2 stages and M = 1 three fit (3 * (67584 +
+  // 9728) <= 228 KB), and the grid's 256 CTAs then crowd some SMs and leave others half used. More shared memory
+  // keeps it at two. Same run (run 101, us, three / two per SM): o M = 1 9.75 / 8.74, down 28.11 / 21.74. A grid of
+  // several waves gains from the third (gate_up M = 1, 1376 CTAs: 43.26 / 47.32), so it keeps it.
+  if (grid <= 2 * dev.num_sms)
+    while (3 * (smem + per_cta_extra) <= 228 * 1024) smem += 1024;
   if (smem > dev.max_smem_optin) {
     set_detail("ImplB pair: two stages need more shared memory than the GPU has");
     return cudaErrorInvalidValue;
@@ -223,8 +240,6 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   PairGemmParams params{};
   detail::fill_problem(params, p);
   params.stages = stages;
-  const int64_t blocks = implb_row_blocks(p.n, p.silu_mul());
-  const int grid = int(2 * ((blocks + 1) / 2));  // one cluster of two per pair of 16-row blocks
   if (p.dtype == Dtype::kBFloat16) return launch_typed<__nv_bfloat16>(params, dev, smem, grid, stream);
   return launch_typed<__half>(params, dev, smem, grid, stream);
 }

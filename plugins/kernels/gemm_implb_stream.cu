@@ -18,6 +18,9 @@
 //   weight stream held every refill back: 2.4 us per unit, o 11.6 us against 10.1 for the TMA kernel (runs 36-39).
 //   It is copied from L2 without an L1 allocation (.cg); through L1 (.ca), for the other CTA of the SM, it was
 //   slower at M = 8 (run 94, o rows1, us, .ca / .cg: M = 1 9.24 / 9.24, M = 4 9.57 / 9.48, M = 8 10.27 / 9.98).
+// - The weights are copied with an L2 evict-first policy: read once, they should not push the activations out.
+//   Same run (run 99, us, M = 1 / 8): o rows1 9.48 / 9.96 without, 9.40 / 9.85 with; qkv rows 24.21 / 26.40 and
+//   24.10 / 26.18; gate_up 46.15 / 50.30 and 45.85 / 50.10 (run 98: o 9.46 / 9.89 and 9.37 / 9.79).
 // - A warp moves the unit's operands into registers and refills the slot before it multiplies.
 // - No L2::256B prefetch hint on the weight copies (2-3% slower with it); 512-column units were slower (run 40).
 // - 8 warps of 128 columns, not 4 of 256: the same bytes in flight, half the work per warp and unit between a
@@ -85,6 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   const int block1 = block0 + p.blocks_per_cta < p.num_blocks ? block0 + p.blocks_per_cta : p.num_blocks;
   const int total = (block1 - block0) * p.steps;
   const int lead = blockIdx.x < gridDim.x / 2 ? p.lead : p.lead_late;
+  const uint64_t weight_policy = detail::l2_evict_first_policy();
   const T* w = reinterpret_cast<const T*>(p.w);
   const T* x = reinterpret_cast<const T*>(p.x);
   // A stage: per warp, 16 weight rows then M activation rows, 256 bytes each (this warp's columns).
@@ -99,9 +103,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   auto col_of = [&](int u) { return (u % p.steps) * kUnitCols + warp * kWarpCols + piece * 8; };
   auto issue_x = [&](uint32_t slot, int col) {  // from L2 (.cg), like the weights
     for (int r = sub_row; r < p.m; r += kRowsPerCopy)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + piece_offset(16 + r, piece)),
-                   "l"(col < p.k ? x + int64_t(r) * p.k + col : x), "r"(col < p.k ? 16 : 0)
-                   : "memory");
+      detail::cp_async16_l2(slot + piece_offset(16 + r, piece), col < p.k ? x + int64_t(r) * p.k + col : x, col < p.k);
   };
   // Unit u into ring slot u % stages: the lane's pieces of the 16 weight rows and (with_x) of the M activation
   // rows; one commit group.
@@ -117,9 +119,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
       const detail::LaneRows rows(p.n, p.silu, block, r & 7);
       const int row = r < 8 ? rows.row0 : rows.row1;
       const bool ok = (r < 8 ? rows.ok0 : rows.ok1) && col_ok;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + piece_offset(r, piece)),
-                   "l"(ok ? w + int64_t(row) * p.k + col : w), "r"(ok ? 16 : 0)
-                   : "memory");
+      detail::cp_async16_l2(slot + piece_offset(r, piece), ok ? w + int64_t(row) * p.k + col : w, ok, weight_policy);
     }
     if (with_x) issue_x(slot, col);  // in the same group: the activations land with the weights
     detail::cp_async_commit();
