@@ -125,7 +125,8 @@ def lone_peaks(ms: list, values: list, margin: float = 0.02) -> list:
     """Indices of the points that stand more than `margin` above both neighbours one M away (M and M +- 1 all
     measured). Such a point may be noise, so profile_shape times it again and keeps the lower time; a real step
     stays. H200: gate_up ImplB 44.63 / 47.12 / 44.57 us at M = 6 / 7 / 8 moved m2 from 8 to 6 (run 102); timed
-    twice it held (run 104), and it is the rows kernel's own M = 7 step (runs 105-106).
+    twice it held (run 104): it was the rows kernel's own M = 7 step (runs 105-106), gone since that kernel
+    copies a zero eighth activation row at M = 7 (run 109: m2 = 8).
         ms [5, 6, 7, 8], values [44.5, 44.6, 47.1, 44.6] -> [2]"""
     peaks = []
     for i in range(1, len(ms) - 1):

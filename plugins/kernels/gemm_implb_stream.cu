@@ -9,9 +9,10 @@
 //
 // Work: a unit is one 16-row block times 1024 columns. CTA c takes the contiguous blocks [c * per, (c + 1) * per),
 // per = ceil(blocks / resident CTAs), and streams their units in order. Each of the 8 warps owns 128 columns of
-// every unit, [128 w, 128 w + 128): it copies them -- the 16 weight rows and the M activation rows, 256 bytes
-// each, two rows per instruction, one commit group per unit -- and multiplies them, so the ring needs no CTA
-// barrier: a __syncwarp orders a warp's copies before its reads, and its reads before the copy that refills the slot.
+// every unit, [128 w, 128 w + 128): it copies them -- the 16 weight rows and the M activation rows (8 at M = 7),
+// 256 bytes each, two rows per instruction, one commit group per unit -- and multiplies them, so the ring needs no
+// CTA barrier: a __syncwarp orders a warp's copies before its reads, and its reads before the copy that refills the
+// slot.
 //
 // Measured on the H200 (docs/notes-gemm.md), and why it is built this way:
 // - X rides in the stage with the weights. Loaded into registers a unit ahead instead, its L2 latency under the
@@ -68,6 +69,7 @@ struct StreamGemmParams {
   int stages;
   int lead;            // units whose weights the first half of the grid issues before the PDL wait
   int lead_late;       // the same for the second half (implb_rows_lead_units)
+  int x_rows;          // activation rows per stage: M, or M + 1 with a zero row (stream_x_rows)
   int steps;           // units per block: ceil(k / kUnitCols)
   int num_blocks;      // 16-row blocks (silu: 8 gate + 8 up rows)
   int blocks_per_cta;
@@ -91,8 +93,8 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   const uint64_t weight_policy = detail::l2_evict_first_policy();
   const T* w = reinterpret_cast<const T*>(p.w);
   const T* x = reinterpret_cast<const T*>(p.x);
-  // A stage: per warp, 16 weight rows then M activation rows, 256 bytes each (this warp's columns).
-  const int warp_slot = (16 + p.m) * kRowBytes;
+  // A stage: per warp, 16 weight rows then x_rows activation rows, 256 bytes each (this warp's columns).
+  const int warp_slot = (16 + p.x_rows) * kRowBytes;
   const int stage_bytes = kWarps * warp_slot;
   unsigned char* my_ring = ring + warp * warp_slot;
   const uint32_t my_ring_u32 = detail::smem_u32(my_ring);
@@ -101,9 +103,11 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
 
   // A lane's columns of unit u: col_of(u) .. + 8.
   auto col_of = [&](int u) { return (u % p.steps) * kUnitCols + warp * kWarpCols + piece * 8; };
-  auto issue_x = [&](uint32_t slot, int col) {  // from L2 (.cg), like the weights
-    for (int r = sub_row; r < p.m; r += kRowsPerCopy)
-      detail::cp_async16_l2(slot + piece_offset(16 + r, piece), col < p.k ? x + int64_t(r) * p.k + col : x, col < p.k);
+  auto issue_x = [&](uint32_t slot, int col) {  // from L2 (.cg), like the weights; rows >= M are zero-filled
+    for (int r = sub_row; r < p.x_rows; r += kRowsPerCopy) {
+      const bool ok = col < p.k && r < p.m;
+      detail::cp_async16_l2(slot + piece_offset(16 + r, piece), ok ? x + int64_t(r) * p.k + col : x, ok);
+    }
   };
   // Unit u into ring slot u % stages: the lane's pieces of the 16 weight rows and (with_x) of the M activation
   // rows; one commit group.
@@ -224,6 +228,13 @@ cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, in
                        : launch_typed<T, 2, 2>(params, dev, smem, stream);
 }
 
+// Activation rows a stage holds. At M = 7 one more, zero-filled: copying 7 rows was 3-5% slower than copying 8,
+// and the zero row takes M = 7 to the M = 8 time. Same run (run 106, us, M = 6 / 7 / 8): gate_up rows 44.99 /
+// 47.46 / 45.25, with the zero row at M = 7 45.28; o rows1 9.11 / 9.63 / 9.22, with it 9.20. A slot sized for 8
+// rows without the copy stayed slow (47.54, 9.64). M = 3 and 5 have no such step (run 105: gate_up M = 5 / 6 45.88
+// / 45.98; o rows1 M = 2 / 3 / 4 9.12 / 9.06 / 9.04), and above 8 the batch takes a second MMA block.
+int stream_x_rows(int m) { return m == 7 ? 8 : m; }
+
 }  // namespace
 
 cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, int lead_second, int batch_blocks,
@@ -240,15 +251,16 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, in
   // reduction buffer instead of two where that saves a stage: at M = 2, 3 stages instead of 2 (run 62, us, two
   // buffers / one: qkv 24.16 / 23.66, down 22.01 / 21.46, gate_up 45.22 / 43.38; o, whose profile takes 2 stages,
   // 9.55 / 9.79 at 3).
+  const int x_rows = stream_x_rows(p.m);
   auto fitting = [&](int parities) {
     const int64_t per_cta_extra = 1024 + int64_t(sizeof(StreamShared<1, 1>)) * parities * batch_blocks;
     int s = stages;
-    while (s > 2 && 2 * (implb_rows_smem_bytes(s, p.m) + per_cta_extra) > 228 * 1024) --s;
+    while (s > 2 && 2 * (implb_rows_smem_bytes(s, x_rows) + per_cta_extra) > 228 * 1024) --s;
     return s;
   };
   const int parities = fitting(1) > fitting(2) ? 1 : 2;
   stages = fitting(parities);
-  const int64_t smem = implb_rows_smem_bytes(stages, p.m);
+  const int64_t smem = implb_rows_smem_bytes(stages, x_rows);
   if (smem > dev.max_smem_optin) {
     set_detail("ImplB rows: two stages need more shared memory than the GPU has");
     return cudaErrorInvalidValue;
@@ -256,6 +268,7 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, in
   StreamGemmParams params{};
   detail::fill_problem(params, p);
   params.stages = stages;
+  params.x_rows = x_rows;
   auto clamp_lead = [&](int units) { return units < 1 ? 1 : units < stages ? units : stages; };
   params.lead = clamp_lead(lead_first);
   params.lead_late = clamp_lead(lead_second);

@@ -155,14 +155,15 @@ BULK_CONFIGS = ([{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul", "silu_mul+bias+residual"])
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 13, 16, 17, 40])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 13, 16, 17, 40])
 @pytest.mark.parametrize("config", BULK_CONFIGS, ids=lambda c: "{}-s{}".format(c.get("loader", "tma"), c["stages"]))
 @pytest.mark.parametrize("shape", ["short-last-unit", "many-blocks", "k-not-64"])
 def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
     """The 1024-column ImplB pipelines (k_tile 1024, M <= 16; TMA on sm_90, rows anywhere): N not a multiple of 16
     (zero-filled rows past N), K a multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than
-    SMs (up to ~10 per CTA); for rows also a K that is a multiple of 8 only (a partial 32-column group), and M = 2,
-    where rows at 3 stages has one reduction buffer (and a barrier after each block's sums). Above M = 16
+    SMs (up to ~10 per CTA); for rows also a K that is a multiple of 8 only (a partial 32-column group), M = 2,
+    where rows at 3 stages has one reduction buffer (and a barrier after each block's sums), and M = 7, where rows
+    copies a zero eighth activation row. Above M = 16
     the launcher takes the default cp.async config instead, which must be just as right. (These checks do not show
     which kernel ran: a config the path wrongly refused would still pass through the fallback.)"""
     from fdpp_rewrite.gpu import gemm
@@ -184,6 +185,26 @@ def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 7)
     out = _run("implb", x, w, bias, residual, epilogue, config=config)
     ref, peer = _reference(x, w, bias, residual, silu, dtype)
+    _check(out, ref, peer)
+
+
+# The pair pipeline where K is whole 512-column units (the other tests' K are not): an odd number of cluster pairs,
+# one unit per K half, none for the second half (K = 512: that rank only sends zeros), 8 units per half (K = 8192),
+# and M up to the kernel's 8.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul"])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("n,k", [(80, 512), (80, 1024), (4104, 4096), (1040, 8192)])
+def test_implb_pair_whole_units(n, k, stages, m, epilogue, dtype):
+    from fdpp_rewrite.gpu import gemm
+
+    if gemm.device_info()["cc_major"] != 9:
+        pytest.skip("the cluster-pair pipeline runs on compute capability 9.x (the library's sm_90a code)")
+    config = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1, "loader": "pair"}
+    x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 11)
+    out = _run("implb", x, w, bias, residual, epilogue, config=config)
+    ref, peer = _reference(x, w, bias, residual, epilogue.startswith("silu"), dtype)
     _check(out, ref, peer)
 
 

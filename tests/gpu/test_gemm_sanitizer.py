@@ -52,7 +52,7 @@ for (n, k) in [(200, 264), (88, 520), (9000, 136)]:  # the last: many tiles per 
 # fill) and pair (sm_90: clusters, the sums through distributed shared memory), a short last K unit, many blocks per
 # CTA; rows and pair also with K a multiple of 8 only.
 for (n, k) in [(136, 1088), (4100, 192), (200, 1048)]:
-    for m in (1, 9, 16):
+    for m in (1, 7, 9, 16):  # 7: rows copies a zero eighth activation row
         for ep in ("none", "silu_mul"):
             x, w, b, r, n_out = inputs(m, n, k, ep)
             for stages in (2, 3):
@@ -62,12 +62,13 @@ for (n, k) in [(136, 1088), (4100, 192), (200, 1048)]:
                     out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
                     cfg = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1, "loader": loader}
                     gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
-# The pair pipeline at its largest M (8 activation rows per stage, two row tiles per cluster).
+# The pair pipeline at its largest M (8 activation rows per stage, two row tiles per cluster), and with K whole
+# 512-column units (an odd number of pairs; K = 512: no units for the second half).
 if cc == 9:
-    for (n, k) in [(136, 1088), (4100, 192)]:
+    for (n, k, m) in [(136, 1088, 8), (4100, 192, 8), (80, 1024, 8), (80, 1024, 1), (80, 512, 3)]:
         for ep in ("none", "silu_mul"):
-            x, w, b, r, n_out = inputs(8, n, k, ep)
-            out = torch.empty(8, n_out, device="cuda", dtype=torch.float16)
+            x, w, b, r, n_out = inputs(m, n, k, ep)
+            out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
             cfg = {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1, "loader": "pair"}
             gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
 # The rows pipeline with one reduction buffer (M = 2 at 3 stages) and three blocks per CTA: the barrier that keeps
