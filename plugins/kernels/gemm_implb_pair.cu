@@ -17,15 +17,18 @@
 // 9.42 against 8.98 us, and so was the rows1 split of one and two units: run 99, 9.25 against 8.99), then one
 // activation group per stage, so that unit 0 can start when its own activations have landed.
 //
-// The end is split between the ranks: rank r finishes row tile r. Warp i < 2 of each CTA adds tile i over the
-// warps; where i is the other rank's tile it writes the sums into that rank's shared memory (distributed shared
-// memory), and rank i's warp i adds them and runs the epilogue. Two cluster barrier phases order this: phase 0
-// (arrived at the top) says that the other CTA is running before it is written to, phase 1 that the sums have
+// The end: warp i < 2 of each CTA adds tile i over the warps. Rank 1's two warps write their sums into rank 0's
+// shared memory (distributed shared memory) and exit; rank 0's warp i adds them to its own and runs tile i's
+// epilogue. So only rank 0 waits for its partner, and rank 1's SM slot is free for the next grid as soon as rank 1
+// is done. Two cluster barrier phases order this: phase 0 (arrived at the top, waited for while the CTA waits for
+// the previous grid anyway) says that the other CTA is running before it is written to, phase 1 that the sums have
 // landed. Warps with nothing left to do exit; a cluster barrier waits only for threads that have not exited.
 //
 // Same run (run 99, o, us, M = 1 / 2 / 4 / 8): rows1 9.48 / 9.55 / 9.69 / 9.96; the kernel before this layout (one
 // activation group, activations through L1, rank 0 finishing both tiles) 10.17 / 9.60 / 9.65 / 9.79 with the
-// evict-first weights; this kernel 8.99 / 9.18 / 9.21 / 9.37. down at M = 8: rows 23.40, this kernel 22.59.
+// evict-first weights; the kernel with each rank finishing one tile 8.99 / 9.18 / 9.21 / 9.37. down at M = 8: rows
+// 23.40, that kernel 22.59. This end against that one (run 123, us, o M = 1 / 8, two passes; down M = 8):
+// 8.78 / 9.01 and 8.64 / 8.87 against 8.82 / 9.09 and 8.65 / 8.95; down 22.05 against 22.16.
 #include "kernels/gemm_common.cuh"
 
 namespace fdpp {
@@ -59,8 +62,10 @@ struct PairGemmParams {
 
 struct PairShared {
   float red[kWarps][kRanks * 4][32];  // the warps' sums of both tiles
-  float other[4][32];                 // the other rank's sums of this rank's tile
+  float other[kRanks][4][32];         // rank 0: rank 1's sums of both tiles
 };
+// The dynamic ring follows this struct: 64 bytes off a 128-byte line made the kernel 10% slower (run 108).
+static_assert(sizeof(PairShared) % 128 == 0, "keep the ring 128-byte aligned");
 
 // Clusters, compiled only where the kernel body is (sm_90+).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -125,6 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
     if (s < total) issue_w(s);
     detail::cp_async_commit();
   }
+  cluster_wait();  // phase 0, off the critical path: this CTA waits for the previous grid anyway
   detail::pdl_wait_for_previous_grid();
   for (int s = 0; s < p.stages; ++s) {
     if (s < total) issue_x(s);
@@ -179,23 +185,22 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
 #pragma unroll
     for (int other = 0; other < kWarps; ++other) sums[0][q] += shared.red[other][warp * 4 + q][lane];
   }
-  cluster_wait();  // phase 0: both CTAs are running
-  if (warp != int(rank)) {  // the other rank's tile: send this K half's sums there
+  if (rank == 1) {  // send this K half's sums of tile `warp` to rank 0
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       uint32_t remote;
       asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                    : "=r"(remote)
-                   : "r"(detail::smem_u32(&shared.other[q][lane])), "r"(warp));
+                   : "r"(detail::smem_u32(&shared.other[warp][q][lane])), "r"(0));
       asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(sums[0][q]) : "memory");
     }
-    cluster_arrive_release();  // phase 1: the sums are in the other rank's shared memory
+    cluster_arrive_release();  // phase 1: the sums are in rank 0's shared memory
     return;
   }
   cluster_arrive_relaxed();
   cluster_wait();  // phase 1
 #pragma unroll
-  for (int q = 0; q < 4; ++q) sums[0][q] += shared.other[q][lane];
+  for (int q = 0; q < 4; ++q) sums[0][q] += shared.other[warp][q][lane];
   detail::store_block<T, 1>(sums, detail::LaneRows(p.n, p.silu, pair * kRanks + warp, g), t, p.m, p.n, p.silu,
                             p.bias, p.residual, p.y);
 #endif
@@ -228,7 +233,7 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   const int grid = int(2 * ((blocks + 1) / 2));  // one cluster of two per pair of 16-row blocks
   int64_t smem = implb_pair_smem_bytes(stages, p.m);
   // Never three CTAs per SM for a grid that fits one wave at two: at 2 stages and M = 1 three fit (3 * (67584 +
-  // 9728) <= 228 KB), and the grid's 256 CTAs then crowd some SMs and leave others half used. More shared memory
+  // 10240) <= 228 KB), and the grid's 256 CTAs then crowd some SMs and leave others half used. More shared memory
   // keeps it at two. Same run (run 101, us, three / two per SM): o M = 1 9.75 / 8.74, down 28.11 / 21.74. A grid of
   // several waves gains from the third (gate_up M = 1, 1376 CTAs: 43.26 / 47.32), so it keeps it.
   if (grid <= 2 * dev.num_sms)
