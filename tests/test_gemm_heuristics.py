@@ -137,11 +137,11 @@ def test_candidates_are_valid_and_within_the_contract(n, k, device):
     assert ("pair" in loaders) == (device["cc_major"] == 9), "the cluster-pair configs are candidates on sm_90 only"
 
 
-def test_pair_candidates_only_up_to_m_8():
+def test_pair_candidates_only_up_to_m_16():
     at = {m: {c.get("loader") for c in gemm().implb_candidates(4096, 4096, m, H200["num_sms"], H200["max_smem"], 9)}
-          for m in (1, 8, 9, 16)}
-    assert "pair" in at[1] and "pair" in at[8]
-    assert "pair" not in at[9] and "pair" not in at[16] and "rows" in at[16]
+          for m in (1, 8, 9, 16, 17)}
+    assert all("pair" in at[m] and "rows" in at[m] for m in (1, 8, 9, 16))
+    assert "pair" not in at[17] and "rows" not in at[17]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -172,10 +172,10 @@ def test_rows_config_limits():
     with pytest.raises(FdppError, match="shared memory"):  # two stages of 16 + 16 rows x 2 KB = 128 KB
         gemm().check_implb_config(rows, m=16, k=4096, max_smem=100 * 1024, cc_major=9)
     pair = dict(rows, loader="pair")
-    for m in (1, 8):
+    for m in (1, 8, 9, 16):
         gemm().check_implb_config(pair, m=m, k=1000, max_smem=H200["max_smem"], cc_major=9)
-    with pytest.raises(FdppError, match="M <= 8"):
-        gemm().check_implb_config(pair, m=9, k=4096, max_smem=H200["max_smem"], cc_major=9)
+    with pytest.raises(FdppError, match="M <= 16"):
+        gemm().check_implb_config(pair, m=17, k=4096, max_smem=H200["max_smem"], cc_major=9)
     with pytest.raises(FdppError, match="clusters"):
         gemm().check_implb_config(pair, m=1, k=4096, max_smem=A100["max_smem"], cc_major=8)
     # Without a loader a k_tile 1024 config is the TMA one, as in profiles written before the rows kernel.

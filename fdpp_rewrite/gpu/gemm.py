@@ -26,7 +26,7 @@ IMPLA_MAX_M = 8
 # How a k_tile 1024 config streams the weight (the C ABI's loader codes): "tma", the tensor memory accelerator
 # (sm_90); "rows", row-streaming cp.async with two CTAs per SM, every stage's weights issued before the PDL wait;
 # "rows1", the same kernel issuing only the first unit's before it (two in the second half of its grid); "pair"
-# (M <= 8, sm_90), clusters of two CTAs per 32 weight rows, one K half each. Smaller k_tiles have no loader choice.
+# (M <= 16, sm_90), clusters of two CTAs per 32 weight rows, one K half each. Smaller k_tiles have no loader choice.
 LOADERS = {"tma": 0, "rows": 1, "rows1": 2, "pair": 3}
 LOADER_NAMES = {v: k for k, v in LOADERS.items()}
 BULK_MIN_K_TILE = 1024

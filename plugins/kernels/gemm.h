@@ -79,8 +79,8 @@ cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream);
 // ImplB: M <= 64. pad_m is 8 (the paper's choice); 16 and 64 run the same kernel on more zero rows (ablation).
 // When M's batch rows make config.stages too deep for shared memory, fewer stages (at least 2) are used.
 // A k_tile 1024 config (implb_is_bulk) runs gemm_implb_bulk.cu (loader TMA: sm_90, M <= 16, K % 64 == 0),
-// gemm_implb_stream.cu (loaders rows and rows1: M <= 16) or gemm_implb_pair.cu (loader pair: sm_90, M <= 8; above,
-// rows1) where it can, and the unprofiled default cp.async config elsewhere.
+// gemm_implb_stream.cu (loaders rows and rows1: M <= 16) or gemm_implb_pair.cu (loader pair: sm_90, M <= 16) where
+// it can, and the unprofiled default cp.async config elsewhere.
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& config, int pad_m, cudaStream_t stream);
 // Raises a kernel's dynamic shared memory limit to `bytes` (never lowers it), once per (kernel, device) and size;
 // thread-safe. A no-op up to 48 KB.
@@ -91,7 +91,7 @@ cudaError_t launch_implb_bulk(const Problem& p, const ImplBConfig& config, int b
 // and the second half of its grid issue lead_first and lead_second units' weights before the PDL wait.
 cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, int lead_second, int batch_blocks,
                                 cudaStream_t stream);
-// The cluster-pair kernel (gemm_implb_pair.cu, loader pair): M <= 8, clusters of two CTAs on one 32-row block.
+// The cluster-pair kernel (gemm_implb_pair.cu, loader pair): M <= 16, clusters of two CTAs on one 32-row block.
 cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream);
 // CTAs of a kernel of `threads` threads resident per SM with this dynamic shared memory (host query, cached per
 // kernel and size; at least 1).

@@ -35,10 +35,9 @@ enum class Impl : int32_t {
 //           CTAs per SM whose warps copy 256-byte row pieces with cp.async (gemm_implb_stream.cu), every stage's
 //           weights issued before the PDL wait; kLoaderRows1, the same kernel issuing only its first unit's
 //           weights before the wait in the first half of its grid and two units' in the second half (the other
-//           stages fill right after it, with their activations); kLoaderPair (M <= 8, sm_90), a cluster of two
+//           stages fill right after it, with their activations); kLoaderPair (M <= 16, sm_90), a cluster of two
 //           CTAs per 32-row block, one K half each, so that each CTA reads half the activations per weight byte,
-//           every stage's weights issued before the wait (gemm_implb_pair.cu); at M > 8 the launcher runs
-//           the same stages as rows1
+//           every stage's weights issued before the wait (gemm_implb_pair.cu)
 constexpr int32_t kLoaderTma = 0;
 constexpr int32_t kLoaderRows = 1;
 constexpr int32_t kLoaderRows1 = 2;
@@ -175,8 +174,8 @@ inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int bat
       return "a pair ImplB config needs n_tile 16, k_tile 1024 and split_k 1 (its tiling is fixed)";
     if (c.stages < 2 || c.stages > 3) return "a pair ImplB config needs 2 or 3 stages";
     if (!hopper_paths(cc_major)) return "a pair ImplB config needs thread-block clusters (a compute capability 9.x GPU)";
-    if (batch_blocks > 1) return "a pair ImplB config handles M <= 8";
-    if (implb_pair_smem_bytes(2, 8) > max_smem)
+    if (batch_blocks > 2) return "a pair ImplB config handles M <= 16";
+    if (implb_pair_smem_bytes(2, 8 * batch_blocks) > max_smem)
       return "two stages of the pair ImplB need more shared memory than the GPU has";
     return nullptr;
   }
@@ -318,7 +317,7 @@ inline int implb_candidates(int64_t n, int64_t k, bool silu_mul, int batch_block
   }
   // The rows kernel: 2 and 3 stages (with 4 or more, two CTAs never fit an SM; the launcher takes fewer
   // stages where M's activation rows do not let two CTAs fit), leading with all of them or with one unit; the
-  // cluster-pair kernel (M <= 8) the same way.
+  // cluster-pair kernel (M <= 16) the same way.
   for (int32_t loader : {kLoaderRows, kLoaderRows1, kLoaderPair})
     for (int stages : {2, 3}) {
       const ImplBConfig c{16, kBulkMinKTile, stages, 1, loader};

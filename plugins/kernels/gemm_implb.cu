@@ -340,7 +340,6 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
   const int nb = implb_batch_blocks(p.m, pad_m);
   if (implb_is_bulk(requested)) {
     ImplBConfig bulk = requested;
-    if (implb_is_pair(bulk) && nb > 1) bulk.loader = kLoaderRows1;  // the pair kernel is for M <= 8
     if (implb_config_problem(bulk, p.k, nb, dev.max_smem_optin, dev.cc_major) == nullptr) {
       if (implb_is_pair(bulk)) return launch_implb_pair(p, bulk.stages, stream);
       if (implb_is_rows(bulk))

@@ -1,4 +1,4 @@
-// ImplB's cluster-pair kernel (loader kLoaderPair, M <= 8, sm_90): the rows kernel's cp.async streaming
+// ImplB's cluster-pair kernel (loader kLoaderPair, M <= 16, sm_90): the rows kernel's cp.async streaming
 // (gemm_implb_stream.cu) with each 32-row weight block split along K between the two CTAs of a cluster.
 //
 // Why: every CTA of the rows kernel reads all of X for its 16 rows, so at M = 8 the activations are half as many
@@ -9,8 +9,8 @@
 // Work: cluster c (CTAs 2c and 2c + 1) owns rows [32c, 32c + 32) (silu_mul: 16-row blocks 2c and 2c + 1, each
 // 8 gate + 8 up rows); rank r streams the 512-column units [r * half, (r + 1) * half) of K, half = ceil(units / 2).
 // Each of the 8 warps owns 64 columns of every unit: it copies the 32 weight rows and the M activation rows,
-// 128 bytes each, four rows per instruction, and multiplies them as two m16n8k16 row tiles (the K permutation of
-// gemm_implb.cu), so the ring needs no CTA barrier. Weights come with an L2 evict-first policy, activations from L2
+// 128 bytes each, four rows per instruction, and multiplies them as two m16n8k16 row tiles by one (M <= 8) or two
+// 8-row batch tiles (the K permutation of gemm_implb.cu), so the ring needs no CTA barrier. Weights come with an L2 evict-first policy, activations from L2
 // without L1, as in the rows kernel.
 //
 // The pipeline: every stage's weights are issued before the PDL wait (one unit ahead was slower: run 90, o M = 1
@@ -60,12 +60,16 @@ struct PairGemmParams {
   int stages;
 };
 
+// NB batch tiles of 8 activation rows (M <= 8 * NB).
+template <int NB>
 struct PairShared {
-  float red[kWarps][kRanks * 4][32];  // the warps' sums of both tiles
-  float other[kRanks][4][32];         // rank 0: rank 1's sums of both tiles
+  // The warps' sums of both tiles. At NB = 2 they go into each warp's own ring slot instead: 8 KB more here would
+  // not let two CTAs share an SM.
+  float red[NB == 1 ? kWarps : 1][kRanks * 4][32];
+  float other[kRanks][NB * 4][32];  // rank 0: rank 1's sums of both tiles
 };
 // The dynamic ring follows this struct: 64 bytes off a 128-byte line made the kernel 10% slower (run 108).
-static_assert(sizeof(PairShared) % 128 == 0, "keep the ring 128-byte aligned");
+static_assert(sizeof(PairShared<1>) % 128 == 0 && sizeof(PairShared<2>) % 128 == 0, "keep the ring 128-byte aligned");
 
 // Clusters, compiled only where the kernel body is (sm_90+).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -74,11 +78,11 @@ __device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
 #endif
 
-template <typename T>
+template <typename T, int NB>
 __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairGemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char ring[];
-  __shared__ PairShared shared;
+  __shared__ PairShared<NB> shared;
   cluster_arrive_relaxed();  // phase 0: this CTA is running
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
     }
   };
 
-  float acc[kRanks][4] = {};
+  float acc[kRanks][NB][4] = {};
   // Groups: every stage's weights before the PDL wait (one each), then one activation group per stage, then one
   // group per unit. Unit u's group (its activations for u < stages) is the (stages + u)-th either way, so a unit is
   // complete once at most stages - 1 groups are pending.
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
     __syncwarp();  // every lane's copies of this unit have landed
     const unsigned char* slot = my_ring + (u % p.stages) * stage_bytes;
     const int col = (u0 + u) * kUnitCols + warp * kWarpCols;
-    uint4 a_lo[kRanks][kGroups], a_hi[kRanks][kGroups], b[kGroups];
+    uint4 a_lo[kRanks][kGroups], a_hi[kRanks][kGroups], b[NB][kGroups];
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
 #pragma unroll
@@ -150,7 +154,10 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
         a_lo[tile][j] = detail::lds16(slot + piece_offset(16 * tile + g, 4 * j + t));      // W[row0][8t .. 8t+8)
         a_hi[tile][j] = detail::lds16(slot + piece_offset(16 * tile + g + 8, 4 * j + t));  // W[row1][same]
       }
-      b[j] = g < p.m ? detail::lds16(slot + piece_offset(kRows + g, 4 * j + t)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int bt = 0; bt < NB; ++bt)  // X[batch 8 bt + g][8t .. 8t+8)
+        b[bt][j] = 8 * bt + g < p.m ? detail::lds16(slot + piece_offset(kRows + 8 * bt + g, 4 * j + t))
+                                    : make_uint4(0, 0, 0, 0);
     }
     __syncwarp();  // the slot has been read: refill it with unit u + stages
     if (u + p.stages < total) {
@@ -163,36 +170,45 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
       if (col + 32 * j < p.k) {
 #pragma unroll
         for (int tile = 0; tile < kRanks; ++tile) {
-          detail::mma_16816<T>(acc[tile], a_lo[tile][j].x, a_hi[tile][j].x, a_lo[tile][j].y, a_hi[tile][j].y, b[j].x,
-                               b[j].y);
-          detail::mma_16816<T>(acc[tile], a_lo[tile][j].z, a_hi[tile][j].z, a_lo[tile][j].w, a_hi[tile][j].w, b[j].z,
-                               b[j].w);
+#pragma unroll
+          for (int bt = 0; bt < NB; ++bt) {
+            detail::mma_16816<T>(acc[tile][bt], a_lo[tile][j].x, a_hi[tile][j].x, a_lo[tile][j].y, a_hi[tile][j].y,
+                                 b[bt][j].x, b[bt][j].y);
+            detail::mma_16816<T>(acc[tile][bt], a_lo[tile][j].z, a_hi[tile][j].z, a_lo[tile][j].w, a_hi[tile][j].w,
+                                 b[bt][j].z, b[bt][j].w);
+          }
         }
       }
     }
   }
   detail::cp_async_wait<0>();
 
-  // This CTA's K half of both tiles: warp i adds tile i over the warps.
+  // This CTA's K half of both tiles: warp i adds tile i over the warps. Sum i of a warp is (tile i / (4 NB),
+  // batch tile i / 4 % NB, accumulator i % 4).
+  auto red = [&](int from, int i) -> float& {
+    if (NB == 1) return shared.red[from][i][lane];
+    return reinterpret_cast<float*>(ring + from * warp_slot)[i * 32 + lane];  // 2 KB of the warp's 5 KB or more
+  };
+  if (NB > 1) __syncwarp();  // every lane's copies into this warp's slot have landed before it is overwritten
 #pragma unroll
-  for (int i = 0; i < kRanks * 4; ++i) shared.red[warp][i][lane] = acc[i / 4][i % 4];
+  for (int i = 0; i < kRanks * NB * 4; ++i) red(warp, i) = acc[i / (4 * NB)][i / 4 % NB][i % 4];
   asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
   if (warp >= kRanks) return;
-  float sums[1][4];
+  float sums[NB][4];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    sums[0][q] = 0.f;
+  for (int i = 0; i < NB * 4; ++i) {
+    sums[i / 4][i % 4] = 0.f;
 #pragma unroll
-    for (int other = 0; other < kWarps; ++other) sums[0][q] += shared.red[other][warp * 4 + q][lane];
+    for (int from = 0; from < kWarps; ++from) sums[i / 4][i % 4] += red(from, warp * NB * 4 + i);
   }
   if (rank == 1) {  // send this K half's sums of tile `warp` to rank 0
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int i = 0; i < NB * 4; ++i) {
       uint32_t remote;
       asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                    : "=r"(remote)
-                   : "r"(detail::smem_u32(&shared.other[warp][q][lane])), "r"(0));
-      asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(sums[0][q]) : "memory");
+                   : "r"(detail::smem_u32(&shared.other[warp][i][lane])), "r"(0));
+      asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(sums[i / 4][i % 4]) : "memory");
     }
     cluster_arrive_release();  // phase 1: the sums are in rank 0's shared memory
     return;
@@ -200,16 +216,16 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
   cluster_arrive_relaxed();
   cluster_wait();  // phase 1
 #pragma unroll
-  for (int q = 0; q < 4; ++q) sums[0][q] += shared.other[warp][q][lane];
-  detail::store_block<T, 1>(sums, detail::LaneRows(p.n, p.silu, pair * kRanks + warp, g), t, p.m, p.n, p.silu,
+  for (int i = 0; i < NB * 4; ++i) sums[i / 4][i % 4] += shared.other[warp][i][lane];
+  detail::store_block<T, NB>(sums, detail::LaneRows(p.n, p.silu, pair * kRanks + warp, g), t, p.m, p.n, p.silu,
                             p.bias, p.residual, p.y);
 #endif
 }
 
-template <typename T>
+template <typename T, int NB>
 cudaError_t launch_typed(const PairGemmParams& params, const DeviceInfo& dev, int64_t smem, int grid,
                          cudaStream_t stream) {
-  auto kernel = flat_gemm_pair_kernel<T>;
+  auto kernel = flat_gemm_pair_kernel<T, NB>;
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
   if (err != cudaSuccess) return err;
   return detail::launch_kernel(kernel, unsigned(grid), unsigned(kWarps * 32), size_t(smem), stream, 2, params);
@@ -221,13 +237,14 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   DeviceInfo dev;
   cudaError_t err = current_device_info(&dev);
   if (err != cudaSuccess) return err;
-  if (p.m < 1 || p.m > 8 || stages < 2 || stages > 3 || !hopper_paths(dev.cc_major)) {
-    set_detail("ImplB pair: needs M <= 8, 2 or 3 stages and a compute capability 9.x GPU");
+  if (p.m < 1 || p.m > 16 || stages < 2 || stages > 3 || !hopper_paths(dev.cc_major)) {
+    set_detail("ImplB pair: needs M <= 16, 2 or 3 stages and a compute capability 9.x GPU");
     return cudaErrorInvalidValue;
   }
   // Two CTAs per SM, as in the rows kernel: fewer stages where M's activation rows would not let two fit
   // (228 KB per SM, 1 KB reserved per CTA).
-  const int64_t per_cta_extra = 1024 + int64_t(sizeof(PairShared));
+  const bool two_batch_tiles = p.m > 8;
+  const int64_t per_cta_extra = 1024 + int64_t(two_batch_tiles ? sizeof(PairShared<2>) : sizeof(PairShared<1>));
   while (stages > 2 && 2 * (implb_pair_smem_bytes(stages, p.m) + per_cta_extra) > 228 * 1024) --stages;
   const int64_t blocks = implb_row_blocks(p.n, p.silu_mul());
   const int grid = int(2 * ((blocks + 1) / 2));  // one cluster of two per pair of 16-row blocks
@@ -245,8 +262,11 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   PairGemmParams params{};
   detail::fill_problem(params, p);
   params.stages = stages;
-  if (p.dtype == Dtype::kBFloat16) return launch_typed<__nv_bfloat16>(params, dev, smem, grid, stream);
-  return launch_typed<__half>(params, dev, smem, grid, stream);
+  if (two_batch_tiles)
+    return p.dtype == Dtype::kBFloat16 ? launch_typed<__nv_bfloat16, 2>(params, dev, smem, grid, stream)
+                                       : launch_typed<__half, 2>(params, dev, smem, grid, stream);
+  return p.dtype == Dtype::kBFloat16 ? launch_typed<__nv_bfloat16, 1>(params, dev, smem, grid, stream)
+                                     : launch_typed<__half, 1>(params, dev, smem, grid, stream);
 }
 
 }  // namespace gemm

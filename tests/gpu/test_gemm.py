@@ -146,7 +146,7 @@ def test_implb_configs(config, m, epilogue, dtype):
 
 
 # The 16-row x 1024-column pipelines: the TMA one (sm_90), the row-streaming cp.async one, and the cluster-pair
-# one (sm_90, M <= 8; rows1 above).
+# one (sm_90, M <= 16).
 BULK_CONFIGS = ([{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s in (2, 3, 4)]
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows"} for s in (2, 3, 4)]
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows1"} for s in (2, 3)]
@@ -190,10 +190,10 @@ def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
 
 # The pair pipeline where K is whole 512-column units (the other tests' K are not): an odd number of cluster pairs,
 # one unit per K half, none for the second half (K = 512: that rank only sends zeros), 8 units per half (K = 8192),
-# and M up to the kernel's 8.
+# and M up to the kernel's 16 (one or two 8-row batch tiles).
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul"])
-@pytest.mark.parametrize("m", [1, 2, 3, 7, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 12, 16])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("n,k", [(80, 512), (80, 1024), (4104, 4096), (1040, 8192)])
 def test_implb_pair_whole_units(n, k, stages, m, epilogue, dtype):

@@ -62,10 +62,12 @@ for (n, k) in [(136, 1088), (4100, 192), (200, 1048)]:
                     out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
                     cfg = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1, "loader": loader}
                     gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
-# The pair pipeline at its largest M (8 activation rows per stage, two row tiles per cluster), and with K whole
-# 512-column units (an odd number of pairs; K = 512: no units for the second half).
+# The pair pipeline at the largest M of each batch tile count (8 and 16 activation rows per stage, two row tiles
+# per cluster; at 16 the warps' sums go through their own ring slots), and with K whole 512-column units (an odd
+# number of pairs; K = 512: no units for the second half).
 if cc == 9:
-    for (n, k, m) in [(136, 1088, 8), (4100, 192, 8), (80, 1024, 8), (80, 1024, 1), (80, 512, 3)]:
+    for (n, k, m) in [(136, 1088, 8), (4100, 192, 8), (80, 1024, 8), (80, 1024, 1), (80, 512, 3), (136, 1088, 16),
+                      (80, 512, 13)]:
         for ep in ("none", "silu_mul"):
             x, w, b, r, n_out = inputs(m, n, k, ep)
             out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)

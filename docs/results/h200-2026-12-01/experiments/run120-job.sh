@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+set -u
+mkdir -p .deps && tar -C .deps -xJf .deps/carry/libexp.tar.xz && tar -C .deps -xJf .deps/carry/lib.tar.xz
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,uuid --format=csv,noheader
+export FDPP_PLUGIN_LIB=$PWD/.deps/libexp/libfdpp_plugins.so
+sha256sum $FDPP_PLUGIN_LIB
+for z in 7 8; do echo "== end $z tests"; FDPP_PAIR_NOMATH=$z timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gemm.py -k "pair" 2>&1 | tail -1; done
+V=pair_s2_lx_c0,pair_s2_lx_z5,pair_s2_lx_z7,pair_s2_lx_z8,pair_s3_lx_z8
+for r in 1 2; do
+echo "== committed lib"; FDPP_PLUGIN_LIB=$PWD/.deps/lib/libfdpp_plugins.so timeout 60 python3 out/exp/bench_exp.py --out $OUT/c$r --shapes o --ms 1,8 --reps 15 --variants pair_s2_lx_c0 2>&1 | grep "M=" | cut -c1-100
+timeout 120 python3 out/exp/bench_exp.py --out $OUT/o$r --shapes o --ms 1,2,4,8 --reps 15 --variants $V 2>&1 | grep "M=" | cut -c1-200
+done
+timeout 120 python3 out/exp/bench_exp.py --out $OUT/down --shapes down --ms 1,8 --reps 10 --variants pair_s3_lx_c0,pair_s3_lx_z5,pair_s3_lx_z7,pair_s3_lx_z8 2>&1 | grep "M=" | cut -c1-200
+tar czf $OUT/s17e.tgz -C $OUT c1 c2 o1 o2 down; rm -rf $OUT/c1 $OUT/c2 $OUT/o1 $OUT/o2 $OUT/down
