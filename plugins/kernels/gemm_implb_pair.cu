@@ -10,8 +10,8 @@
 // 8 gate + 8 up rows); rank r streams the 512-column units [r * half, (r + 1) * half) of K, half = ceil(units / 2).
 // Each of the 8 warps owns 64 columns of every unit: it copies the 32 weight rows and the M activation rows,
 // 128 bytes each, four rows per instruction, and multiplies them as two m16n8k16 row tiles by one (M <= 8) or two
-// 8-row batch tiles (the K permutation of gemm_implb.cu), so the ring needs no CTA barrier. Weights come with an L2 evict-first policy, activations from L2
-// without L1, as in the rows kernel.
+// 8-row batch tiles (the K permutation of gemm_implb.cu), so the ring needs no CTA barrier. Weights come with an L2
+// evict-first policy, activations from L2 without L1, as in the rows kernel.
 //
 // The pipeline: every stage's weights are issued before the PDL wait (one unit ahead was slower: run 90, o M = 1
 // 9.42 against 8.98 us, and so was the rows1 split of one and two units: run 99, 9.25 against 8.99), then one
