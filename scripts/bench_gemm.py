@@ -11,7 +11,7 @@ Two timings of every implementation, both reported:
 - "graph" (the bars are judged on it): launches back to back in one CUDA graph over rotating weight copies, so
   no weight is in L2 when read -- a decode step as the engine runs it (a CUDA graph of layer after layer of
   different weights), with programmatic dependent launch as the library default; fdpp is also timed with PDL
-  off for the A/B.
+  off for the A/B. The graphs of one (shape, M) are replayed in turn, round by round (median per graph).
 - "flushed": CUDA events around one launch after an L2 flush (median of --reps), the implementations of one
   (shape, M) interleaved rep by rep; a GEMM after unrelated work.
 Plans (M1, M2, ImplB config) come from --profile when it has the shape, else they are measured here with the
@@ -185,9 +185,10 @@ def main():
                               f"median of {args.reps}; all implementations of one (shape, M) interleaved rep by "
                               "rep; PDL as the library default (on)",
                    "graph": "graph_<impl>_us: launches back to back in one CUDA graph over rotating weight copies "
-                            "(> 3x L2), per-launch time = replay / launches, median of 10 replays, L2 flushed "
-                            "before each replay; fdpp with programmatic dependent launch (graph_dispatched_us, "
-                            "the default) and without (graph_dispatched_no_pdl_us)",
+                            "(> 3x L2), per-launch time = replay / launches, median of 10 replays, the graphs of one "
+                            "(shape, M) replayed in turn round by round, L2 flushed before each replay; fdpp with "
+                            "programmatic dependent launch (graph_dispatched_us, the default) and without "
+                            "(graph_dispatched_no_pdl_us)",
                    "every_point_threshold": EVERY_POINT_MIN},
         "plans": {k: {"plan": v["plan"], "source": v["source"], "weight_read": v.get("weight_read")}
                   for k, v in plans.items()},
@@ -211,7 +212,8 @@ def main():
 def bench_point(gemm, timer, bench, plan, name, n, k, m, copies):
     """One (shape, M) row: every implementation flushed (interleaved) and in a graph over rotating weights."""
     from fdpp_rewrite.errors import FdppError
-    from fdpp_rewrite.gpu.gemm_timing import safe_time
+    from fdpp_rewrite.gpu.gemm_timing import capture_graph, safe_time
+    from fdpp_rewrite.profile import GRAPH_ITERS
 
     impls = {"dispatched": dict(impl="auto", plan=plan), "impla": dict(impl="impla"),
              "implb": dict(impl="implb", config=plan["implb"]), "cublaslt": dict(impl="cublaslt"),
@@ -225,14 +227,19 @@ def bench_point(gemm, timer, bench, plan, name, n, k, m, copies):
     if t["dispatched"] is None or t["cublas"] is None:
         raise FdppError(f"{name} M={m}: the dispatched GEMM or cuBLAS failed to run")
 
-    def graph(key, **kw):
-        return safe_time(lambda: timer.graph_us([bench.launcher(m=m, copy=c, **kw) for c in range(copies)]))
+    def capture(**kw):
+        return safe_time(lambda: capture_graph([bench.launcher(m=m, copy=c, **kw) for c in range(copies)],
+                                               GRAPH_ITERS))
 
     # CUTLASS 2.x is never close (notes); it is timed in a graph only where the plan dispatches to it.
-    g = {key: graph(key, **kw) for key, kw in impls.items() if key != "cutlass" or plan["implc"] == "cutlass"}
-    gemm.set_pdl(False)
-    g["dispatched_no_pdl"] = graph("dispatched", **impls["dispatched"])
+    graphs = {key: capture(**kw) for key, kw in impls.items() if key != "cutlass" or plan["implc"] == "cutlass"}
+    gemm.set_pdl(False)  # launch attributes are fixed at capture: this graph replays without PDL
+    graphs["dispatched_no_pdl"] = capture(**impls["dispatched"])
     gemm.set_pdl(True)
+    g = {key: None for key in graphs}
+    g.update(timer.replay_many_us({key: graph for key, graph in graphs.items() if graph is not None},
+                                  iters=GRAPH_ITERS))
+    del graphs
     if g["dispatched"] is None or g["cublas"] is None:
         raise FdppError(f"{name} M={m}: the dispatched GEMM or cuBLAS failed in a CUDA graph")
     moved = bytes_moved(m, n, k)

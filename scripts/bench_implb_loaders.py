@@ -5,17 +5,16 @@
 For each Llama2-7B decode shape and M: cuBLAS (torch.nn.functional.linear), the TMA pipeline (loader "tma" at the
 stages of the run-23 profile: 3 for qkv, 2 otherwise) and the row-streaming cp.async pipeline at each --stages, with
 every stage's weights issued before the PDL wait (loader "rows") and with only the first unit's (loader "rows1"),
-and the cluster-pair pipeline (loader "pair", M <= 8; rows1 above) at each --stages.
+and the cluster-pair pipeline (loader "pair", M <= 16) at each --stages.
 Every variant is captured as one CUDA graph of 60 launches over rotating weight copies (together > 3x L2, so every
 weight is read cold), with programmatic dependent launch as the library default; all graphs of a row are replayed
-in turn, rep by rep, and the median per launch is reported. Each kernel's output is also compared with torch's
-(max |diff|). Writes DIR/implb_loaders.json.
+in turn, rep by rep, L2 flushed before each replay (Timer.replay_many_us), and the median per launch is reported.
+Each kernel's output is also compared with torch's (max |diff|). Writes DIR/implb_loaders.json.
 """
 
 import argparse
 import json
 import shlex
-import statistics
 import sys
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def main():
     import torch
 
     from fdpp_rewrite.gpu import gemm
-    from fdpp_rewrite.gpu.gemm_timing import capture_graph
+    from fdpp_rewrite.gpu.gemm_timing import Timer, capture_graph
     from fdpp_rewrite.profile import ShapeBench, weight_copies
 
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
@@ -51,7 +50,8 @@ def main():
     if any(m < 1 or m > 16 for m in ms):
         raise FdppError("--ms: the 1024-column pipelines take 1 <= M <= 16")
     gemm.set_pdl(True)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    timer = Timer()
+    l2 = timer.l2_bytes
     rows = []
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
@@ -73,18 +73,7 @@ def main():
                     torch.cuda.synchronize()
                     diffs[label] = (bench.y[:m].float() - ref).abs().max().item()
                 graphs[label] = capture_graph(fns, GRAPH_LAUNCHES)
-            times = {label: [] for label in graphs}
-            for g in graphs.values():
-                g.replay()
-            for _ in range(args.reps):
-                for label, g in graphs.items():
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    g.replay()
-                    end.record()
-                    end.synchronize()
-                    times[label].append(start.elapsed_time(end) * 1000 / GRAPH_LAUNCHES)
-            us = {label: statistics.median(t) for label, t in times.items()}
+            us = timer.replay_many_us(graphs, iters=GRAPH_LAUNCHES, replays=args.reps)
             tbps = {label: 2 * n * k / t / 1e6 for label, t in us.items()}
             rows.append({"shape": name, "n": n, "k": k, "m": m, "us": us, "weight_tbps": tbps,
                          "max_abs_diff_vs_torch_fp32": diffs, "configs": {lab: v[1] for lab, v in variants.items()}})
@@ -98,7 +87,8 @@ def main():
     path = args.out / "implb_loaders.json"
     path.write_text(json.dumps({"command": command, "gpu": torch.cuda.get_device_name(), "unit": "us per launch",
                                 "method": f"CUDA graph of {GRAPH_LAUNCHES} launches over rotating weights, PDL on, "
-                                          f"median of {args.reps} replays, variants interleaved", "rows": rows},
+                                          f"median of {args.reps} replays, variants interleaved, L2 flushed "
+                                          "before each replay", "rows": rows},
                                indent=1) + "\n")
     print(f"wrote {path}")
     return 0

@@ -220,3 +220,54 @@ def test_profile_shape_times_a_lone_peak_again_and_keeps_the_lower_time(monkeypa
     assert calls.count(("implb", 7)) == 2 and calls.count(("implb", 6)) == 1
     # Without the second look M = 7 would miss by 11% and m2 would stop at 6 (ImplC within 2% beyond it).
     assert entry["m2"] == 9
+
+
+def test_pick_implb_curve_takes_the_config_that_serves_every_m():
+    # The worked example in the docstring (H200 run 125, chatglm2-6b lm_head): the winner is slow at M = 6 only.
+    ms = [4, 6, 8]
+    base = curves(ms, [None] * 3, None, [133.0, 134.0, 133.0], [None] * 3)
+    index, plan = profile.pick_implb_curve(ms, base, [[124.0, 138.0, 125.0], [126.0, 127.0, 126.0]])
+    assert index == 1 and (plan["m1"], plan["m2"], plan["misses"]) == (0, 8, 0)
+    # The best single implementation at M = 4 is the first config's 124: the second's 126 is 1.6% over it.
+    assert plan["worst_ratio"] == pytest.approx(126 / 124, abs=1e-3)
+
+
+def test_pick_implb_curve_keeps_the_winner_unless_a_runner_up_plans_better():
+    ms = [1, 2, 4]
+    base = curves(ms, [None] * 3, None, [30.0, 30.0, 30.0], [None] * 3)
+    # A runner-up slower everywhere, and one equal to the winner: the winner stays (ties keep the earlier).
+    index, plan = profile.pick_implb_curve(ms, base, [[10.0, 10.0, 10.0], [11.0, 11.0, 11.0], [10.0, 10.0, 10.0]])
+    assert index == 0 and plan["misses"] == 0 and plan["worst_ratio"] == 1.0
+    # A runner-up that cannot run at some M still competes where its plan avoids that M.
+    index, plan = profile.pick_implb_curve(ms, base, [[10.0, 40.0, 10.0], [10.1, 10.1, None]])
+    assert index == 1 and plan["m2"] == 2 and plan["misses"] == 1  # M = 4 goes to ImplC (30 against 10)
+
+
+def test_choose_plan_measures_against_the_floor_of_other_configs():
+    ms = [1, 2]
+    c = curves(ms, [None] * 2, [10.0, 10.0], [30.0, 30.0], [None] * 2)
+    assert profile.choose_plan(ms, c)["worst_ratio"] == 1.0
+    plan = profile.choose_plan(ms, c, best_floor=[9.0, None])
+    assert plan["worst_ratio"] == pytest.approx(10 / 9, abs=1e-3) and plan["misses"] == 1
+
+
+def test_profile_shape_times_the_runners_up_when_the_winner_misses(monkeypatch):
+    from types import SimpleNamespace
+
+    slow_at_6, flat = {"loader": "rows1"}, {"loader": "tma"}
+
+    def fake_time(bench, timer, timing, name, m, config=None, plan=None, replays=10):
+        if name == "implb":
+            return (138.0 if m == 6 else 125.0) if config is slow_at_6 else 127.0
+        return None if name == "impla" else 134.0
+
+    times = {m: 1.0 for m in profile.SEARCH_MS}
+    search = [(slow_at_6, times, 1.0), (flat, times, 1.01)]
+    monkeypatch.setattr(profile, "ShapeBench", lambda *args, **kwargs: SimpleNamespace())
+    monkeypatch.setattr(profile, "search_implb", lambda *args, **kwargs: (slow_at_6, search))
+    monkeypatch.setattr(profile, "time_impl", fake_time)
+    entry = profile.profile_shape(65024, 4096, "float16", SimpleNamespace(l2_bytes=1 << 20), {}, ms=[4, 5, 6, 7, 8])
+    assert entry["implb"] is flat and entry["curves"]["implb_us"] == [127.0] * 5
+    assert entry["implb_alternatives"] == [{"config": slow_at_6, "implb_us": [125.0, 125.0, 138.0, 125.0, 125.0]}]
+    assert (entry["m2"], entry["points_over_2pct_vs_best_impl"]) == (8, 0)
+    assert entry["curves"]["dispatched_us"] == [127.0] * 5

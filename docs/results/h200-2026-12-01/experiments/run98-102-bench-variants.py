@@ -71,8 +71,8 @@ def main():
                 if label.count("_") == 3:
                     loader, st, ld, cc = label.split("_")
                     prefix = "FDPP_PAIR_" if loader == "pair" else "FDPP_ROWS_"
-                    for key, val in re.findall(r"([osvakpet])(\d+)", cc):
-                        os.environ[prefix + {"o": "ROT", "s": "XSPLIT", "v": "WEF", "a": "XCG", "k": "RANKS", "p": "LEAD1", "e": "LEAD2", "t": "TWO"}[key]] = val
+                    for key, val in re.findall(r"([osvakpetxymwndgfrizh])(\d+)", cc):
+                        os.environ[prefix + {"o": "ROT", "s": "XSPLIT", "v": "WEF", "a": "XCG", "k": "RANKS", "p": "LEAD1", "e": "LEAD2", "t": "TWO", "x": "XEVEN", "y": "SLOTEVEN", "m": "CAST", "w": "SKEW", "n": "TILES", "d": "DEFER", "g": "SPLITW", "f": "PF", "r": "XREG", "i": "ACC", "z": "NOMATH", "h": "HALF"}[key]] = val
                     if int(st[1:]) * (16 + m) * 2048 > 227 * 1024:
                         continue
                 fns = [bench.launcher(impl, m, cfg, copy=c) for c in range(copies)]
