@@ -78,26 +78,12 @@ class Timer:
     def graph_us(self, fns: list, iters: int = 60, replays: int = 10) -> float:
         """Microseconds per launch of fns[i % len(fns)], i < iters, replayed as one CUDA graph (median of
         replays). Each fn must be capturable (no allocation, no sync)."""
-        torch = self.torch
-        graph = capture_graph(fns, iters)
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            self.flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0 / iters)
-        del graph
-        return statistics.median(times)
+        return self.replay_many_us({"graph": capture_graph(fns, iters)}, iters=iters, replays=replays)["graph"]
 
     def replay_many_us(self, graphs: dict, iters: int = 60, replays: int = 10) -> dict:
         """{name: microseconds per launch} for CUDA graphs of `iters` launches each (capture_graph), replayed in
-        interleaved order: each round replays every graph once, L2 flushed before each, and the median round
-        counts. Timed one after another instead, the same cuBLASLt call came out 2.4% apart in one run (H200
+        interleaved order: each round replays every graph once, L2 flushed before each; the median over the
+        rounds counts. Timed one after another instead, the same cuBLASLt call came out 2.4% apart in one run (H200
         run 128, qkv M = 64: 28.04 us timed first, 27.39 three graphs later)."""
         torch = self.torch
         for graph in graphs.values():
