@@ -103,25 +103,39 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
   const uint32_t my_ring_u32 = detail::smem_u32(my_ring);
   const int piece = lane % kPieces, sub_row = lane / kPieces;
 
-  auto col_of = [&](int u) { return (u0 + u) * kUnitCols + warp * kWarpCols + piece * 8; };
-  auto slot_of = [&](int u) { return my_ring_u32 + (u % p.stages) * stage_bytes; };
-  auto issue_x = [&](int u) {
-    const int col = col_of(u);
-    for (int r = sub_row; r < p.m; r += kRowsPerCopy)
-      detail::cp_async16_l2(slot_of(u) + piece_offset(kRows + r, piece), col < p.k ? x + int64_t(r) * p.k + col : x,
-                            col < p.k);
+  // This lane's pieces: column col0 + u * kUnitCols of unit u, in weight rows 4 i + sub_row (i = 0..7) and
+  // activation rows sub_row, sub_row + 4, ..., each 512 i bytes further into the warp's slot.
+  const int col0 = u0 * kUnitCols + warp * kWarpCols + piece * 8;
+  const uint32_t lane_offset = piece_offset(sub_row, piece);  // (4 i + sub_row) & 1 is sub_row & 1
+  const T* x_lane = x + int64_t(sub_row) * p.k + col0;
+  // Weight row 4 i + sub_row of the cluster's 32 at column col0 (w itself past N, where the copy is masked). Row
+  // r & 15 of 16-row block pair * 2 + r / 16: LaneRows' row0 (rows 0-7) or row1 (8-15) of lane group r % 8.
+  auto weight_row = [&](int i, bool& ok) -> const T* {
+    const int r = kRowsPerCopy * i + sub_row;
+    const detail::LaneRows rows(p.n, p.silu, pair * kRanks + (r >> 4), r & 7);
+    ok = (r & 15) < 8 ? rows.ok0 : rows.ok1;
+    return ok ? w + int64_t((r & 15) < 8 ? rows.row0 : rows.row1) * p.k + col0 : w;
   };
-  auto issue_w = [&](int u) {
-    const int col = col_of(u);
-    const uint32_t slot = slot_of(u);
+  auto issue_w = [&](int u, uint32_t slot, auto&& row_of) {
+    const int du = u * kUnitCols;
+    const bool col_ok = col0 + du < p.k;
 #pragma unroll
-    for (int r0 = 0; r0 < kRows; r0 += kRowsPerCopy) {
-      const int r = r0 + sub_row;
-      // Row r & 15 of 16-row block pair * 2 + r / 16: LaneRows' row0 (rows 0-7) or row1 (8-15) of lane group r % 8.
-      const detail::LaneRows rows(p.n, p.silu, pair * kRanks + (r >> 4), r & 7);
-      const int row = (r & 15) < 8 ? rows.row0 : rows.row1;
-      const bool ok = ((r & 15) < 8 ? rows.ok0 : rows.ok1) && col < p.k;
-      detail::cp_async16_l2(slot + piece_offset(r, piece), ok ? w + int64_t(row) * p.k + col : w, ok, weight_policy);
+    for (int i = 0; i < kRows / kRowsPerCopy; ++i) {
+      bool ok;
+      const T* row = row_of(i, ok);
+      ok = ok && col_ok;
+      detail::cp_async16_l2(slot + lane_offset + i * kRowsPerCopy * kRowBytes, ok ? row + du : w, ok, weight_policy);
+    }
+  };
+  auto issue_x = [&](int u, uint32_t slot) {
+    const int du = u * kUnitCols;
+    const bool col_ok = col0 + du < p.k;
+    const T* src = x_lane + du;
+    uint32_t dst = slot + kRows * kRowBytes + lane_offset;
+    for (int r = sub_row; r < p.m; r += kRowsPerCopy) {
+      detail::cp_async16_l2(dst, col_ok ? src : x, col_ok);
+      src += int64_t(kRowsPerCopy) * p.k;
+      dst += kRowsPerCopy * kRowBytes;
     }
   };
 
@@ -131,20 +145,32 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
   // complete once at most stages - 1 groups are pending.
   detail::pdl_launch_dependents();
   for (int s = 0; s < p.stages; ++s) {
-    if (s < total) issue_w(s);
+    if (s < total) issue_w(s, my_ring_u32 + s * stage_bytes, weight_row);
     detail::cp_async_commit();
+  }
+  // The prologue works each row out as it copies it, so that its first copies leave at once (all of them first was
+  // slower at M <= 8: run 133). The refills take the rows from registers, worked out here, where the CTA waits for
+  // the previous grid anyway; working them out again for every unit made o 3% slower at M = 8 and down 2% (runs
+  // 134-135).
+  const T* w_rows[kRows / kRowsPerCopy];
+  unsigned w_rows_ok = 0;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerCopy; ++i) {
+    bool ok;
+    w_rows[i] = weight_row(i, ok);
+    w_rows_ok |= unsigned(ok) << i;
   }
   cluster_wait();  // phase 0, off the critical path: this CTA waits for the previous grid anyway
   detail::pdl_wait_for_previous_grid();
   for (int s = 0; s < p.stages; ++s) {
-    if (s < total) issue_x(s);
+    if (s < total) issue_x(s, my_ring_u32 + s * stage_bytes);
     detail::cp_async_commit();
   }
 
-  for (int u = 0; u < total; ++u) {
+  for (int u = 0, stage = 0; u < total; ++u, stage = stage + 1 == p.stages ? 0 : stage + 1) {
     detail::cp_async_wait_dynamic(p.stages - 1);
     __syncwarp();  // every lane's copies of this unit have landed
-    const unsigned char* slot = my_ring + (u % p.stages) * stage_bytes;
+    const unsigned char* slot = my_ring + stage * stage_bytes;
     const int col = (u0 + u) * kUnitCols + warp * kWarpCols;
     uint4 a_lo[kRanks][kGroups], a_hi[kRanks][kGroups], b[NB][kGroups];
 #pragma unroll
@@ -161,8 +187,12 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
     }
     __syncwarp();  // the slot has been read: refill it with unit u + stages
     if (u + p.stages < total) {
-      issue_w(u + p.stages);
-      issue_x(u + p.stages);
+      const uint32_t refill = my_ring_u32 + stage * stage_bytes;
+      issue_w(u + p.stages, refill, [&](int i, bool& ok) {
+        ok = (w_rows_ok >> i) & 1u;
+        return w_rows[i];
+      });
+      issue_x(u + p.stages, refill);
     }
     detail::cp_async_commit();
 #pragma unroll
@@ -252,7 +282,9 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   // Never three CTAs per SM for a grid that fits one wave at two: at 2 stages and M = 1 three fit (3 * (67584 +
   // 10240) <= 228 KB), and the grid's 256 CTAs then crowd some SMs and leave others half used. More shared memory
   // keeps it at two. Same run (run 101, us, three / two per SM): o M = 1 9.75 / 8.74, down 28.11 / 21.74. A grid of
-  // several waves gains from the third (gate_up M = 1, 1376 CTAs: 43.26 / 47.32), so it keeps it.
+  // several waves gained from the third (gate_up M = 1, 1376 CTAs: 43.26 / 47.32). Since the refills take their
+  // row pointers from registers (110 per thread, not 80) a third never fits: gate_up M = 1 went from 42.53 to 44.91
+  // us (run 136), a shape whose profile takes `rows` (44.41) anyway.
   if (grid <= 2 * dev.num_sms)
     while (3 * (smem + per_cta_extra) <= 228 * 1024) smem += 1024;
   if (smem > dev.max_smem_optin) {

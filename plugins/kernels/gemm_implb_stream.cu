@@ -101,32 +101,69 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   // An instruction copies kRowsPerCopy row pieces: this lane copies piece `piece` of the `sub_row`-th of them.
   const int piece = lane % kPieces, sub_row = lane / kPieces;
 
-  // A lane's columns of unit u: col_of(u) .. + 8.
-  auto col_of = [&](int u) { return (u % p.steps) * kUnitCols + warp * kWarpCols + piece * 8; };
-  auto issue_x = [&](uint32_t slot, int col) {  // from L2 (.cg), like the weights; rows >= M are zero-filled
+  // This lane's pieces of a unit at step `step` of its block: column lane_col + step * kUnitCols of weight rows
+  // 2 i + sub_row (i = 0..7), 512 i bytes apart in the warp's slot, and of activation rows sub_row, sub_row + 2, ...
+  const int lane_col = warp * kWarpCols + piece * 8;
+  const uint32_t lane_offset = piece_offset(sub_row, piece);  // (2 i + sub_row) & 1 is sub_row & 1
+  const T* x_lane = x + int64_t(sub_row) * p.k + lane_col;
+  auto issue_x = [&](uint32_t slot, int step) {  // from L2 (.cg), like the weights; rows >= M are zero-filled
+    const int du = step * kUnitCols;
+    const bool col_ok = lane_col + du < p.k;
+    const T* src = x_lane + du;
+    uint32_t dst = slot + 16 * kRowBytes + lane_offset;
     for (int r = sub_row; r < p.x_rows; r += kRowsPerCopy) {
-      const bool ok = col < p.k && r < p.m;
-      detail::cp_async16_l2(slot + piece_offset(16 + r, piece), ok ? x + int64_t(r) * p.k + col : x, ok);
+      const bool ok = col_ok && r < p.m;
+      detail::cp_async16_l2(dst, ok ? src : x, ok);
+      src += int64_t(kRowsPerCopy) * p.k;
+      dst += kRowsPerCopy * kRowBytes;
     }
   };
-  // Unit u into ring slot u % stages: the lane's pieces of the 16 weight rows and (with_x) of the M activation
-  // rows; one commit group.
-  auto issue = [&](int u, bool with_x) {
-    const int block = block0 + u / p.steps;
-    const int col = col_of(u);
-    const bool col_ok = col < p.k;
-    const uint32_t slot = my_ring_u32 + (u % p.stages) * stage_bytes;
+  // Weight row 2 i + sub_row of `block` at column lane_col (w itself past N, where the copy is masked). Rows 0-7
+  // and 8-15 of a block: LaneRows' row0 and row1 of lane group g = r % 8.
+  auto weight_row = [&](int block, int i, bool& ok) -> const T* {
+    const int r = kRowsPerCopy * i + sub_row;
+    const detail::LaneRows rows(p.n, p.silu, block, r & 7);
+    ok = r < 8 ? rows.ok0 : rows.ok1;
+    return ok ? w + int64_t(r < 8 ? rows.row0 : rows.row1) * p.k + lane_col : w;
+  };
+  // The weight pieces of a unit at `step` into `slot`; row_of(i, ok) gives the row's pointer at step 0.
+  auto issue_w = [&](uint32_t slot, int step, auto&& row_of) {
+    const int du = step * kUnitCols;
+    const bool col_ok = lane_col + du < p.k;
 #pragma unroll
-    for (int r0 = 0; r0 < 16; r0 += kRowsPerCopy) {
-      const int r = r0 + sub_row;
-      // Rows 0-7 and 8-15 of a block: LaneRows' row0 and row1 of lane group g = r % 8.
-      const detail::LaneRows rows(p.n, p.silu, block, r & 7);
-      const int row = r < 8 ? rows.row0 : rows.row1;
-      const bool ok = (r < 8 ? rows.ok0 : rows.ok1) && col_ok;
-      detail::cp_async16_l2(slot + piece_offset(r, piece), ok ? w + int64_t(row) * p.k + col : w, ok, weight_policy);
+    for (int i = 0; i < 16 / kRowsPerCopy; ++i) {
+      bool ok;
+      const T* row = row_of(i, ok);
+      ok = ok && col_ok;
+      detail::cp_async16_l2(slot + lane_offset + i * kRowsPerCopy * kRowBytes, ok ? row + du : w, ok, weight_policy);
     }
-    if (with_x) issue_x(slot, col);  // in the same group: the activations land with the weights
+  };
+  // After the prologue's first units the copies go out in unit order, from a cursor: the next unit's step and
+  // block, and the block's row pointers in registers, worked out once per block instead of once per unit (per unit
+  // it cost 2-3% in the pair kernel, runs 134-135).
+  const T* w_rows[16 / kRowsPerCopy];
+  unsigned w_rows_ok = 0;
+  int next_step = 0, next_block = block0;
+  auto point_rows_at = [&](int block) {
+    w_rows_ok = 0;
+#pragma unroll
+    for (int i = 0; i < 16 / kRowsPerCopy; ++i) {
+      bool ok;
+      w_rows[i] = weight_row(block, i, ok);
+      w_rows_ok |= unsigned(ok) << i;
+    }
+  };
+  auto issue_next = [&](uint32_t slot, bool with_x) {
+    issue_w(slot, next_step, [&](int i, bool& ok) {
+      ok = (w_rows_ok >> i) & 1u;
+      return w_rows[i];
+    });
+    if (with_x) issue_x(slot, next_step);  // in the same group: the activations land with the weights
     detail::cp_async_commit();
+    if (++next_step == p.steps) {
+      next_step = 0;
+      if (++next_block < block1) point_rows_at(next_block);
+    }
   };
 
   float acc[NB][4];
@@ -138,24 +175,28 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   // each. Group accounting: unit u < lead is complete once at most stages - lead + u groups are pending (its
   // activations are in the lead's group), every later unit once at most stages - 1 are.
   detail::pdl_launch_dependents();
+  const int first = lead < total ? lead : total;  // units issued before the wait, from LaneRows directly
   for (int s = 0; s < lead; ++s) {
     if (s < total)
-      issue(s, false);
-    else
-      detail::cp_async_commit();
+      issue_w(my_ring_u32 + s * stage_bytes, s % p.steps,
+              [&](int i, bool& ok) { return weight_row(block0 + s / p.steps, i, ok); });
+    detail::cp_async_commit();
   }
+  // The cursor at unit `first`, while this CTA waits for the previous grid anyway.
+  next_step = first % p.steps;
+  next_block = block0 + first / p.steps;
+  if (next_block < block1) point_rows_at(next_block);
   detail::pdl_wait_for_previous_grid();
-  for (int s = 0; s < lead && s < total; ++s)
-    issue_x(my_ring_u32 + s * stage_bytes, col_of(s));
+  for (int s = 0; s < first; ++s) issue_x(my_ring_u32 + s * stage_bytes, s % p.steps);
   detail::cp_async_commit();
   for (int s = lead; s < p.stages; ++s) {
     if (s < total)
-      issue(s, true);
+      issue_next(my_ring_u32 + s * stage_bytes, true);
     else
       detail::cp_async_commit();
   }
 
-  for (int u = 0; u < total; ++u) {
+  for (int u = 0, stage = 0, step = 0, blk = 0; u < total; ++u) {
     // Committed so far: the prologue's weight groups 0 .. lead-1, its activation group, its groups for units lead ..
     // stages-1, then one per iteration (unit i + stages at iteration i). Unit u < lead is complete with the
     // activation group, after which stages - lead + u groups came; a later unit u with its own group, after which
@@ -163,8 +204,8 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
     detail::cp_async_wait_dynamic(u < lead ? p.stages - lead + u : p.stages - 1);
     __syncwarp();  // every lane's copies of this unit have landed
     // The unit's operands into registers, then the slot goes straight back to the loader.
-    const unsigned char* slot = my_ring + (u % p.stages) * stage_bytes;
-    const int col = (u % p.steps) * kUnitCols + warp * kWarpCols;
+    const unsigned char* slot = my_ring + stage * stage_bytes;
+    const int col = step * kUnitCols + warp * kWarpCols;
     uint4 a_lo[kGroups], a_hi[kGroups], b[kGroups][NB];
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
@@ -181,7 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
     }
     __syncwarp();  // the slot has been read: refill it with unit u + stages
     if (u + p.stages < total)
-      issue(u + p.stages, true);
+      issue_next(my_ring_u32 + stage * stage_bytes, true);  // unit u + stages, into the slot just read
     else
       detail::cp_async_commit();
 #pragma unroll
@@ -194,11 +235,15 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
         }
       }
     }
-    if (u % p.steps == p.steps - 1) {  // the block is complete: add the warps' K shares, epilogue, store
-      const int blk = u / p.steps;
+    if (step == p.steps - 1) {  // the block is complete: add the warps' K shares, epilogue, store
       detail::finish_block<T, NB, kWarps>(acc, shared.red[blk % Parities], warp, lane, block0 + blk, p);
       // One buffer: no warp may write the next block's sums before they have been read.
       if (Parities == 1 && block0 + blk + 1 < block1) asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
+    }
+    stage = stage + 1 == p.stages ? 0 : stage + 1;
+    if (++step == p.steps) {
+      step = 0;
+      ++blk;
     }
   }
   detail::cp_async_wait<0>();
