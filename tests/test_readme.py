@@ -1,20 +1,55 @@
-"""The README's main-job command, run as a user would (on a scratch work folder)."""
+"""The README and docs/ as a user meets them: the two fresh-machine commands, a README of one screenful or two, no
+run logs under docs/, and the README's main-job command run as a user would (on a scratch work folder)."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from fdpp_rewrite import REPO_ROOT
+REPO = Path(__file__).resolve().parent.parent
+README_MAX_LINES = 130  # the README is for users; measurements go to docs/benchmarks.md, history to the notes
+
+
+def readme_text():
+    return (REPO / "README.md").read_text()
 
 
 def readme_commands():
-    text = (REPO_ROOT / "README.md").read_text()
-    return re.findall(r"^\s*\$ (.+)$", text, flags=re.MULTILINE)
+    return re.findall(r"^\s*\$ (.+)$", readme_text(), flags=re.MULTILINE)
 
 
 def test_readme_names_exactly_two_fresh_machine_commands():
     assert readme_commands() == ["make demo", "make test"]
+
+
+def test_readme_is_short():
+    lines = len(readme_text().splitlines())
+    assert lines < README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/"
+
+
+def is_run_log(path: Path) -> bool:
+    # A file of one run: a .log, or a name that starts with "run" and a number (run77-attention/, run136.json).
+    # e.g. docs/results/run77-attention/bench.log and docs/run12.json are logs; docs/benchmarks/gemm-h200.json is not.
+    return any(part.endswith(".log") or re.match(r"run\d", part) for part in path.parts)
+
+
+def test_run_log_rule():
+    assert is_run_log(Path("results/run77-attention/results.json"))
+    assert is_run_log(Path("benchmarks/bench.log"))
+    assert not is_run_log(Path("benchmarks/gemm-h200.json"))
+    assert not is_run_log(Path("notes-gemm.md"))
+
+
+def test_docs_hold_no_run_logs():
+    docs = REPO / "docs"
+    logs = [str(p.relative_to(docs)) for p in docs.rglob("*") if is_run_log(p.relative_to(docs))]
+    assert not logs, f"run logs under docs/ (a result lands as JSON + command in docs/benchmarks/): {logs[:10]}"
+
+
+def test_readme_links_resolve():
+    targets = re.findall(r"\]\(([^)#]+)\)", readme_text())
+    missing = [t for t in targets if not t.startswith("http") and not (REPO / t).exists()]
+    assert targets and not missing, f"README links to missing files: {missing}"
 
 
 def test_main_job_prints_verdict_and_text(tmp_path: Path):
