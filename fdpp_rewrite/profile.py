@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 from fdpp_rewrite import REPO_ROOT
+from fdpp_rewrite.dispatch import IMPLA_MAX_M, IMPLB_MAX_M, select_impl
 from fdpp_rewrite.errors import FdppError, require_gpu
-from fdpp_rewrite.gpu.gemm import IMPLA_MAX_M, IMPLB_MAX_M  # the kernels' M limits (no GPU needed to import)
 
 PROFILE_SCHEMA = "fdpp-profile/1"
 M_GRID = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256]
@@ -113,7 +113,8 @@ def choose_plan(ms: list, curves: dict, best_floor: list = None) -> dict:
         for m2 in m2_options:
             ratios = []
             for i, m in enumerate(ms):
-                t = a[i] if m <= m1 else b[i] if m <= m2 else c[i]
+                impl = select_impl(m, {"m1": m1, "m2": m2, "implc": implc})
+                t = {"impla": a, "implb": b}.get(impl, c)[i]
                 ratios.append(t / best[i] if t is not None and best[i] is not None else math.inf)
             if not all(math.isfinite(r) for r in ratios):
                 continue
@@ -373,11 +374,7 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
                 chosen = alternatives[index - 1]
                 alternatives[index - 1] = {"config": config, "implb_us": curves["implb_us"]}
                 config, curves["implb_us"] = chosen["config"], chosen["implb_us"]
-    dispatched = []
-    for i, m in enumerate(ms):
-        impl = "impla" if m <= plan["m1"] else "implb" if m <= plan["m2"] else plan["implc"]
-        dispatched.append(curves[f"{impl}_us"][i])
-    curves["dispatched_us"] = dispatched
+    curves["dispatched_us"] = [curves[f"{select_impl(m, plan)}_us"][i] for i, m in enumerate(ms)]
     return {
         "n": n, "k": k, "dtype": dtype, "m1": plan["m1"], "m2": plan["m2"], "implb": config, "timing": timing,
         "implc": plan["implc"], "worst_ratio_vs_best_impl": plan["worst_ratio"],
