@@ -51,3 +51,19 @@ def select_impl(m: int, plan) -> str:
     if m <= plan["m2"] and m <= IMPLB_MAX_M:
         return "implb"
     return IMPLC_NAMES[plan.get("implc", "cublaslt")]
+
+
+def describe_plan(plan) -> str:
+    """The plan as the ranges of M each implementation serves, read off select_impl (past M = 64 nothing changes).
+        {"m1": 0, "m2": 8} -> "implb for M 1-8, cublaslt for M >= 9"
+        {"m1": 2, "m2": 100, "implc": "cutlass"} -> "impla for M 1-2, implb for M 3-64, cutlass for M >= 65"
+    """
+    ranges = []  # [first M, last M, impl]
+    for m in range(1, IMPLB_MAX_M + 2):
+        impl = select_impl(m, plan)
+        if ranges and ranges[-1][2] == impl:
+            ranges[-1][1] = m
+        else:
+            ranges.append([m, m, impl])
+    parts = [f"{impl} for M {lo}-{hi}" if lo != hi else f"{impl} for M = {lo}" for lo, hi, impl in ranges[:-1]]
+    return ", ".join(parts + [f"{ranges[-1][2]} for M >= {ranges[-1][0]}"])

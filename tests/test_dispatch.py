@@ -72,3 +72,14 @@ def test_refuses_what_fdpp_gemm_select_refuses(m, plan):
         gemm.select(m, c_plan)
     with pytest.raises(FdppError):
         select_impl(m, plan)
+
+
+@pytest.mark.parametrize("plan, text", [
+    ({"m1": 0, "m2": 8}, "implb for M 1-8, cublaslt for M >= 9"),
+    ({"m1": 2, "m2": 100, "implc": "cutlass"}, "impla for M 1-2, implb for M 3-64, cutlass for M >= 65"),
+    ({"m1": 1, "m2": 1}, "impla for M = 1, cublaslt for M >= 2"),
+])
+def test_describe_plan(plan, text):
+    from fdpp_rewrite.dispatch import describe_plan
+
+    assert describe_plan(plan) == text
