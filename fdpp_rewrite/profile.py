@@ -30,8 +30,8 @@ from pathlib import Path
 from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.dispatch import IMPLA_MAX_M, IMPLB_MAX_M, select_impl
 from fdpp_rewrite.errors import FdppError, require_gpu
+from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
-PROFILE_SCHEMA = "fdpp-profile/1"
 M_GRID = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256]
 SEARCH_MS = (1, 2, 4, 8, 16)  # the decode batch sizes ImplB is for; ImplC takes over at larger M
 IMPLS = ("impla", "implb", "cublaslt", "cutlass")

@@ -16,8 +16,8 @@ from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.contracts import contract_path, load_contract
 from fdpp_rewrite.dispatch import describe_plan
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
-PROFILE_SCHEMA = "fdpp-profile/1"
 DEFAULT_PROFILE = REPO_ROOT / "engines" / "profiles" / "h200.json"
 UNPROFILED = "unprofiled-default"
 DTYPES = ("float16", "bfloat16", "float32")
