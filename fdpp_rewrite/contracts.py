@@ -14,10 +14,8 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
-
-from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.resources import contract_path
 from fdpp_rewrite.schemas import CONTRACT_SCHEMA
 
 DOMAIN = "fdpp"
@@ -29,10 +27,6 @@ _ATTR_TYPES = {
     "int": ((int,), "i"),
     "string": ((str,), "s"),
 }
-
-
-def contract_path(op: str) -> Path:
-    return REPO_ROOT / "plugins" / f"{op}Plugin" / "contract.json"
 
 
 @dataclass(frozen=True)

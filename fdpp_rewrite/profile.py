@@ -27,9 +27,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.dispatch import IMPLA_MAX_M, IMPLB_MAX_M, select_impl
 from fdpp_rewrite.errors import FdppError, require_gpu
+from fdpp_rewrite.resources import engines_dir
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
 M_GRID = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256]
@@ -469,8 +469,8 @@ def run(args) -> int:
     from fdpp_rewrite.gpu.gemm_timing import Timer
     device = _device_facts(torch)
     slug = gpu_slug(device["name"])
-    out = args.out or REPO_ROOT / "engines" / "profiles" / f"{slug}.json"
-    plots = args.plots or REPO_ROOT / "engines" / "profiles" / "plots" / slug
+    out = args.out or engines_dir() / "profiles" / f"{slug}.json"
+    plots = args.plots or engines_dir() / "profiles" / "plots" / slug
     existing = None
     if out.exists():
         try:

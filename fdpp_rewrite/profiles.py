@@ -12,13 +12,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.contracts import contract_path, load_contract
 from fdpp_rewrite.dispatch import describe_plan
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.resources import display_path, profile_path
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
-DEFAULT_PROFILE = REPO_ROOT / "engines" / "profiles" / "h200.json"
+DEFAULT_PROFILE = profile_path("h200.json")  # the committed profile the rewriter uses without --profile
 UNPROFILED = "unprofiled-default"
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -125,15 +125,6 @@ def load_profile(path) -> Profile:
                    presets=tuple(data.get("presets", ())), shapes=shapes)
 
 
-def _display(path) -> str:
-    """A path as the user would type it: relative to the repository when inside it."""
-    path = Path(path).resolve()
-    try:
-        return str(path.relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
-
-
 def _shape_list(shapes) -> str:
     return ", ".join(f"[{n}, {k}] {dtype}" for n, k, dtype in sorted(shapes))
 
@@ -159,7 +150,7 @@ def resolve_choices(shapes, explicit_path=None, default_path=DEFAULT_PROFILE):
         profile = load_profile(default_path)
         missing = [s for s in shapes if profile.lookup(*s) is None]
         if not missing:
-            return {s: profile.lookup(*s) for s in shapes}, _display(default_path), []
+            return {s: profile.lookup(*s) for s in shapes}, display_path(default_path), []
         reason = f"{Path(default_path).name} has no entry for {_shape_list(missing)}"
     else:
         reason = f"no profile at {default_path}"
