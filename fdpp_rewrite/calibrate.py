@@ -136,7 +136,8 @@ def text_chunks(tokenizer, split: str, num_tokens: int, chunk: int) -> list[list
     try:
         text = real_text(split, num_tokens * 6)  # ~4.5 characters per token in this text: enough, then cut
     except FdppError as exc:
-        raise FdppError(f"{flag} {num_tokens} asks for more than the {split} text holds ({exc}); ask for fewer") from exc
+        raise FdppError(f"{flag} {num_tokens} asks for more than the {split} text holds ({exc}); "
+                        "ask for fewer") from exc
     ids = tokenizer.encode(text)
     if len(ids) < num_tokens:
         raise FdppError(f"the {split} text gives only {len(ids)} tokens; lower {flag}")

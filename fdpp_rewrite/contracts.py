@@ -14,6 +14,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.resources import contract_path
 from fdpp_rewrite.schemas import CONTRACT_SCHEMA

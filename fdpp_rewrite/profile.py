@@ -261,7 +261,8 @@ class ShapeBench:
         gemm.cublaslt_available()  # locate libcublasLt before the first ImplC call
 
         def run_one():
-            status = lib.fdpp_gemm_run_impl(ctypes.byref(args), impl_id, cfg, pad_m, 0, ws_ptr, ws_bytes, self._stream())
+            status = lib.fdpp_gemm_run_impl(ctypes.byref(args), impl_id, cfg, pad_m, 0, ws_ptr, ws_bytes,
+                                            self._stream())
             if status:
                 base.check(status, f"GEMM {impl}")
         return run_one

@@ -31,10 +31,10 @@ import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.contracts import DOMAIN, attention_guard, load_contract
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, constant_value, dtype_name, is_constant,
                                         is_standard, producer, producer_op, rank, scalar_value, skip_backward,
                                         skip_forward, sole_consumer, static_dim)
+from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 
 OP = "AsyncSoftmaxAttention"
 PAST_LEN_INPUT = "past_len"  # the exported graph's input name (the export contract, fdpp_rewrite/onnx_builder.py), not an exporter-made node name
