@@ -3,7 +3,7 @@ PY ?= python3
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: setup lib demo test test-fast test-gpu clean
+.PHONY: setup lib demo test test-fast test-gpu lint clean
 
 setup:
 	@# torch: the CPU wheel is enough for the CPU pipeline; an existing torch (CUDA or not) is kept.
@@ -26,6 +26,11 @@ test-fast: lib
 
 test-gpu: lib
 	$(PY) -m pytest -q -m gpu tests/gpu
+
+# ruff (config in pyproject.toml) over the Python, clang-format (.clang-format) over the tracked C++/CUDA sources
+lint: setup
+	$(PY) -m ruff check .
+	git ls-files -z -- 'plugins/*.h' 'plugins/*.cpp' 'plugins/*.cu' 'plugins/*.cuh' | xargs -0 -r clang-format --dry-run -Werror
 
 clean:
 	rm -rf $(BUILD)

@@ -32,11 +32,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fdpp_rewrite.contracts import attention_guard
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 
-SCHEMA = "fdpp-calibration/1"
-GUARD_LO = -80.0  # the contract's lowest guard_lo: e^-80 is still a normal float32
-GUARD_HI = 60.0   # the contract's highest: 2^20 keys x e^60 x 65504 stay below float32's max
+# The widest guard window the attention contract allows, [-80, 60]: e^-80 is still a normal float32, and
+# 2^20 keys x e^60 x 65504 stay below float32's max.
+GUARD_LO, GUARD_HI = attention_guard().lo_range[0], attention_guard().hi_range[1]
 PREFILL_FP16_HI = 11.0  # kFp16PrefillHi (plugins/kernels/attention_params.h): e^11 still fits float16
 # The prefill kernel's tiling (PrefillTraits): query blocks, key tiles, anchor tiles (diagonal ones + tile 0).
 PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_ANCHOR_TILES = 128, 64, 4
@@ -134,7 +136,8 @@ def text_chunks(tokenizer, split: str, num_tokens: int, chunk: int) -> list[list
     try:
         text = real_text(split, num_tokens * 6)  # ~4.5 characters per token in this text: enough, then cut
     except FdppError as exc:
-        raise FdppError(f"{flag} {num_tokens} asks for more than the {split} text holds ({exc}); ask for fewer") from exc
+        raise FdppError(f"{flag} {num_tokens} asks for more than the {split} text holds ({exc}); "
+                        "ask for fewer") from exc
     ids = tokenizer.encode(text)
     if len(ids) < num_tokens:
         raise FdppError(f"the {split} text gives only {len(ids)} tokens; lower {flag}")
@@ -368,7 +371,7 @@ def run(args) -> int:
     rows = sum(e["heldout_rows"] for e in layers)
     rates = {k: sum(e[f"heldout_fallback_rows_{k}"] for e in layers) / rows for k in ("decode", "prefill")}
     calibration = {
-        "schema": SCHEMA, "model": loaded.source, "origin": loaded.origin,
+        "schema": CALIBRATION_SCHEMA, "model": loaded.source, "origin": loaded.origin,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in ["python -m fdpp_rewrite", *sys.argv[1:]]),
         "source": f"fdpp_rewrite calibrate ({output.name})",

@@ -14,13 +14,12 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.resources import contract_path
+from fdpp_rewrite.schemas import CONTRACT_SCHEMA
 
 DOMAIN = "fdpp"
-CONTRACT_SCHEMA = "fdpp-op-contract/1"
 OP_NAMES = ("AsyncSoftmaxAttention", "FlatGemm")
 
 # contract attribute type -> (python type check, onnx AttributeProto field)
@@ -29,10 +28,6 @@ _ATTR_TYPES = {
     "int": ((int,), "i"),
     "string": ((str,), "s"),
 }
-
-
-def contract_path(op: str) -> Path:
-    return REPO_ROOT / "plugins" / f"{op}Plugin" / "contract.json"
 
 
 @dataclass(frozen=True)
@@ -140,6 +135,27 @@ def load_contract(op: str) -> OpContract:
                       outputs=tuple(raw["outputs"]), attributes=dict(raw["attributes"]),
                       constraints=tuple(raw.get("constraints", ())), tolerances=dict(raw["tolerances"]),
                       model_tolerances=dict(raw.get("model_tolerances", {})), raw=raw)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The attention contract's unified-max guard: the defaults of phi, guard_lo and guard_hi, and the ranges the
+    guards may take (the widest window any calibration may use is [lo_range[0], hi_range[1]]).
+        attention_guard() -> Guard(phi=0.0, lo=-60.0, hi=10.0, lo_range=(-80.0, 0.0), hi_range=(0.0, 60.0))"""
+
+    phi: float
+    lo: float
+    hi: float
+    lo_range: tuple
+    hi_range: tuple
+
+
+def attention_guard() -> Guard:
+    attributes = load_contract("AsyncSoftmaxAttention").attributes
+    return Guard(phi=float(attributes["phi"]["default"]), lo=float(attributes["guard_lo"]["default"]),
+                 hi=float(attributes["guard_hi"]["default"]),
+                 lo_range=tuple(float(v) for v in attributes["guard_lo"]["range"]),
+                 hi_range=tuple(float(v) for v in attributes["guard_hi"]["range"]))
 
 
 def node_attributes(node) -> dict:

@@ -6,8 +6,9 @@ original vs our reference ops on the rewritten graph) -> generate a sentence fro
 import time
 from pathlib import Path
 
-from fdpp_rewrite import REPO_ROOT, cli
+from fdpp_rewrite import cli
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.resources import calibration_path, engines_dir
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
 
@@ -15,7 +16,7 @@ DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
 def add_arguments(parser):
     parser.add_argument("model", nargs="?", default="smollm2-135m",
                         help="preset or checkpoint to run the pipeline on (default: smollm2-135m)")
-    parser.add_argument("--workdir", type=Path, default=REPO_ROOT / "engines" / "demo",
+    parser.add_argument("--workdir", type=Path, default=engines_dir() / "demo",
                         help="where the ONNX files go (default: engines/demo)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt for the generated sentence")
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -48,7 +49,7 @@ def run(args):
     if rewritten.exists() and not args.force:
         print(f"== rewrite: reusing {rewritten} (pass --force to redo)")
     else:
-        calibration = REPO_ROOT / "engines" / "calibration" / f"{name}.json"
+        calibration = calibration_path(name)
         calibrate = ["--calibration", str(calibration)] if calibration.exists() else []
         if _step("rewrite", ["rewrite", str(original), "-o", str(rewritten), *calibrate, *force]) != 0:
             raise FdppError("rewrite failed (see above)")

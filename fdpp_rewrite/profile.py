@@ -27,11 +27,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from fdpp_rewrite import REPO_ROOT
+from fdpp_rewrite.dispatch import IMPLA_MAX_M, IMPLB_MAX_M, select_impl
 from fdpp_rewrite.errors import FdppError, require_gpu
-from fdpp_rewrite.gpu.gemm import IMPLA_MAX_M, IMPLB_MAX_M  # the kernels' M limits (no GPU needed to import)
+from fdpp_rewrite.resources import engines_dir
+from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
-PROFILE_SCHEMA = "fdpp-profile/1"
 M_GRID = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256]
 SEARCH_MS = (1, 2, 4, 8, 16)  # the decode batch sizes ImplB is for; ImplC takes over at larger M
 IMPLS = ("impla", "implb", "cublaslt", "cutlass")
@@ -73,9 +73,9 @@ def choose_plan(ms: list, curves: dict, best_floor: list = None) -> dict:
     geometric mean of its slowdowns (to 0.1%), then by the worst one. (Counting misses first keeps one outlier
     point -- a library heuristic switching algorithms at a single M -- from dragging a threshold across many
     good points.) Among plans tied on all three, the one with the smaller m1 and then the larger m2: ImplB's
-    time is its weight stream and held from machine to machine, where the library's at a tied M did not (H200,
-    gate_up M=8: ImplB 45.44 us against cuBLASLt 45.43 on the profiling machine, 45.5 against 47.6-48.7 on
-    others; docs/notes-gemm.md, runs 56-57). best_floor: per M, the fastest time of the ImplB configs timed besides
+    time is its weight stream, which holds from machine to machine where a library's time at a tied M may not
+    (docs/notes-gemm.md). Example: ms [8, 16], ImplB [45.4, 60], cuBLASLt [45.4, 50] -> m2 = 8 (tied at M = 8,
+    the larger m2 wins), ImplC above. best_floor: per M, the fastest time of the ImplB configs timed besides
     this curve's (pick_implb_curve), so that the best single implementation is the best of all of them. Returns
     {"m1", "m2", "implc", "worst_ratio", "mean_ratio", "misses"}."""
     n = len(ms)
@@ -113,7 +113,8 @@ def choose_plan(ms: list, curves: dict, best_floor: list = None) -> dict:
         for m2 in m2_options:
             ratios = []
             for i, m in enumerate(ms):
-                t = a[i] if m <= m1 else b[i] if m <= m2 else c[i]
+                impl = select_impl(m, {"m1": m1, "m2": m2, "implc": implc})
+                t = {"impla": a, "implb": b}.get(impl, c)[i]
                 ratios.append(t / best[i] if t is not None and best[i] is not None else math.inf)
             if not all(math.isfinite(r) for r in ratios):
                 continue
@@ -133,9 +134,8 @@ def pick_implb_curve(ms: list, curves: dict, implb_curves: list) -> tuple:
     choose_plan against the fastest time that any of them, ImplA or ImplC reached at each M, and scored by
     (misses, geometric-mean slowdown to 0.1%, worst slowdown); a tie keeps the earlier one. Returns (index, plan).
 
-    H200, chatglm2-6b lm_head [65024, 4096]: the search's winner (rows1, 3 stages) took 124.7-125.4 us at
-    M = 1, 2, 4, 8 but 138.3 at M = 6, where cuBLASLt took 134.1; no m2 avoided a miss (run 125). A config as fast
-    at every M <= 8 serves them all.
+    A winner that is slow at one M between the ones the search timed leaves that M to ImplC or to a miss; a
+    runner-up as fast at every M serves them all:
         ms [4, 6, 8], cuBLASLt [133, 134, 133], ImplB [[124, 138, 125], [126, 127, 126]] -> index 1, m2 = 8"""
     floor = []
     for i in range(len(ms)):
@@ -158,9 +158,7 @@ def pick_implb_curve(ms: list, curves: dict, implb_curves: list) -> tuple:
 def lone_peaks(ms: list, values: list, margin: float = 0.02) -> list:
     """Indices of the points that stand more than `margin` above both neighbours one M away (M and M +- 1 all
     measured). Such a point may be noise, so profile_shape times it again and keeps the lower time; a real step
-    stays. H200: gate_up ImplB 44.63 / 47.12 / 44.57 us at M = 6 / 7 / 8 moved m2 from 8 to 6 (run 102); timed
-    twice it held (run 104): it was the rows kernel's own M = 7 step (runs 105-106), gone since that kernel
-    copies a zero eighth activation row at M = 7 (run 109: m2 = 8).
+    stays (one noisy point can move a threshold by several M):
         ms [5, 6, 7, 8], values [44.5, 44.6, 47.1, 44.6] -> [2]"""
     peaks = []
     for i in range(1, len(ms) - 1):
@@ -260,7 +258,8 @@ class ShapeBench:
         gemm.cublaslt_available()  # locate libcublasLt before the first ImplC call
 
         def run_one():
-            status = lib.fdpp_gemm_run_impl(ctypes.byref(args), impl_id, cfg, pad_m, 0, ws_ptr, ws_bytes, self._stream())
+            status = lib.fdpp_gemm_run_impl(ctypes.byref(args), impl_id, cfg, pad_m, 0, ws_ptr, ws_bytes,
+                                            self._stream())
             if status:
                 base.check(status, f"GEMM {impl}")
         return run_one
@@ -290,7 +289,7 @@ def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS, se
                  timing: str = "graph", quick: bool = False) -> tuple:
     """(best config, [(config, {m: us})] of every candidate) by geometric-mean slowdown over search_ms, where a
     candidate's time at an M counts no higher than cuBLASLt's there: the dispatch hands such an M to ImplC anyway,
-    so a config that is slow only where it would never run is not penalized (the rows loader at M = 16, run 40).
+    so a config that is slow only where it would never run is not penalized.
     quick: only the kw = 128, 2- and 3-stage cp.async candidates (every earlier search's winners were among them)
     and the 1024-column ones (k_tile >= 1024)."""
     from fdpp_rewrite.gpu import gemm
@@ -348,8 +347,8 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
             values = curves[f"{name}_us"]
             values.append(None if t is None else round(t, 3))
             # A second look at the previous M if it stands out as a lone peak, right away, so that the second time
-            # is taken in the same state of the GPU as its neighbours (timed after the sweep's large M, the second
-            # times came out higher: H200 run 103). The lower time stands: noise only adds.
+            # is taken in the same state of the GPU as its neighbours (timed after the sweep's large M, a second
+            # time comes out higher). The lower time stands: noise only adds.
             if j >= 2 and lone_peaks(ms[j - 2:j + 1], values[j - 2:j + 1]) == [1]:
                 again = time_impl(bench, timer, timing, name, ms[j - 1], config if name == "implb" else None)
                 retimed.append({"impl": name, "m": ms[j - 1],
@@ -373,11 +372,7 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
                 chosen = alternatives[index - 1]
                 alternatives[index - 1] = {"config": config, "implb_us": curves["implb_us"]}
                 config, curves["implb_us"] = chosen["config"], chosen["implb_us"]
-    dispatched = []
-    for i, m in enumerate(ms):
-        impl = "impla" if m <= plan["m1"] else "implb" if m <= plan["m2"] else plan["implc"]
-        dispatched.append(curves[f"{impl}_us"][i])
-    curves["dispatched_us"] = dispatched
+    curves["dispatched_us"] = [curves[f"{select_impl(m, plan)}_us"][i] for i, m in enumerate(ms)]
     return {
         "n": n, "k": k, "dtype": dtype, "m1": plan["m1"], "m2": plan["m2"], "implb": config, "timing": timing,
         "implc": plan["implc"], "worst_ratio_vs_best_impl": plan["worst_ratio"],
@@ -472,8 +467,8 @@ def run(args) -> int:
     from fdpp_rewrite.gpu.gemm_timing import Timer
     device = _device_facts(torch)
     slug = gpu_slug(device["name"])
-    out = args.out or REPO_ROOT / "engines" / "profiles" / f"{slug}.json"
-    plots = args.plots or REPO_ROOT / "engines" / "profiles" / "plots" / slug
+    out = args.out or engines_dir() / "profiles" / f"{slug}.json"
+    plots = args.plots or engines_dir() / "profiles" / "plots" / slug
     existing = None
     if out.exists():
         try:

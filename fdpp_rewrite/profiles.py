@@ -12,12 +12,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fdpp_rewrite import REPO_ROOT
-from fdpp_rewrite.contracts import load_contract
+from fdpp_rewrite.contracts import contract_path, load_contract
+from fdpp_rewrite.dispatch import describe_plan
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.resources import display_path, profile_path
+from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
-PROFILE_SCHEMA = "fdpp-profile/1"
-DEFAULT_PROFILE = REPO_ROOT / "engines" / "profiles" / "h200.json"
+DEFAULT_PROFILE = profile_path("h200.json")  # the committed profile the rewriter uses without --profile
 UNPROFILED = "unprofiled-default"
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -40,15 +41,26 @@ class GemmChoice:
         return asdict(self)
 
 
-# Without a profile for this GPU and shape: the flat GEMM from one row up to 16 (the paper's decode range; it
-# streams the weight as well as a GEMV does at M = 1, and without a measurement we do not know where the
-# CUDA-core GEMV stops keeping up, so m1 = 0), a tensor-core GEMM beyond. Tiles and ImplC: the contract's
-# defaults (64 output features x 64 K per stage, double buffered, no split-K, cuBLASLt), valid for any shape.
-# These are guesses, labelled as such on every node (profile="unprofiled-default"); `fdpp_rewrite profile` measures the real inflection points.
-_GEMM_DEFAULTS = load_contract("FlatGemm").defaults()  # the tile defaults live in the contract
-UNPROFILED_DEFAULT = GemmChoice(m1=0, m2=16, profile=UNPROFILED, **{
-    name: _GEMM_DEFAULTS[name] for name in ("implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k", "implc",
-                                            "implb_loader")})
+def _unprofiled_default() -> GemmChoice:
+    """The plan of a shape no profile covers: m1/m2/implc from the FlatGemm contract's "unprofiled_default" (the
+    one place both the rewriter and gemm_heuristics.h default_plan read), labelled profile="unprofiled-default".
+    Its ImplB tiles are "device": the library picks them for the GPU that runs the node; the node carries the
+    contract's attribute defaults in their place (64 x 64 tiles, double buffered, valid on every shape).
+        {"m1": 0, "m2": 8, "implc": "cublaslt"} -> M = 1..8 ImplB, M >= 9 cuBLASLt"""
+    contract = load_contract("FlatGemm")
+    plan = contract.raw["unprofiled_default"]
+    if plan.get("implb") != UNPROFILED_IMPLB:
+        raise FdppError(f"{contract_path('FlatGemm')}: unprofiled_default.implb must be '{UNPROFILED_IMPLB}'")
+    defaults = contract.defaults()
+    choice = GemmChoice(m1=int(plan["m1"]), m2=int(plan["m2"]), implc=str(plan["implc"]), profile=UNPROFILED,
+                        **{name: defaults[name] for name in ("implb_n_tile", "implb_k_tile", "implb_stages",
+                                                              "implb_split_k", "implb_loader")})
+    contract.validate_attributes(choice.attributes(), where="unprofiled_default")
+    return choice
+
+
+UNPROFILED_IMPLB = "device"  # the contract's word for "the library's ImplB default for the device"
+UNPROFILED_DEFAULT = _unprofiled_default()
 
 
 @dataclass(frozen=True)
@@ -113,15 +125,6 @@ def load_profile(path) -> Profile:
                    presets=tuple(data.get("presets", ())), shapes=shapes)
 
 
-def _display(path) -> str:
-    """A path as the user would type it: relative to the repository when inside it."""
-    path = Path(path).resolve()
-    try:
-        return str(path.relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
-
-
 def _shape_list(shapes) -> str:
     return ", ".join(f"[{n}, {k}] {dtype}" for n, k, dtype in sorted(shapes))
 
@@ -147,11 +150,11 @@ def resolve_choices(shapes, explicit_path=None, default_path=DEFAULT_PROFILE):
         profile = load_profile(default_path)
         missing = [s for s in shapes if profile.lookup(*s) is None]
         if not missing:
-            return {s: profile.lookup(*s) for s in shapes}, _display(default_path), []
+            return {s: profile.lookup(*s) for s in shapes}, display_path(default_path), []
         reason = f"{Path(default_path).name} has no entry for {_shape_list(missing)}"
     else:
         reason = f"no profile at {default_path}"
-    warning = (f"using the unprofiled default GEMM thresholds (m1={UNPROFILED_DEFAULT.m1}, m2={UNPROFILED_DEFAULT.m2}) "
-               f"for {_shape_list(shapes)}: {reason}; run `python -m fdpp_rewrite profile <preset>` on the GPU "
-               "and pass --profile")
+    warning = (f"using the unprofiled default GEMM plan ({describe_plan(UNPROFILED_DEFAULT.attributes())}) for "
+               f"{_shape_list(shapes)}: {reason}; run `python -m fdpp_rewrite profile <preset>` on the GPU and pass "
+               "--profile")
     return {s: UNPROFILED_DEFAULT for s in shapes}, UNPROFILED, [warning]

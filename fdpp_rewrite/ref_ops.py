@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract, register_onnx_schemas, validate_node
+from fdpp_rewrite.dispatch import select_impl
 from fdpp_rewrite.errors import FdppError, cannot_load
 
 DEFAULT_KEY_TILE = 64  # keys per tile in the reference; the kernels pick their own, the result is the same
@@ -26,7 +27,7 @@ DEFAULT_KEY_TILE = 64  # keys per tile in the reference; the kernels pick their 
 @dataclass
 class OpCounters:
     """What the reference ops did since the last reset(): attention rows and how many took the fallback,
-    and how many FlatGemm calls each Impl would have served."""
+    and how many FlatGemm calls each implementation ('impla', 'implb', 'cublaslt', 'cutlass') would serve."""
 
     attention_rows: int = 0
     fallback_rows: int = 0
@@ -139,34 +140,19 @@ def async_softmax_attention(query, key, value, mask_input=None, *, scale: float,
 
 # --- FlatGemm ------------------------------------------------------------------------------------------------
 
-def select_impl(m: int, m1: int, m2: int) -> str:
-    """Which implementation serves a FlatGemm call with M rows: the dispatch rule of the contract.
-
-    ImplA (CUDA-core GEMV) when M <= m1, ImplB (flat GEMM) when m1 < M <= m2, ImplC (tensor-core GEMM) above.
-    Worked examples with m1 = 1, m2 = 16: M = 1 -> ImplA; M = 2 -> ImplB; M = 16 -> ImplB; M = 17 -> ImplC.
-    With m1 = 0 ImplA is never used (M >= 1); with m1 = m2 ImplB is never used.
-    """
-    if m < 1:
-        raise FdppError(f"FlatGemm: M must be at least 1, got {m}")
-    if m <= m1:
-        return "ImplA"
-    if m <= m2:
-        return "ImplB"
-    return "ImplC"
-
-
 def flat_gemm(x, weight, bias=None, residual=None, *, epilogue: str = "none", m1: int | None = None,
-              m2: int | None = None, counters: OpCounters = COUNTERS, **_config) -> np.ndarray:
+              m2: int | None = None, implc: str = "cublaslt", counters: OpCounters = COUNTERS,
+              **_implb) -> np.ndarray:
     """fdpp::FlatGemm. x [..., K], weight [N, K]; returns [..., N] (or [..., N/2] for silu_mul) in x's dtype.
-    m1/m2 only record which Impl the rule picks (every Impl computes the same math); the ImplB config in
-    **_config changes nothing here."""
+    m1/m2/implc only record which implementation the dispatch rule (fdpp_rewrite.dispatch) picks: every one
+    computes the same math; the ImplB config in **_implb changes nothing here."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise FdppError(f"FlatGemm: x has K={x.shape[-1]} but the weight is [{n}, {k}]")
     lead = x.shape[:-1]
     m = int(np.prod(lead, dtype=np.int64))
     if m1 is not None and m2 is not None and m > 0:
-        counters.gemm_impls[select_impl(m, m1, m2)] += 1
+        counters.gemm_impls[select_impl(m, {"m1": m1, "m2": m2, "implc": implc})] += 1
     y = x.reshape(m, k).astype(np.float32) @ weight.astype(np.float32).T
     if bias is not None:
         y = y + bias.astype(np.float32)

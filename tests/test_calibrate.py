@@ -24,6 +24,13 @@ def test_choose_phi_keeps_every_row_inside_a_feasible_window():
     assert phi == pytest.approx(0.0, abs=0.1)
 
 
+def test_guard_window_is_the_contracts_widest():
+    from fdpp_rewrite.contracts import attention_guard
+
+    guard = attention_guard()
+    assert (calibrate.GUARD_LO, calibrate.GUARD_HI) == (guard.lo_range[0], guard.hi_range[1]) == (-80.0, 60.0)
+
+
 def test_choose_phi_minimizes_fallback_when_no_phi_fits_everything():
     # rows whose [min, max] span more than the window cannot all fit; the choice loses the fewest
     row_max = torch.tensor([0.0] * 50 + [100.0])

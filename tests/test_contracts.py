@@ -134,3 +134,32 @@ def test_validate_node_checks_input_count():
 def test_unknown_op():
     with pytest.raises(FdppError, match="no contract"):
         load_contract("FusedNorm")
+
+
+def test_attention_guard_is_read_from_the_contract():
+    from fdpp_rewrite.contracts import attention_guard
+
+    attributes = load_contract("AsyncSoftmaxAttention").attributes
+    guard = attention_guard()
+    assert (guard.phi, guard.lo, guard.hi) == tuple(attributes[n]["default"] for n in ("phi", "guard_lo", "guard_hi"))
+    assert guard.lo_range == tuple(attributes["guard_lo"]["range"])
+    assert guard.hi_range == tuple(attributes["guard_hi"]["range"])
+    assert guard.lo_range[0] <= guard.lo < guard.hi <= guard.hi_range[1]
+
+
+def test_each_schema_string_is_written_once_in_the_package():
+    """A file format's schema string is one constant (fdpp_rewrite.schemas or its single owner), never a copy."""
+    import ast
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).parents[1] / "fdpp_rewrite"
+    where = {}
+    for path in package.rglob("*.py"):
+        strings = {node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)
+                   and isinstance(node.value, str) and re.fullmatch(r"fdpp-[a-z-]+/\d+", node.value)}
+        for schema in strings:  # string literals that are a schema, not prose that mentions one
+            where.setdefault(schema, []).append(str(path.relative_to(package)))
+    assert where, "no schema strings found"
+    repeated = {schema: files for schema, files in where.items() if len(files) > 1}
+    assert not repeated, repeated

@@ -29,6 +29,12 @@ def curves(ms, a, b, lt, cutlass):
     return {"m": ms, "impla_us": a, "implb_us": b, "cublaslt_us": lt, "cutlass_us": cutlass}
 
 
+def test_choose_plan_breaks_a_tie_towards_implb():
+    # The worked example in the docstring: tied at M = 8, the larger m2 wins.
+    plan = profile.choose_plan([8, 16], curves([8, 16], [None] * 2, [45.4, 60.0], [45.4, 50.0], [None] * 2))
+    assert (plan["m1"], plan["m2"], plan["implc"]) == (0, 8, "cublaslt")
+
+
 def test_choose_plan_finds_the_crossovers():
     ms = [1, 2, 4, 8, 16, 32, 64, 128]
     a = [10, 12, 20, 40, None, None, None, None]          # GEMV best only at M = 1
@@ -186,7 +192,7 @@ def test_profile_cli_times_in_a_graph_by_default():
 def test_lone_peaks_finds_a_point_above_both_neighbours():
     from fdpp_rewrite.profile import lone_peaks
 
-    # The worked example in the docstring (H200 run 102, gate_up ImplB).
+    # The worked example in the docstring.
     assert lone_peaks([5, 6, 7, 8], [44.5, 44.6, 47.1, 44.6]) == [2]
     # A step up that stays is a real change, not noise; neither is a rise within 2%.
     assert lone_peaks([5, 6, 7, 8], [44.5, 44.6, 47.1, 47.2]) == []
@@ -223,7 +229,7 @@ def test_profile_shape_times_a_lone_peak_again_and_keeps_the_lower_time(monkeypa
 
 
 def test_pick_implb_curve_takes_the_config_that_serves_every_m():
-    # The worked example in the docstring (H200 run 125, chatglm2-6b lm_head): the winner is slow at M = 6 only.
+    # The worked example in the docstring: the winner is slow at M = 6 only.
     ms = [4, 6, 8]
     base = curves(ms, [None] * 3, None, [133.0, 134.0, 133.0], [None] * 3)
     index, plan = profile.pick_implb_curve(ms, base, [[124.0, 138.0, 125.0], [126.0, 127.0, 126.0]])

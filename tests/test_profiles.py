@@ -4,8 +4,11 @@ import json
 
 import pytest
 
+from fdpp_rewrite.contracts import load_contract
+from fdpp_rewrite.dispatch import select_impl
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.profiles import UNPROFILED, UNPROFILED_DEFAULT, load_profile, resolve_choices
+from fdpp_rewrite.resources import plugin_library_path
 
 QKV, O_PROJ = (960, 576, "float16"), (576, 576, "float16")
 
@@ -89,3 +92,48 @@ def test_unprofiled_default_when_the_default_misses_a_shape(tmp_path):
 def test_unprofiled_default_without_any_profile(tmp_path):
     choices, label, warnings = resolve_choices([QKV], default_path=tmp_path / "h200.json")
     assert label == UNPROFILED and choices[QKV].profile == "unprofiled-default" and "no profile at" in warnings[0]
+
+
+def test_unprofiled_default_is_the_contracts():
+    """One unprofiled plan: m1/m2/implc from the FlatGemm contract's "unprofiled_default", tiles "device" (the
+    node carries the attribute defaults in their place)."""
+    contract = load_contract("FlatGemm")
+    plan = contract.raw["unprofiled_default"]
+    assert (UNPROFILED_DEFAULT.m1, UNPROFILED_DEFAULT.m2, UNPROFILED_DEFAULT.implc) == (plan["m1"], plan["m2"],
+                                                                                         plan["implc"])
+    assert plan["implb"] == "device" and "'device'" in contract.raw["unprofiled_default_doc"]
+    attrs = UNPROFILED_DEFAULT.attributes()
+    assert attrs["profile"] == UNPROFILED == contract.attributes["profile"]["default"]
+    assert all(attrs[name] == contract.attributes[name]["default"] for name in attrs if name.startswith("implb_"))
+    assert [select_impl(m, attrs) for m in (1, 8, 9, 64)] == ["implb", "implb", "cublaslt", "cublaslt"]
+
+
+needs_library = pytest.mark.skipif(not plugin_library_path().exists(),
+                                   reason=f"plugin library {plugin_library_path()} not built (make lib)")
+
+
+@needs_library
+@pytest.mark.parametrize("n, k, epilogue", [(4096, 4096, "none"), (22016, 4096, "silu_mul"), (576, 576, "none"),
+                                            (49152, 576, "none")])
+@pytest.mark.parametrize("device", [{"num_sms": 132, "cc_major": 9}, {"num_sms": 108, "cc_major": 8}])
+def test_library_default_plan_has_the_contracts_thresholds(n, k, epilogue, device):
+    from fdpp_rewrite.gpu import gemm
+
+    plan = gemm.default_plan(n, k, epilogue, **device)
+    assert (plan["m1"], plan["m2"], plan["implc"]) == (UNPROFILED_DEFAULT.m1, UNPROFILED_DEFAULT.m2,
+                                                       UNPROFILED_DEFAULT.implc)
+
+
+@needs_library
+@pytest.mark.parametrize("k", [64, 576, 4096, 11008, 13696])
+@pytest.mark.parametrize("device", [{"cc_major": 9, "max_smem": 232448}, {"cc_major": 8, "max_smem": 166912},
+                                    {"cc_major": 8, "max_smem": 101376}])
+def test_unprofiled_node_tiles_run_on_every_shape_and_gpu(k, device):
+    """The implb_* attributes an unprofiled node carries are a config the library accepts at every M ImplB serves."""
+    from fdpp_rewrite.gpu import gemm
+
+    c = UNPROFILED_DEFAULT
+    config = {"n_tile": c.implb_n_tile, "k_tile": c.implb_k_tile, "stages": c.implb_stages,
+              "split_k": c.implb_split_k, "loader": c.implb_loader}
+    for m in range(1, UNPROFILED_DEFAULT.m2 + 1):
+        gemm.check_implb_config(config, m, k, **device)

@@ -151,21 +151,6 @@ def test_attention_shape_errors():
 
 # --- FlatGemm ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("m, m1, m2, impl", [
-    (1, 1, 16, "ImplA"), (2, 1, 16, "ImplB"), (16, 1, 16, "ImplB"), (17, 1, 16, "ImplC"),  # the docstring's examples
-    (1, 0, 8, "ImplB"),   # m1 = 0: never the GEMV
-    (8, 4, 4, "ImplC"),   # m1 = m2: never the flat GEMM
-    (4, 4, 4, "ImplA"),
-])
-def test_dispatch_rule(m, m1, m2, impl):
-    assert ref_ops.select_impl(m, m1, m2) == impl
-
-
-def test_dispatch_rejects_empty():
-    with pytest.raises(FdppError):
-        ref_ops.select_impl(0, 1, 16)
-
-
 @pytest.mark.parametrize("epilogue", ["none", "silu_mul", "residual"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_flat_gemm_epilogues(epilogue, with_bias):
@@ -188,16 +173,19 @@ def test_flat_gemm_epilogues(epilogue, with_bias):
     assert y.shape == expected.shape
     atol, rtol = load_contract("FlatGemm").tolerance("float32")
     np.testing.assert_allclose(y, expected, atol=atol, rtol=rtol)
-    assert counters.gemm_impls == {"ImplB": 1}  # M = 15: 1 < 15 <= 16
+    assert counters.gemm_impls == {"implb": 1}  # M = 15: 1 < 15 <= 16
 
 
-def test_flat_gemm_records_the_impl_for_m():
+def test_flat_gemm_records_the_impl_the_dispatch_rule_picks():
     rng = np.random.default_rng(8)
     w = rng.standard_normal((4, 6)).astype(np.float32)
     counters = ref_ops.OpCounters()
     for rows in (1, 2, 16, 17):
         ref_ops.flat_gemm(rng.standard_normal((rows, 6)).astype(np.float32), w, m1=1, m2=16, counters=counters)
-    assert counters.gemm_impls == {"ImplA": 1, "ImplB": 2, "ImplC": 1}
+    for rows in (9, 65):  # past ImplA's and ImplB's own limits, whatever m1 and m2 say
+        ref_ops.flat_gemm(rng.standard_normal((rows, 6)).astype(np.float32), w, m1=100, m2=200, implc="cutlass",
+                          counters=counters)
+    assert counters.gemm_impls == {"impla": 1, "implb": 3, "cublaslt": 1, "cutlass": 1}
 
 
 def test_flat_gemm_errors():
@@ -290,7 +278,7 @@ def test_reference_session_counts_fallback_rows():
     (y,) = session.run(["y"], feeds)
     assert np.isfinite(y).all()
     assert session.counters.attention_rows == 2 * 4 * 3 and session.counters.fallback_rows > 0
-    assert session.counters.gemm_impls == {"ImplB": 2}  # M = 6: 1 < 6 <= 16 and 4 < 6 <= 16
+    assert session.counters.gemm_impls == {"implb": 2}  # M = 6: 1 < 6 <= 16 and 4 < 6 <= 16
 
 
 def test_reference_session_missing_file(tmp_path):

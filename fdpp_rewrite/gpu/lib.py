@@ -1,14 +1,13 @@
 """Loads libfdpp_plugins.so and turns its status codes into FdppError.
 
-The library is looked up in $FDPP_PLUGIN_LIB, then build/ under the repository root."""
+Where the library is looked up: fdpp_rewrite.resources.plugin_library_path."""
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
-from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.resources import plugin_library_path
 
 EXPECTED_ABI_VERSION = 2
 STATUS_NAMES = {1: "invalid argument", 2: "unsupported", 3: "CUDA error", 4: "internal error"}
@@ -16,8 +15,7 @@ DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 
 
 def library_path() -> Path:
-    env = os.environ.get("FDPP_PLUGIN_LIB")
-    return Path(env) if env else REPO_ROOT / "build" / "libfdpp_plugins.so"
+    return plugin_library_path()
 
 
 @functools.lru_cache(maxsize=1)

@@ -29,11 +29,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from fdpp_rewrite.contracts import DOMAIN, load_contract
+from fdpp_rewrite.contracts import DOMAIN, attention_guard, load_contract
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, constant_value, dtype_name, is_constant,
                                         is_standard, producer, producer_op, rank, scalar_value, skip_backward,
                                         skip_forward, sole_consumer, static_dim)
+from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 
 OP = "AsyncSoftmaxAttention"
 PAST_LEN_INPUT = "past_len"  # the exported graph's input name (the export contract, fdpp_rewrite/onnx_builder.py), not an exporter-made node name
@@ -49,9 +50,8 @@ NOT_FROM_MATMUL = "the scores do not come from a MatMul read only by this softma
 #    float32 (smallest normal 1.2e-38): no row can underflow to a zero denominator.
 # Calibration narrows this to where real scores live (paper: Llama2-7B scores in [-16.8, 6.5]) so that
 # the fallback is rare; without it, rows whose max score exceeds 10 simply take the exact path.
-_DEFAULTS = load_contract(OP).defaults()
-DEFAULT_PHI, DEFAULT_GUARD_LO, DEFAULT_GUARD_HI = _DEFAULTS["phi"], _DEFAULTS["guard_lo"], _DEFAULTS["guard_hi"]
-CALIBRATION_SCHEMA = "fdpp-calibration/1"
+_GUARD = attention_guard()
+DEFAULT_PHI, DEFAULT_GUARD_LO, DEFAULT_GUARD_HI = _GUARD.phi, _GUARD.lo, _GUARD.hi
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,69 @@
+"""The FlatGemm dispatch rule in Python: which implementation serves a GEMM of M rows under a plan.
+
+It is the C ABI's `fdpp_gemm_select` (plugins/kernels/gemm_heuristics.h `select_impl`), written once here for the
+profiler, the CPU reference and the rewriter; tests/test_dispatch.py checks the two agree over a grid of M and
+plans. A plan is anything with `m1`, `m2` and optionally `implc` keys: a profile entry, a FlatGemm node's
+attributes, `GemmChoice.attributes()`.
+
+    select_impl(1, {"m1": 1, "m2": 32})                      -> "impla"
+    select_impl(9, {"m1": 100, "m2": 200})                   -> "implb"   (ImplA stops at M = 8)
+    select_impl(65, {"m1": 0, "m2": 200, "implc": "cutlass"}) -> "cutlass" (ImplB stops at M = 64)
+"""
+
+from __future__ import annotations
+
+from fdpp_rewrite.errors import FdppError
+
+IMPLA_MAX_M = 8   # ImplA (GEMV) keeps M accumulators per row in registers
+IMPLB_MAX_M = 64  # ImplB (flat GEMM): at most 8 batch blocks of 8 on the MMA's N side
+IMPLS = ("impla", "implb", "cublaslt", "cutlass")
+# The plan's implc spellings -> the implementation it names ("cublas" in the contract means cuBLASLt).
+IMPLC_NAMES = {"cublaslt": "cublaslt", "cublas": "cublaslt", "cutlass": "cutlass"}
+
+
+def plan_problem(plan) -> str | None:
+    """Why a plan cannot dispatch, or None (gemm_heuristics.h plan_problem): thresholds ordered, implc known.
+    Thresholds above what an implementation handles are allowed: select_impl caps them."""
+    m1, m2, implc = plan["m1"], plan["m2"], plan.get("implc", "cublaslt")
+    if m1 < 0:
+        return "m1 must be >= 0"
+    if m2 < m1:
+        return "m2 must be >= m1"
+    if implc not in IMPLC_NAMES:
+        return f"implc must be one of {', '.join(IMPLC_NAMES)}, got {implc!r}"
+    return None
+
+
+def select_impl(m: int, plan) -> str:
+    """'impla', 'implb', 'cublaslt' or 'cutlass' for M = m rows.
+
+    ImplA when M <= m1 and M <= 8; else ImplB when M <= m2 and M <= 64; else the plan's ImplC. m1 = 0 means ImplA
+    is never used, m2 = m1 that ImplB is never used. Worked example, o_proj [4096, 4096] with m1 = 1, m2 = 32:
+    M = 1 -> impla, M = 2 and M = 32 -> implb, M = 33 -> cublaslt. With m1 = 100, m2 = 200: M = 9 -> implb.
+    """
+    if m < 1:
+        raise FdppError(f"FlatGemm: M must be at least 1, got {m}")
+    problem = plan_problem(plan)
+    if problem:
+        raise FdppError(f"FlatGemm plan {dict(plan)!r}: {problem}")
+    if m <= plan["m1"] and m <= IMPLA_MAX_M:
+        return "impla"
+    if m <= plan["m2"] and m <= IMPLB_MAX_M:
+        return "implb"
+    return IMPLC_NAMES[plan.get("implc", "cublaslt")]
+
+
+def describe_plan(plan) -> str:
+    """The plan as the ranges of M each implementation serves, read off select_impl (past M = 64 nothing changes).
+        {"m1": 0, "m2": 8} -> "implb for M 1-8, cublaslt for M >= 9"
+        {"m1": 2, "m2": 100, "implc": "cutlass"} -> "impla for M 1-2, implb for M 3-64, cutlass for M >= 65"
+    """
+    ranges = []  # [first M, last M, impl]
+    for m in range(1, IMPLB_MAX_M + 2):
+        impl = select_impl(m, plan)
+        if ranges and ranges[-1][2] == impl:
+            ranges[-1][1] = m
+        else:
+            ranges.append([m, m, impl])
+    parts = [f"{impl} for M {lo}-{hi}" if lo != hi else f"{impl} for M = {lo}" for lo, hi, impl in ranges[:-1]]
+    return ", ".join(parts + [f"{ranges[-1][2]} for M >= {ranges[-1][0]}"])

@@ -1,0 +1,123 @@
+"""The package as a user installs it: the wheel carries the contracts, profiles and calibrations, declares its
+dependencies and the `fdpp` script, and works from a fresh venv in another directory; plus the lookups of
+fdpp_rewrite.resources in this checkout."""
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import fdpp_rewrite
+from fdpp_rewrite import resources
+from fdpp_rewrite.contracts import OP_NAMES
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def run(args, cwd, env=None):
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+# --- metadata ------------------------------------------------------------------------------------------------
+
+def test_version_lives_in_the_package_only():
+    project = PYPROJECT["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "fdpp_rewrite.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", fdpp_rewrite.__version__)
+
+
+def test_console_script_is_the_cli_main():
+    from fdpp_rewrite import cli
+
+    assert PYPROJECT["project"]["scripts"] == {"fdpp": "fdpp_rewrite.cli:main"} and callable(cli.main)
+
+
+def test_requirements_txt_is_the_declared_dependencies():
+    """CI installs requirements.txt; it must be pyproject's dependencies and extras, line for line."""
+    project = PYPROJECT["project"]
+    declared = set(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        declared |= set(extra)
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    listed = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    assert listed == declared
+
+
+# --- resources in a checkout ---------------------------------------------------------------------------------
+
+def test_checkout_reads_the_canonical_files():
+    assert resources.SOURCE_ROOT == ROOT and resources.data_root() == ROOT
+    assert set(OP_NAMES) <= set(resources.contract_ops())
+    for op in resources.contract_ops():
+        assert resources.contract_path(op) == ROOT / "plugins" / f"{op}Plugin" / "contract.json"
+    assert resources.profile_path("h200.json").is_file()
+    assert resources.calibration_path("smollm2-135m").is_file()
+    assert resources.display_path(resources.profile_path("h200.json")) == "engines/profiles/h200.json"
+
+
+def test_plugin_library_lookup(monkeypatch, tmp_path):
+    monkeypatch.setenv("FDPP_PLUGIN_LIB", str(tmp_path / "mine.so"))
+    assert resources.plugin_library_path() == tmp_path / "mine.so"  # an explicit choice wins
+    monkeypatch.delenv("FDPP_PLUGIN_LIB")
+    assert resources.plugin_library_path() == ROOT / "build" / "libfdpp_plugins.so"
+
+
+# --- the wheel in a fresh venv -------------------------------------------------------------------------------
+
+def _canonical_data_files() -> set:
+    return {str(path.relative_to(ROOT)) for pattern in resources.DATA_GLOBS for path in ROOT.glob(pattern)}
+
+
+def test_wheel_in_a_fresh_venv_from_another_directory(tmp_path):
+    dist = tmp_path / "dist"
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)],
+        cwd=tmp_path)
+    (wheel,) = dist.glob("fdpp_rewrite-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packaged = {name[len("fdpp_rewrite/data/"):] for name in names if name.startswith("fdpp_rewrite/data/")}
+    assert packaged == _canonical_data_files() and any(p.endswith("contract.json") for p in packaged)
+    assert "fdpp_rewrite/cli.py" in names and "fdpp_rewrite/passes/flat_gemm.py" in names
+
+    # A venv that sees the installed dependencies (torch, onnx, ...) but not this checkout; without pip of its own,
+    # so that its setuptools does not shadow the one torch needs. --no-index: every declared dependency must be
+    # there already, the package itself comes from the wheel.
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], cwd=tmp_path)
+    python = venv / "bin" / "python"
+    run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", str(wheel)],
+        cwd=tmp_path)
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "FDPP_PLUGIN_LIB")}
+    fdpp = str(venv / "bin" / "fdpp")
+    assert "export" in run([fdpp, "--help"], cwd=work, env=env)
+    assert fdpp_rewrite.__version__ in run([str(python), "-m", "fdpp_rewrite", "--version"], cwd=work, env=env)
+    where = run([str(python), "-c", "import fdpp_rewrite.resources as r; print(r.SOURCE_ROOT, r.data_root())"],
+                cwd=work, env=env).split()
+    assert where[0] == "None" and Path(where[1]).is_relative_to(venv)  # the wheel's data, not the checkout
+
+    run([fdpp, "export", "tiny-llama", "-o", "x.onnx"], cwd=work, env=env)
+    log = run([fdpp, "rewrite", "x.onnx"], cwd=work, env=env)
+    assert (work / "x.onnx").is_file() and (work / "x.fdpp.onnx").is_file()
+    assert "h200.json has no entry" in log  # the packaged h200 profile was read (it lacks tiny-llama's shapes)
+
+
+def test_sdist_carries_the_data_files(tmp_path):
+    """A wheel built from the sdist (what `python -m build` does) needs the data at the canonical paths."""
+    import tarfile
+
+    run([sys.executable, str(ROOT / "setup.py"), "-q", "sdist", "-d", str(tmp_path)], cwd=ROOT)
+    (archive,) = tmp_path.glob("fdpp_rewrite-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    assert _canonical_data_files() <= names and "fdpp_rewrite/resources.py" in names and "setup.py" in names
