@@ -9,7 +9,8 @@ Pattern (matched from each ReduceMean, by structure only), as `fdpp_rewrite expo
 
 Mul and Add may have their operands in either order. LayerNormalization (OPT) is one ONNX op already: left as is.
 A chain that differs anywhere (another axis, a reader of an intermediate, a weight that is not a constant of
-shape [H]) stays and is listed as a near-miss.
+shape [H]) stays and is listed as a near-miss. Other readers of x (the residual Add) or of its float32 Cast keep
+what they read.
 """
 
 from __future__ import annotations
@@ -78,8 +79,6 @@ def match_norm(graph: gs.Graph, reduce_mean: gs.Node) -> NormMatch | str:
     div = None if sqrt is None else _single_reader(graph, sqrt.outputs[0], "Div")
     if div is None or div.inputs[0] is not x32 or div.inputs[1] is not sqrt.outputs[0]:
         return "the root mean square does not divide the squared input (Sqrt -> Div(x, rms))"
-    if {id(node) for node in x32.outputs} != {id(square), id(div)} or x32 in graph.outputs:
-        return "the float32 input has readers besides the norm"
     if sole_consumer(graph, square.outputs[0]) is not reduce_mean:
         return "the squares have readers besides the ReduceMean"
 
