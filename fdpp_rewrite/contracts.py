@@ -20,7 +20,10 @@ from fdpp_rewrite.resources import contract_path
 from fdpp_rewrite.schemas import CONTRACT_SCHEMA
 
 DOMAIN = "fdpp"
-OP_NAMES = ("AsyncSoftmaxAttention", "FlatGemm")
+OP_NAMES = ("AsyncSoftmaxAttention", "FlatGemm")  # the ops with a TensorRT adapter (plugins/<Op>Plugin/*.cpp)
+# glue ops the torch backend runs through the C ABI; no TensorRT adapter yet
+GLUE_OP_NAMES = ("RMSNorm", "RopeAppend")
+ALL_OP_NAMES = OP_NAMES + GLUE_OP_NAMES
 
 # contract attribute type -> (python type check, onnx AttributeProto field)
 _ATTR_TYPES = {
@@ -119,7 +122,7 @@ def _constraint_holds(rule: str, attrs: dict) -> bool:
 def load_contract(op: str) -> OpContract:
     path = contract_path(op)
     if not path.is_file():
-        raise FdppError(f"no contract for op '{op}' at {path}; known ops: {', '.join(OP_NAMES)}")
+        raise FdppError(f"no contract for op '{op}' at {path}; known ops: {', '.join(ALL_OP_NAMES)}")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -171,7 +174,7 @@ def node_attributes(node) -> dict:
 
 def validate_node(node) -> dict:
     """Validate an fdpp NodeProto against its contract (attributes and input count); return full attributes."""
-    if node.domain != DOMAIN or node.op_type not in OP_NAMES:
+    if node.domain != DOMAIN or node.op_type not in ALL_OP_NAMES:
         raise FdppError(f"node '{node.name}' ({node.domain}::{node.op_type}) is not an fdpp op")
     contract = load_contract(node.op_type)
     attrs = contract.validate_attributes(node_attributes(node), where=f"node '{node.name}'")
@@ -210,7 +213,22 @@ def _flat_gemm_inference(ctx) -> None:
     ctx.set_output_type(0, out)
 
 
-_INFERENCE = {"AsyncSoftmaxAttention": _attention_inference, "FlatGemm": _flat_gemm_inference}
+def _outputs_like_inputs(*sources):
+    """Shape inference where output i has the type and shape of input sources[i]."""
+
+    def infer(ctx) -> None:
+        import onnx
+
+        for output, source in enumerate(sources):
+            out = onnx.TypeProto()
+            out.CopyFrom(ctx.get_input_type(source))
+            ctx.set_output_type(output, out)
+
+    return infer
+
+
+_INFERENCE = {"AsyncSoftmaxAttention": _attention_inference, "FlatGemm": _flat_gemm_inference,
+              "RMSNorm": _outputs_like_inputs(0), "RopeAppend": _outputs_like_inputs(0, 3, 4)}
 _ONNX_ATTR = {"float": "FLOAT", "int": "INT", "string": "STRING"}
 _ONNX_TYPES = {"float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)", "float32": "tensor(float)",
                "int64": "tensor(int64)"}
@@ -218,10 +236,10 @@ _ONNX_TYPES = {"float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)", "fl
 
 @functools.lru_cache(maxsize=None)
 def register_onnx_schemas() -> None:
-    """Register both ops with onnx (idempotent): shape inference then types fdpp outputs like their inputs."""
+    """Register every fdpp op with onnx (idempotent): shape inference then types fdpp outputs like their inputs."""
     from onnx import defs
 
-    for op in OP_NAMES:
+    for op in ALL_OP_NAMES:
         contract = load_contract(op)
         try:
             defs.get_schema(op, contract.version, contract.domain)

@@ -217,6 +217,7 @@ def _register_python_ops() -> None:
     for (has_bias, has_residual), op_type in _GEMM_VARIANTS.items():
         onnx_op(op_type=op_type, inputs=[f32] * (2 + has_bias + has_residual), outputs=[f32],
                 attrs=gemm_attrs)(_gemm_variant(has_bias, has_residual))
+    _register_glue_ops(onnx_op, attr_codes)
     _registered = True
 
 
@@ -267,8 +268,10 @@ def to_reference_model(model, in_place: bool = False):
         attrs = validate_node(node)
         if node.op_type == "AsyncSoftmaxAttention":
             op_type = _ATTENTION_VARIANTS[attrs["mask_mode"]]
-        else:
+        elif node.op_type == "FlatGemm":
             op_type = _GEMM_VARIANTS[(bool(attrs["has_bias"]), attrs["epilogue"] == "residual")]
+        else:
+            op_type = _GLUE_CONTRIB_OPS[node.op_type]
         inputs, casts = [], {}
         for name in node.input:
             elem = types.get(name)
@@ -283,12 +286,14 @@ def to_reference_model(model, in_place: bool = False):
                                 "is the model valid ONNX?")
             else:
                 inputs.append(name)
-        out_type = types[node.input[0]]
-        output = node.output[0] if out_type == TensorProto.FLOAT else f"{node.output[0]}__fdpp_f32"
-        new_nodes.append(helper.make_node(op_type, inputs, [output], name=node.name, domain=CONTRIB_DOMAIN, **attrs))
-        if output != node.output[0]:
-            new_nodes.append(helper.make_node("Cast", [output], [node.output[0]], to=out_type,
-                                              name=f"{node.name}__cast_out"))
+        out_type = types[node.input[0]]  # every fdpp output has the first input's dtype
+        outputs = [name if out_type == TensorProto.FLOAT else f"{name}__fdpp_f32" for name in node.output]
+        new_nodes.append(helper.make_node(op_type, inputs, outputs, name=node.name, domain=CONTRIB_DOMAIN, **attrs))
+        for index, (output, name) in enumerate(zip(outputs, node.output)):
+            if output != name:
+                suffix = "" if index == 0 else f"_{index}"
+                new_nodes.append(helper.make_node("Cast", [output], [name], to=out_type,
+                                                  name=f"{node.name}__cast_out{suffix}"))
     del cpu.graph.node[:]
     cpu.graph.node.extend(new_nodes)
     imports = [op for op in cpu.opset_import if op.domain != DOMAIN]
@@ -345,3 +350,83 @@ def make_reference_session(path_or_model) -> ReferenceSession:
         except Exception as exc:  # noqa: BLE001 - corrupt protobuf, missing data file, onnxruntime load errors
             raise cannot_load(path_or_model, exc) from None
     return ReferenceSession(path_or_model)
+
+
+# --- RMSNorm and RopeAppend: the glue ops of the decode step -------------------------------------------------
+
+def rms_norm(x, weight, *, epsilon: float) -> np.ndarray:
+    """fdpp::RMSNorm. x [..., H], weight [H]; the exported subgraph's arithmetic: the mean square in float32,
+    normed rounded to x's dtype, then times the weight rounded to x's dtype. E.g. x = [3, 4] (float32), weight
+    [1, 2], epsilon 0: rms = sqrt(12.5) = 3.5355, y = [0.8485, 2.2627]."""
+    if weight.ndim != 1 or x.shape[-1:] != weight.shape:
+        raise FdppError(f"RMSNorm: weight of shape {weight.shape} does not match the last axis of x {x.shape}")
+    x32 = x.astype(np.float32)
+    mean_square = np.mean(x32 * x32, axis=-1, keepdims=True, dtype=np.float32)
+    normed = (x32 / np.sqrt(mean_square + np.float32(epsilon))).astype(x.dtype)
+    return (normed.astype(np.float32) * weight.astype(np.float32)).astype(x.dtype)
+
+
+def rope_rotate(x, positions, inv_freq, rope_dim: int, interleaved: bool) -> np.ndarray:
+    """RoPE of x [..., S, D] at positions [S] (or broadcastable) on the first rope_dim channels, float32 math.
+    Pair i is (2i, 2i+1) when interleaved, else (i, i + rope_dim/2); e.g. rope_dim 4, not interleaved: pairs
+    (0, 2), (1, 3), channels 4.. pass through."""
+    out = x.astype(np.float32)
+    if rope_dim == 0:
+        return out
+    half = rope_dim // 2
+    angles = np.asarray(positions, np.float32)[..., None] * np.asarray(inv_freq, np.float32)[:half]  # [.., S, R/2]
+    cos, sin = np.cos(angles, dtype=np.float32), np.sin(angles, dtype=np.float32)
+    first = np.arange(half) * 2 if interleaved else np.arange(half)
+    second = first + 1 if interleaved else first + half
+    x0, x1 = out[..., first].copy(), out[..., second].copy()
+    out[..., first] = x0 * cos - x1 * sin
+    out[..., second] = x1 * cos + x0 * sin
+    return out
+
+
+def rope_append(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq, *, rope_dim: int = 0,
+                interleaved: int = 0, num_heads: int | None = None, num_kv_heads: int | None = None,
+                head_dim: int | None = None):
+    """fdpp::RopeAppend: (query_out, key_cache_out, value_cache_out). The caches come back as updated copies
+    (the GPU op writes them in place); a token at position past_len[b] + s outside the cache is not written."""
+    batch, heads, seq, dim = query.shape
+    kv_heads, capacity = key_cache.shape[1], key_cache.shape[2]
+    for name, given, actual in (("num_heads", num_heads, heads), ("num_kv_heads", num_kv_heads, kv_heads),
+                                ("head_dim", head_dim, dim)):
+        if given is not None and given != actual:
+            raise FdppError(f"RopeAppend: attribute {name}={given} but the inputs have {actual}")
+    new_shape = (batch, kv_heads, seq, dim)
+    if k_new.shape != new_shape or v_new.shape != new_shape or value_cache.shape != key_cache.shape \
+            or key_cache.shape[0] != batch or key_cache.shape[3] != dim or heads % kv_heads:
+        raise FdppError(f"RopeAppend: shapes query {query.shape}, k_new {k_new.shape}, v_new {v_new.shape}, caches "
+                        f"{key_cache.shape} / {value_cache.shape} do not fit [B, Hq, S, D], [B, Hkv, S, D], "
+                        "[B, Hkv, cache_len, D]")
+    if rope_dim % 2 or rope_dim > dim or np.asarray(inv_freq).size < rope_dim // 2:
+        raise FdppError(f"RopeAppend: rope_dim {rope_dim} must be even and <= head_dim {dim}, with rope_dim / 2 "
+                        f"inv_freq values (got {np.asarray(inv_freq).size})")
+    positions = np.asarray(past_len, np.int64).reshape(batch, 1) + np.arange(seq)[None, :]  # [B, S]
+    rotate = lambda x: rope_rotate(x, np.maximum(positions, 0)[:, None, :], inv_freq, rope_dim,  # noqa: E731
+                                   bool(interleaved)).astype(x.dtype)
+    query_out, k_rotated = rotate(query), rotate(k_new)
+    key_out, value_out = key_cache.copy(), value_cache.copy()
+    for b in range(batch):
+        keep = (positions[b] >= 0) & (positions[b] < capacity)
+        key_out[b][:, positions[b][keep]] = k_rotated[b][:, keep]
+        value_out[b][:, positions[b][keep]] = v_new[b][:, keep]
+    return query_out, key_out, value_out
+
+
+_GLUE_CONTRIB_OPS = {"RMSNorm": "FdppRMSNorm", "RopeAppend": "FdppRopeAppend"}
+
+
+def _register_glue_ops(onnx_op, attr_codes: dict) -> None:
+    """The contrib ops of RMSNorm and RopeAppend (called once by _register_python_ops)."""
+    from onnxruntime_extensions import PyCustomOpDef
+
+    f32, i64 = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int64
+    norm_attrs = {name: attr_codes[spec["type"]] for name, spec in load_contract("RMSNorm").attributes.items()}
+    onnx_op(op_type=_GLUE_CONTRIB_OPS["RMSNorm"], inputs=[f32, f32], outputs=[f32],
+            attrs=norm_attrs)(lambda x, weight, **attrs: rms_norm(x, weight, **attrs))
+    rope_attrs = {name: attr_codes[spec["type"]] for name, spec in load_contract("RopeAppend").attributes.items()}
+    onnx_op(op_type=_GLUE_CONTRIB_OPS["RopeAppend"], inputs=[f32] * 5 + [i64, f32], outputs=[f32] * 3,
+            attrs=rope_attrs)(lambda *inputs, **attrs: rope_append(*inputs, **attrs))

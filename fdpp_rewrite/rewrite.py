@@ -1,8 +1,9 @@
 """`python -m fdpp_rewrite rewrite model.onnx [-o model.fdpp.onnx] [--profile P] [--calibration C] [--force]`
 
-Swaps every attention chain for fdpp::AsyncSoftmaxAttention and every weight matmul for fdpp::FlatGemm:
-sanitize -> attention -> projection fusion -> flat gemm -> sanitize -> check that nothing was missed ->
-write (external data beside the model when the input had it or the model is big) with the profile and the
+Swaps every attention chain for fdpp::AsyncSoftmaxAttention, each layer's RoPE and cache writes for fdpp::RopeAppend,
+every RMSNorm for fdpp::RMSNorm and every weight matmul for fdpp::FlatGemm:
+sanitize -> attention -> rope_append -> norm -> projection fusion -> flat gemm -> sanitize -> check that nothing was
+missed -> write (external data beside the model when the input had it or the model is big) with the profile and the
 calibration used stamped into the model's metadata.
 """
 
@@ -17,9 +18,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from fdpp_rewrite import __version__
-from fdpp_rewrite.contracts import DOMAIN, OP_NAMES, load_contract, register_onnx_schemas, validate_node
+from fdpp_rewrite.contracts import ALL_OP_NAMES, DOMAIN, load_contract, register_onnx_schemas, validate_node
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.passes import attention, common, flat_gemm, projection_fusion
+from fdpp_rewrite.passes import attention, common, flat_gemm, norm, projection_fusion, rope_append
 from fdpp_rewrite.passes.weights import WeightStore, _location, attach_external_data
 from fdpp_rewrite.profiles import load_profile
 
@@ -62,7 +63,7 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
     if weights_dir is not None:
         attach_external_data(graph, weights_dir)
     common.sanitize(graph)
-    reports = [attention.run(graph, settings), projection_fusion.run(graph)]
+    reports = [attention.run(graph, settings), rope_append.run(graph), norm.run(graph), projection_fusion.run(graph)]
     gemm_args = {} if default_profile is None else {"default_profile": default_profile}
     reports.append(flat_gemm.run(graph, profile, store=store, **gemm_args))
     common.sanitize(graph)
@@ -95,7 +96,7 @@ def _gemm_source(report) -> str:
 
 def _set_opsets(rewritten: onnx.ModelProto, original: onnx.ModelProto) -> None:
     imports = {op.domain: op.version for op in original.opset_import}
-    imports[DOMAIN] = max(load_contract(op).version for op in OP_NAMES)
+    imports[DOMAIN] = max(load_contract(op).version for op in ALL_OP_NAMES)
     del rewritten.opset_import[:]
     rewritten.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in imports.items())
     rewritten.ir_version = max(original.ir_version, 8)

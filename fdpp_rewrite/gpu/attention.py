@@ -62,7 +62,7 @@ class RopeAppendArgs(ctypes.Structure):
         ("v_new", _ptr), ("vn_stride_b", _i64), ("vn_stride_h", _i64), ("vn_stride_s", _i64),
         ("k_cache", _ptr), ("kc_stride_b", _i64), ("kc_stride_h", _i64), ("kc_stride_s", _i64),
         ("v_cache", _ptr), ("vc_stride_b", _i64), ("vc_stride_h", _i64), ("vc_stride_s", _i64),
-        ("past_len", _ptr), ("counters", _ptr),
+        ("past_len", _ptr), ("counters", _ptr), ("rope_dim", _i32), ("inv_freq", _ptr),
     ]
 
 
@@ -327,9 +327,15 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
 
 
 def rope_append(query, k_new, v_new, k_cache, v_cache, past_len, *, rope_theta: float = 10000.0,
-                interleaved: bool = False, q_out=None, counters: Counters | None = None, stream=None):
-    """RoPE on query (into q_out; in place by default) and on k_new, then k_new and v_new written into the caches
-    at positions past_len[b] + s. Returns the rotated query."""
+                interleaved: bool = False, q_out=None, counters: Counters | None = None, stream=None,
+                rope_dim: int | None = None, inv_freq=None):
+    """fdpp::RopeAppend: RoPE on query (into q_out; in place by default) and on k_new, then k_new and v_new
+    written into the caches at positions past_len[b] + s. Returns the rotated query.
+
+    rope_dim: rotated channels per head (None: head_dim, full rotary; fewer: partial rotary as chatglm2, the other
+    channels pass through; 0: no rotation, append only, query copied to q_out). inv_freq: a float32 [rope_dim / 2]
+    GPU tensor of angles per position (the model's rotary table, scaling included); None: rope_theta^(-2i/rope_dim).
+    For CUDA-graph capture pass past_len (and inv_freq) already on the GPU."""
     torch = _torch()
     device = query.device
     q_out = query if q_out is None else q_out
@@ -350,8 +356,18 @@ def rope_append(query, k_new, v_new, k_cache, v_cache, past_len, *, rope_theta: 
     if past_len.device.type == "cpu" and int(past_len.max()) + seq > k_cache.shape[2]:
         raise FdppError(f"rope_append: positions reach {int(past_len.max()) + seq} but the cache holds "
                         f"{k_cache.shape[2]}; grow the cache")
+    rope_dim = dim if rope_dim is None else int(rope_dim)
+    if rope_dim < 0 or rope_dim > dim or rope_dim % 2:
+        raise FdppError(f"rope_append: rope_dim {rope_dim} must be even and in [0, head_dim {dim}] (0: no rotation)")
+    if inv_freq is not None:
+        if inv_freq.dtype != torch.float32 or inv_freq.device != device or inv_freq.dim() != 1 \
+                or inv_freq.numel() != rope_dim // 2 or not inv_freq.is_contiguous():
+            raise FdppError(f"rope_append: inv_freq must be a contiguous float32 [{rope_dim // 2}] tensor on {device}, "
+                            f"got {tuple(inv_freq.shape)} {inv_freq.dtype} on {inv_freq.device}")
     past_len = past_len.to(device=device, dtype=torch.int64).contiguous()
     a = RopeAppendArgs()
+    a.rope_dim = rope_dim
+    a.inv_freq = inv_freq.data_ptr() if inv_freq is not None and rope_dim else None
     a.dtype = _dtype_code(query)
     a.batch, a.num_heads, a.num_kv_heads, a.seq, a.head_dim = batch, heads, k_new.shape[1], seq, dim
     a.kv_capacity, a.rope_interleaved, a.rope_theta = k_cache.shape[2], int(interleaved), float(rope_theta)

@@ -1,8 +1,10 @@
 """The rewrite passes, one module each, run in this order by `fdpp_rewrite rewrite`:
 
 1. attention          softmax attention chains -> fdpp::AsyncSoftmaxAttention
-2. projection_fusion  q/k/v MatMuls on one input -> one MatMul + Split; gate/up of a SiLU MLP -> one MatMul + Split
-3. flat_gemm          MatMul against a constant 2-D weight (+ bias, + silu_mul or residual epilogue) -> fdpp::FlatGemm
+2. rope_append        RoPE of q and k + the two KV-cache ScatterNDs of a layer -> fdpp::RopeAppend (rope_dim 0: OPT)
+3. norm               RMSNorm subgraphs -> fdpp::RMSNorm (LayerNormalization is one ONNX op already: left as is)
+4. projection_fusion  q/k/v MatMuls on one input -> one MatMul + Split; gate/up of a SiLU MLP -> one MatMul + Split
+5. flat_gemm          MatMul against a constant 2-D weight (+ bias, + silu_mul or residual epilogue) -> fdpp::FlatGemm
 
 Each pass takes an onnx-graphsurgeon graph, edits it in place and returns a PassReport.
 """

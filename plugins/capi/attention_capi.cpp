@@ -249,7 +249,12 @@ fdpp_status fdpp_rope_append(const fdpp_rope_append_args* x, void* stream) {
     if (x->num_heads < 1 || x->num_kv_heads < 1 || x->num_heads % x->num_kv_heads != 0)
       return invalid(fn, "num_heads must be a positive multiple of num_kv_heads");
     if (x->kv_capacity < 1) return invalid(fn, "kv_capacity must be >= 1");
-    if (!(std::isfinite(x->rope_theta) && x->rope_theta > 1.f)) return invalid(fn, "rope_theta must be finite and > 1");
+    if (x->rope_dim < 0 || x->rope_dim > x->head_dim || x->rope_dim % 2 != 0)
+      return invalid(fn, "rope_dim " + str(x->rope_dim) + " must be even and in [0, head_dim " + str(x->head_dim) +
+                             "] (0: no rotation)");
+    if (x->rope_dim > 0 && x->inv_freq == nullptr && !(std::isfinite(x->rope_theta) && x->rope_theta > 1.f))
+      return invalid(fn, "rope_theta must be finite and > 1 (or pass inv_freq)");
+    if (reinterpret_cast<uintptr_t>(x->inv_freq) % 4 != 0) return invalid(fn, "inv_freq is not 4-byte aligned");
     if (x->batch == 0 || x->seq == 0) return FDPP_OK;
     const int esize = elem_bytes(x->dtype);
     fdpp_status st;
@@ -275,6 +280,7 @@ fdpp_status fdpp_rope_append(const fdpp_rope_append_args* x, void* stream) {
     p.v_cache = x->v_cache, p.vc_sb = x->vc_stride_b, p.vc_sh = x->vc_stride_h, p.vc_ss = x->vc_stride_s;
     p.past_len = x->past_len;
     p.counters = x->counters;
+    p.rope_dim = x->rope_dim, p.inv_freq = x->inv_freq;
     return fdpp::from_cuda(fdpp::rope_append(p, static_cast<cudaStream_t>(stream)), fn);
   });
 }

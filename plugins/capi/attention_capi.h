@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 // Bump when fdpp_attention_args or fdpp_rope_append_args change (checked against sizeof by the Python side).
-#define FDPP_ATTENTION_ABI 3
+#define FDPP_ATTENTION_ABI 4  // 4: fdpp_rope_append_args.rope_dim, inv_freq
 
 typedef enum fdpp_mask_mode { FDPP_MASK_PAST_LEN = 0, FDPP_MASK_BIAS = 1, FDPP_MASK_NONE = 2 } fdpp_mask_mode;
 typedef enum fdpp_softmax_mode { FDPP_SOFTMAX_UNIFIED = 0, FDPP_SOFTMAX_SYNCHRONIZED = 1 } fdpp_softmax_mode;
@@ -100,7 +100,9 @@ FDPP_API fdpp_status fdpp_attention_read_counters(unsigned long long* host_fallb
 
 // RoPE on q (in place when q_out == q_in) and on the new k, then k and v written into the caches at positions
 // past_len[b] + s. q [B, Hq, S, D], k_new/v_new [B, Hkv, S, D], caches [B, Hkv, kv_capacity, D]. Tokens whose
-// position falls outside the cache are not written and are counted in counters[1].
+// position falls outside the cache are not written and are counted in counters[1]. The first rope_dim channels of
+// each head rotate (pairs (i, i + rope_dim/2), or (2i, 2i+1) when interleaved), the rest pass through; e.g.
+// chatglm2: head_dim 128, rope_dim 64, interleaved; OPT: rope_dim 0 (append only, q copied to q_out).
 typedef struct fdpp_rope_append_args {
   int32_t dtype;
   int32_t batch, num_heads, num_kv_heads, seq, head_dim, kv_capacity;
@@ -113,6 +115,9 @@ typedef struct fdpp_rope_append_args {
   void* v_cache;      int64_t vc_stride_b, vc_stride_h, vc_stride_s;
   const int64_t* past_len;
   unsigned long long* counters;
+  int32_t rope_dim;        // rotated channels per head, even, <= head_dim; 0: no rotation (set head_dim for full RoPE)
+  const float* inv_freq;   // device float32 [rope_dim / 2]: angle per position of pair i (the model's rotary table,
+                           // rope scaling included); NULL: rope_theta^(-2i / rope_dim)
 } fdpp_rope_append_args;
 
 FDPP_API fdpp_status fdpp_rope_append(const fdpp_rope_append_args* args, void* stream);

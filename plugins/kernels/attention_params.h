@@ -89,6 +89,8 @@ struct RopeAppendParams {
   void* v_cache = nullptr;     int64_t vc_sb = 0, vc_sh = 0, vc_ss = 0;
   const int64_t* past_len = nullptr;
   unsigned long long* counters = nullptr;  // [1] counts tokens dropped because their position is past the cache
+  int rope_dim = 0;                  // rotated channels per head (even, <= head_dim); 0: append only
+  const float* inv_freq = nullptr;   // [rope_dim / 2] angle per position of each pair; nullptr: theta^(-2i/rope_dim)
 };
 
 // --- host-side planning (pure functions; see attention_heuristics.h) -------------------------------------------

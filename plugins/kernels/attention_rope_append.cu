@@ -2,8 +2,11 @@
 // decode step (one launch; a step writes O(new tokens) of cache, never copies it).
 //
 // One CTA per (batch, token, head slot) where the head slots are Hq query heads then Hkv key heads then Hkv value
-// heads; a thread per rotation pair. Angles in float32 like the Hugging Face reference:
-// inv_freq_i = theta^(-2i/D), angle = position * inv_freq_i, with accurate sincosf (positions reach 10^5 radians).
+// heads; a thread per channel pair. Angles in float32 like the Hugging Face reference: inv_freq_i = p.inv_freq[i]
+// (the model's table) or theta^(-2i/R), angle = position * inv_freq_i, with accurate sincosf (positions reach 10^5
+// radians). Only the first R = rope_dim channels of a q or k head rotate; the pairs past them, and every pair of a
+// value head, are copies of adjacent channels. E.g. D = 128, R = 64 interleaved (chatglm2): pairs 0-31 rotate
+// (2i, 2i+1), pairs 32-63 copy channels (64 + 2(i - 32), +1); R = 0 (OPT) copies every pair.
 #include "kernels/attention_mma.cuh"
 #include "kernels/attention_params.h"
 
@@ -24,20 +27,21 @@ __global__ void rope_append_kernel(const RopeAppendParams p, unsigned long long*
     if (kv_slot >= 0) return;  // nowhere to write this token's k and v; q is still rotated (clamped position)
   }
   const float position = static_cast<float>(pos < 0 ? 0 : pos);
+  const bool value_head = kv_slot >= p.num_kv_heads;
+  const int rotated_pairs = value_head ? 0 : p.rope_dim / 2;
+  const int first_copied = value_head ? 0 : p.rope_dim;  // first channel that passes through
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const int i0 = p.rope_interleaved ? 2 * i : i;
-    const int i1 = p.rope_interleaved ? 2 * i + 1 : i + half;
-    if (kv_slot >= p.num_kv_heads) {  // value head: plain copy of the pair
+    if (value_head) {  // plain copy of the pair
       const int h = kv_slot - p.num_kv_heads;
       const T* src = static_cast<const T*>(p.v_new) + b * p.vn_sb + h * p.vn_sh + s * p.vn_ss;
       T* dst = static_cast<T*>(p.v_cache) + b * p.vc_sb + h * p.vc_sh + pos * p.vc_ss;
-      dst[i0] = src[i0];
-      dst[i1] = src[i1];
+      dst[2 * i] = src[2 * i];
+      dst[2 * i + 1] = src[2 * i + 1];
       continue;
     }
-    const float inv_freq = powf(p.rope_theta, -2.0f * static_cast<float>(i) / static_cast<float>(p.head_dim));
-    float sn, cs;
-    sincosf(position * inv_freq, &sn, &cs);
+    const bool rotate = i < rotated_pairs;
+    const int i0 = !rotate ? first_copied + 2 * (i - rotated_pairs) : p.rope_interleaved ? 2 * i : i;
+    const int i1 = !rotate ? i0 + 1 : p.rope_interleaved ? 2 * i + 1 : i + rotated_pairs;
     const T* src;
     T* dst;
     if (kv_slot < 0) {
@@ -47,6 +51,16 @@ __global__ void rope_append_kernel(const RopeAppendParams p, unsigned long long*
       src = static_cast<const T*>(p.k_new) + b * p.kn_sb + kv_slot * p.kn_sh + s * p.kn_ss;
       dst = static_cast<T*>(p.k_cache) + b * p.kc_sb + kv_slot * p.kc_sh + pos * p.kc_ss;
     }
+    if (!rotate) {
+      dst[i0] = src[i0];
+      dst[i1] = src[i1];
+      continue;
+    }
+    const float inv_freq = p.inv_freq != nullptr
+                               ? p.inv_freq[i]
+                               : powf(p.rope_theta, -2.0f * static_cast<float>(i) / static_cast<float>(p.rope_dim));
+    float sn, cs;
+    sincosf(position * inv_freq, &sn, &cs);
     const float x0 = E::to_float(src[i0]), x1 = E::to_float(src[i1]);
     dst[i0] = E::from_float(x0 * cs - x1 * sn);
     dst[i1] = E::from_float(x1 * cs + x0 * sn);
