@@ -21,11 +21,19 @@ from contextlib import contextmanager
 
 
 class Stage:
-    def __init__(self, name: str, total: int | None, unit: str, bar):
+    """One stage: `update(n)` as items are done, then `finish()` (its line or final bar) or `close()` (it failed:
+    nothing more is printed)."""
+
+    def __init__(self, progress: "Progress", name: str, total: int | None, unit: str):
         self.name, self.total, self.unit = name, total, unit
         self.count = 0
         self.started = time.perf_counter()
-        self._bar = bar
+        self._progress = progress
+        self._bar = None
+        if progress.enabled and total is not None and progress.on_terminal():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=name, unit=unit, file=progress.stream, leave=True, dynamic_ncols=True)
 
     def update(self, n: int = 1) -> None:
         self.count += n
@@ -43,10 +51,21 @@ class Stage:
         plural = self.unit if self.count == 1 else self.unit + "s"
         return f"{self.name}: {self.count} {plural} in {self.seconds:.1f} s"
 
+    def finish(self) -> None:
+        if self._bar is not None:
+            self.close()
+        elif self._progress.enabled:
+            print(self.summary(), file=self._progress.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
 
 class Progress:
     """Stages of one command. `enabled=False` prints nothing (library calls and tests); `stream` defaults to the
-    stderr of the moment the stage starts."""
+    stderr of the moment a stage starts."""
 
     def __init__(self, enabled: bool = True, stream=None):
         self.enabled = enabled
@@ -60,21 +79,18 @@ class Progress:
         isatty = getattr(self.stream, "isatty", None)
         return bool(isatty and isatty())
 
+    def start(self, name: str, total: int | None = None, unit: str = "step") -> Stage:
+        return Stage(self, name, total, unit)
+
     @contextmanager
     def stage(self, name: str, total: int | None = None, unit: str = "step"):
-        bar = None
-        if self.enabled and total is not None and self.on_terminal():
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, desc=name, unit=unit, file=self.stream, leave=True, dynamic_ncols=True)
-        stage = Stage(name, total, unit, bar)
+        stage = self.start(name, total, unit)
         try:
             yield stage
-        finally:
-            if bar is not None:
-                bar.close()
-        if self.enabled and bar is None:
-            print(stage.summary(), file=self.stream, flush=True)
+        except BaseException:
+            stage.close()
+            raise
+        stage.finish()
 
 
 QUIET = Progress(enabled=False)
