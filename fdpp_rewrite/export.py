@@ -5,6 +5,9 @@ Writes three files beside each other:
     model.onnx.data    one external data file, streamed layer by layer (tensors 4096-byte aligned)
     model.fdpp.json    what the graph was made from: source, preset, dtype, cache length, config, origin,
                        and the tokenizer (model.tokenizer.json) when the source has one
+
+All are written under temporary names and renamed when complete (fdpp_rewrite.atomic): an export that fails, is
+interrupted or killed leaves no file with these names.
 """
 
 import datetime
@@ -147,7 +150,7 @@ def _check_disk_space(directory: Path, config, dtype: str):
     needed = (parameter_count(config) + extra) * itemsize
     free = shutil.disk_usage(existing_folder(directory)).free
     if needed > free:
-        raise FdppError(f"the export needs {needed / 1e9:.1f} GB and {directory} has {free / 1e9:.1f} GB free; "
+        raise FdppError(f"the export needs {_size(needed)} and {existing_folder(directory)} has {_size(free)} free; "
                         "free space or choose another -o")
 
 
@@ -173,7 +176,10 @@ def read_metadata(onnx_path: Path) -> dict:
 
 
 def _size(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+    """e.g. 1.73 GiB, 3.3 MiB, 12 KiB"""
+    if num_bytes >= 2**30:
+        return f"{num_bytes / 2**30:.2f} GiB"
+    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 2**20 else f"{num_bytes / 2**10:.0f} KiB"
 
 
 def _command_line(args, output: Path) -> str:
