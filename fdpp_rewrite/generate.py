@@ -233,11 +233,16 @@ def _interface(structure) -> tuple[int | str | None, int | None]:
     return cache, vocab
 
 
-def check_options(args, structure) -> int | None:
-    """Refuse options the model would ignore or cannot honour, before any work; returns --max-cache to use."""
+def check_options(args) -> None:
+    """Refuse options that are wrong whatever the model, before anything is read."""
     if args.max_new_tokens <= 0:
         raise FdppError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     _check_system(args.chat, args.system)
+
+
+def check_max_cache(args, structure) -> int | None:
+    """Refuse a --max-cache the model would ignore (its cache length is fixed) or needs and lacks (a dynamic
+    one), before any work; returns the --max-cache to use."""
     cache, _ = _interface(structure)
     if isinstance(cache, int) and cache > 0:
         if args.max_cache is not None:
@@ -275,10 +280,11 @@ def add_arguments(parser):
 
 def run(args) -> int:
     progress = Progress()
+    check_options(args)
     if not args.model.exists():
         raise FdppError(f"{args.model} does not exist; export a model first (python -m fdpp_rewrite export ...)")
     structure = load_structure(args.model)
-    max_cache = check_options(args, structure)
+    max_cache = check_max_cache(args, structure)
     with progress.stage("load tokenizer"):
         tokenizer = load_tokenizer_for(args.model, args.tokenizer)
         ids = prompt_ids(tokenizer, args.prompt, chat=args.chat, system=args.system)
