@@ -70,7 +70,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text.lower() or action.default in (None, False, argparse.SUPPRESS):
+        flag_or_none = action.default is None or action.default is False  # `is`: a default of 0 is shown
+        if "default" in text.lower() or flag_or_none or action.default == argparse.SUPPRESS:
             return text
         return super()._get_help_string(action)
 
