@@ -163,7 +163,7 @@ def _describe(signature) -> str:
     import onnx
 
     elem_type, dims = signature
-    dtype = onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type else "untyped"
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type).name if elem_type else "untyped"  # e.g. float32
     return dtype if dims is None else f"{dtype} [{', '.join('?' if d is None else str(d) for d in dims)}]"
 
 
