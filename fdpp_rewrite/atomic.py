@@ -63,10 +63,11 @@ def existing_folder(folder: Path) -> Path:
 class AtomicOutputs:
     """The files of one output; `paths` in commit order, the main file (the one users open) last."""
 
-    def __init__(self, paths, force: bool = False, option: str = "-o"):
+    def __init__(self, paths, force: bool = False, option: str = "-o", example: str = "model.onnx"):
         self.paths = [Path(p) for p in paths]
         self.force = force
         self.option = option  # how the user names the output, for the messages
+        self.example = example  # a file name to suggest when the user named a folder
         self._temps: dict[Path, Path] = {}
 
     @property
@@ -77,7 +78,7 @@ class AtomicOutputs:
         """Refuse, with a one-line error, what would fail or overwrite the user's files; remove leftovers."""
         for path in self.paths:
             if path.is_dir():
-                example = path / "model.onnx" if path == self.main else None
+                example = path / self.example if path == self.main else None
                 fix = f"name a file, e.g. {self.option} {example}" if example else f"remove it or choose another {self.option}"
                 raise FdppError(f"{path} is a folder, not a file; {fix}")
         folder = existing_folder(self.main.parent)
