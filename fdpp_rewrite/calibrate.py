@@ -263,7 +263,7 @@ def plot_histogram(cal: list[LayerStats], layers: list[dict], model_name: str, p
     ax2.set_title("row maxima per layer and the unified max phi")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")  # not from the name: it may be a temporary one
     plt.close(fig)
 
 
@@ -340,27 +340,32 @@ def save_heldout_qkv(loaded, ids: list[int], path: Path) -> None:
 
 
 def _refuse_overwrite(path: Path, force: bool) -> None:
-    if path.exists() and not force:
+    if path.exists() and not path.is_dir() and not force:  # a folder: AtomicOutputs.check says so
         raise FdppError(f"{path} exists; pass --force to overwrite it")
 
 
 def run(args) -> int:
     import torch
 
+    from fdpp_rewrite.atomic import AtomicOutputs
     from fdpp_rewrite.models import load_model
     from fdpp_rewrite.models.reference import ReferenceModel
 
     output = Path(args.output)
     histogram = Path(args.histogram) if args.histogram else output.with_suffix(".png")
     apply_output = Path(args.apply_output or args.apply) if args.apply else None
-    for path in (output, histogram):
-        _refuse_overwrite(path, args.force)
     if args.apply and apply_output.resolve() == Path(args.apply).resolve() and not args.force:
         raise FdppError(f"--apply would update {args.apply} in place; pass --force, or --apply-output NEW.onnx")
-    if args.apply:
-        _refuse_overwrite(apply_output, args.force)
-    if args.save_heldout_qkv:
-        _refuse_overwrite(Path(args.save_heldout_qkv), args.force)
+    # every output written under a temporary name and renamed when complete (fdpp_rewrite.atomic)
+    outputs = AtomicOutputs([histogram, output], force=args.force, example="calibration.json")
+    apply_outputs = AtomicOutputs([apply_output], force=args.force, option="--apply-output") if args.apply else None
+    qkv_path = Path(args.save_heldout_qkv) if args.save_heldout_qkv else None
+    qkv_outputs = AtomicOutputs([qkv_path], force=args.force, option="--save-heldout-qkv") if qkv_path else None
+    for group in (outputs, apply_outputs, qkv_outputs):
+        if group is not None:
+            for path in group.paths:
+                _refuse_overwrite(path, args.force)
+            group.check()
     for name in ("calibration_tokens", "heldout_tokens", "chunk", "qkv_tokens"):
         if getattr(args, name) < 1:
             raise FdppError(f"--{name.replace('_', '-')} must be >= 1")
@@ -405,19 +410,19 @@ def run(args) -> int:
         "heldout_rows": rows, "heldout_fallback_rate_cpu": rates,
         "layers": layers,
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(calibration, indent=1))
-    plot_histogram(cal.layers, layers, loaded.source, histogram)
+    with outputs:
+        outputs.temp(output).write_text(json.dumps(calibration, indent=1))
+        plot_histogram(cal.layers, layers, loaded.source, outputs.temp(histogram))
     print(f"wrote {output} and {histogram}: phi per layer {[e['phi'] for e in layers]}")
     print(f"held-out fallback rate (CPU, the kernels' rule): decode {rates['decode']:.5%}, "
           f"prefill {rates['prefill']:.5%} of {rows} rows")
     if args.apply:
-        count = apply_to_graph(calibration, Path(args.apply), apply_output)
+        with apply_outputs:
+            count = apply_to_graph(calibration, Path(args.apply), apply_outputs.temp(apply_output))
         print(f"set phi and the guards on {count} attention nodes of {apply_output}")
-    if args.save_heldout_qkv:
+    if qkv_path:
         ids = text_chunks(loaded.tokenizer, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
-        path = Path(args.save_heldout_qkv)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_heldout_qkv(loaded, ids, path)
-        print(f"wrote {path} (held-out q/k/v of {len(ids)} tokens for scripts/calibration_gpu_check.py)")
+        with qkv_outputs:
+            save_heldout_qkv(loaded, ids, qkv_outputs.temp(qkv_path))
+        print(f"wrote {qkv_path} (held-out q/k/v of {len(ids)} tokens for scripts/calibration_gpu_check.py)")
     return 0

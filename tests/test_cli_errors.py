@@ -189,6 +189,13 @@ def test_output_that_is_a_folder(pair, tmp_path, capsys, force):
     assert files(folder) == ["keep"]
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_calibrate_output_that_is_a_folder(tmp_path, capsys, force):
+    assert cli.main(["calibrate", "-o", str(tmp_path), *force]) == 2
+    assert error_line(capsys.readouterr().err) == (f"error: {tmp_path} is a folder, not a file; name a file, "
+                                                  f"e.g. -o {tmp_path / 'calibration.json'}")
+
+
 def test_output_inside_a_file(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("x")
     assert export(tmp_path / "notes.txt" / "model.onnx") == 2
