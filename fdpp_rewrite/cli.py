@@ -153,7 +153,10 @@ def report(exc: BaseException) -> int:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     if isinstance(exc, BrokenPipeError):  # stdout closed early (`... | head`): nothing left to say to anyone
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        try:  # else the interpreter's last flush of stdout complains
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
         return EXIT_ERROR
     problem = exc if isinstance(exc, FdppError) else environment_error(exc)
     if problem is None and isinstance(exc, ModuleNotFoundError) and not (exc.name or "").startswith("fdpp_rewrite"):

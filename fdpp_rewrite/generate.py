@@ -191,17 +191,15 @@ def load_tokenizer_for(onnx_path, source: str | None = None):
 def open_session(onnx_path, structure=None):
     """onnxruntime's session for an exported model, or the CPU reference session for a rewrite (fdpp ops).
     `structure`: the model already read without its weights (load_structure), to skip reading it again."""
-    path = Path(onnx_path)
-    structure = structure if structure is not None else load_structure(path)
-    if _has_fdpp_nodes(structure):  # fdpp ops: onnxruntime does not know them, the CPU reference ops run them
-        from fdpp_rewrite.quiet import quiet_onnxruntime
-        from fdpp_rewrite.ref_ops import make_reference_session
-
-        quiet_onnxruntime()
-        return make_reference_session(path)
     from fdpp_rewrite.quiet import quiet_onnxruntime, session_options
 
+    path = Path(onnx_path)
+    structure = structure if structure is not None else load_structure(path)
     ort = quiet_onnxruntime()
+    if _has_fdpp_nodes(structure):  # fdpp ops: onnxruntime does not know them, the CPU reference ops run them
+        from fdpp_rewrite.ref_ops import make_reference_session
+
+        return make_reference_session(path)
     try:
         return ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types for unreadable models

@@ -23,7 +23,7 @@ def quiet_polygraphy() -> None:
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.colors = False  # else its first message prints the 'colored' warning on stdout
-    G_LOGGER.module_severity = G_LOGGER.CRITICAL
+    G_LOGGER.module_severity = G_LOGGER.CRITICAL + 1  # even critical: it raises PolygraphyException with the text
 
 
 def quiet_graphsurgeon() -> None:
