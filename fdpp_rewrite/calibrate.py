@@ -46,7 +46,16 @@ HIST_RANGE = (-64.0, 64.0)
 HIST_BINS = 512
 
 
+# What the CPU reference model costs per token and layer at the default --chunk, measured on a 2-core machine
+# (SmolLM2-135M, 1024-token prompts: about 12 s a prompt for its 30 layers); the default run, 24 prompts, takes
+# about 5 minutes there, longer on a busy machine.
+CPU_SECONDS_PER_TOKEN_LAYER = 4e-4
+
+
 def add_arguments(parser) -> None:
+    parser.description = (f"{parser.description}. Runs the model's reference implementation on the CPU; the "
+                          "defaults take about 5 minutes on an idle 2-core machine (fewer --calibration-tokens and "
+                          "--heldout-tokens are quicker). The expected duration is printed before the work starts.")
     parser.add_argument("model", nargs="?", default="smollm2-135m",
                         help="preset with trained weights, checkpoint directory or .gguf (default: smollm2-135m)")
     parser.add_argument("-o", "--output", default="calibration.json", help="calibration JSON to write")
@@ -54,14 +63,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--calibration-tokens", type=int, default=16384, help="tokens of calibration text")
     parser.add_argument("--heldout-tokens", type=int, default=8192, help="tokens of held-out text")
     parser.add_argument("--chunk", type=int, default=1024, help="tokens per forward pass (one prompt)")
-    parser.add_argument("--num-layers", type=int, help="only the first N layers (for quick checks)")
+    parser.add_argument("--num-layers", type=int, help="only the first N layers, for quick checks (default: all)")
     parser.add_argument("--apply", metavar="MODEL_FDPP_ONNX",
-                        help="also set phi and the guards on this rewritten graph's attention nodes (graph order)")
+                        help="also set phi and the guards on this rewritten graph's attention nodes, in graph order "
+                             "(default: no graph is changed)")
     parser.add_argument("--apply-output", help="where --apply writes (default: in place, which needs --force)")
     parser.add_argument("--save-heldout-qkv", metavar="FILE",
-                        help="save one held-out prompt's q/k/v per layer (float16) for the GPU fallback check")
+                        help="save one held-out prompt's q/k/v per layer (float16) for the GPU fallback check "
+                             "(default: not saved)")
     parser.add_argument("--qkv-tokens", type=int, default=896, help="tokens of that prompt")
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
+
+
+def expected_duration(tokens: int, num_layers: int) -> str:
+    """e.g. 24576 tokens through 30 layers -> "about 5 min" (CPU_SECONDS_PER_TOKEN_LAYER)."""
+    seconds = CPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
+    return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {max(seconds, 1):.0f} s"
 
 
 # --- statistics --------------------------------------------------------------------------------------------------
@@ -145,14 +162,17 @@ def text_chunks(tokenizer, split: str, num_tokens: int, chunk: int) -> list[list
     return [ids[i:i + chunk] for i in range(0, len(ids), chunk)]
 
 
-def run_model(model, chunks, collector=None, desc="forward"):
+def run_model(model, chunks, collector=None, desc="forward", progress=None):
     import torch
-    from tqdm import tqdm
 
-    for ids in tqdm(chunks, desc=desc, unit="prompt"):
-        input_ids = torch.tensor([ids])
-        caches = model.new_caches(1, len(ids))
-        model.forward(input_ids, torch.zeros(1, dtype=torch.int64), caches, score_hook=collector)
+    from fdpp_rewrite.progress import Progress
+
+    with (progress or Progress()).stage(desc, total=len(chunks), unit="prompt") as stage:
+        for ids in chunks:
+            input_ids = torch.tensor([ids])
+            caches = model.new_caches(1, len(ids))
+            model.forward(input_ids, torch.zeros(1, dtype=torch.int64), caches, score_hook=collector)
+            stage.update()
 
 
 # --- choosing phi ---------------------------------------------------------------------------------------------------
@@ -246,7 +266,7 @@ def plot_histogram(cal: list[LayerStats], layers: list[dict], model_name: str, p
     ax2.set_title("row maxima per layer and the unified max phi")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")  # not from the name: it may be a temporary one
     plt.close(fig)
 
 
@@ -323,27 +343,32 @@ def save_heldout_qkv(loaded, ids: list[int], path: Path) -> None:
 
 
 def _refuse_overwrite(path: Path, force: bool) -> None:
-    if path.exists() and not force:
+    if path.exists() and not path.is_dir() and not force:  # a folder: AtomicOutputs.check says so
         raise FdppError(f"{path} exists; pass --force to overwrite it")
 
 
 def run(args) -> int:
     import torch
 
+    from fdpp_rewrite.atomic import AtomicOutputs
     from fdpp_rewrite.models import load_model
     from fdpp_rewrite.models.reference import ReferenceModel
 
     output = Path(args.output)
     histogram = Path(args.histogram) if args.histogram else output.with_suffix(".png")
     apply_output = Path(args.apply_output or args.apply) if args.apply else None
-    for path in (output, histogram):
-        _refuse_overwrite(path, args.force)
     if args.apply and apply_output.resolve() == Path(args.apply).resolve() and not args.force:
         raise FdppError(f"--apply would update {args.apply} in place; pass --force, or --apply-output NEW.onnx")
-    if args.apply:
-        _refuse_overwrite(apply_output, args.force)
-    if args.save_heldout_qkv:
-        _refuse_overwrite(Path(args.save_heldout_qkv), args.force)
+    # every output written under a temporary name and renamed when complete (fdpp_rewrite.atomic)
+    outputs = AtomicOutputs([histogram, output], force=args.force, example="calibration.json")
+    apply_outputs = AtomicOutputs([apply_output], force=args.force, option="--apply-output") if args.apply else None
+    qkv_path = Path(args.save_heldout_qkv) if args.save_heldout_qkv else None
+    qkv_outputs = AtomicOutputs([qkv_path], force=args.force, option="--save-heldout-qkv") if qkv_path else None
+    for group in (outputs, apply_outputs, qkv_outputs):
+        if group is not None:
+            for path in group.paths:
+                _refuse_overwrite(path, args.force)
+            group.check()
     for name in ("calibration_tokens", "heldout_tokens", "chunk", "qkv_tokens"):
         if getattr(args, name) < 1:
             raise FdppError(f"--{name.replace('_', '-')} must be >= 1")
@@ -358,11 +383,16 @@ def run(args) -> int:
     num_layers = loaded.config.num_layers
     torch.set_grad_enabled(False)
 
+    calibration_chunks = text_chunks(loaded.tokenizer, "calibration", args.calibration_tokens, args.chunk)
+    heldout_chunks = text_chunks(loaded.tokenizer, "heldout", args.heldout_tokens, args.chunk)
+    prompts = len(calibration_chunks) + len(heldout_chunks)
+    print(f"calibrate: {prompts} prompts of up to {args.chunk} tokens through {num_layers} layers on the CPU, "
+          f"{expected_duration(args.calibration_tokens + args.heldout_tokens, num_layers)} on an idle 2-core "
+          "machine (fewer --calibration-tokens / --heldout-tokens are quicker)", file=sys.stderr, flush=True)
     cal = ScoreCollector(num_layers)
-    run_model(model, text_chunks(loaded.tokenizer, "calibration", args.calibration_tokens, args.chunk), cal,
-              "calibration text")
+    run_model(model, calibration_chunks, cal, "calibration text")
     held = ScoreCollector(num_layers)
-    run_model(model, text_chunks(loaded.tokenizer, "heldout", args.heldout_tokens, args.chunk), held, "held-out text")
+    run_model(model, heldout_chunks, held, "held-out text")
 
     layers = []
     for i in range(num_layers):
@@ -383,19 +413,19 @@ def run(args) -> int:
         "heldout_rows": rows, "heldout_fallback_rate_cpu": rates,
         "layers": layers,
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(calibration, indent=1))
-    plot_histogram(cal.layers, layers, loaded.source, histogram)
+    with outputs:
+        outputs.temp(output).write_text(json.dumps(calibration, indent=1))
+        plot_histogram(cal.layers, layers, loaded.source, outputs.temp(histogram))
     print(f"wrote {output} and {histogram}: phi per layer {[e['phi'] for e in layers]}")
     print(f"held-out fallback rate (CPU, the kernels' rule): decode {rates['decode']:.5%}, "
           f"prefill {rates['prefill']:.5%} of {rows} rows")
     if args.apply:
-        count = apply_to_graph(calibration, Path(args.apply), apply_output)
+        with apply_outputs:
+            count = apply_to_graph(calibration, Path(args.apply), apply_outputs.temp(apply_output))
         print(f"set phi and the guards on {count} attention nodes of {apply_output}")
-    if args.save_heldout_qkv:
+    if qkv_path:
         ids = text_chunks(loaded.tokenizer, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
-        path = Path(args.save_heldout_qkv)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_heldout_qkv(loaded, ids, path)
-        print(f"wrote {path} (held-out q/k/v of {len(ids)} tokens for scripts/calibration_gpu_check.py)")
+        with qkv_outputs:
+            save_heldout_qkv(loaded, ids, qkv_outputs.temp(qkv_path))
+        print(f"wrote {qkv_path} (held-out q/k/v of {len(ids)} tokens for scripts/calibration_gpu_check.py)")
     return 0

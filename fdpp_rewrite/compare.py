@@ -17,16 +17,19 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from tqdm import tqdm
 
 from fdpp_rewrite.contracts import OP_NAMES, load_contract
 from fdpp_rewrite.errors import FdppError, cannot_load
 from fdpp_rewrite.generate import ORT_DTYPES
-from fdpp_rewrite.ref_ops import COUNTERS, make_reference_session
-from fdpp_rewrite.rewrite import load_structure
+from fdpp_rewrite.onnx_files import load_structure
+from fdpp_rewrite.progress import QUIET, Progress
+
+if TYPE_CHECKING:  # onnx, onnxruntime and polygraphy are imported when a comparison runs, not for --help
+    import onnx
 
 DTYPE_NAMES = {np.float32: "float32", np.float16: "float16"}
 CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
@@ -61,18 +64,23 @@ def _concrete(shape, sizes: dict) -> list[int]:
     return [dim if isinstance(dim, int) and dim > 0 else sizes.get(dim, sizes["__other__"]) for dim in shape]
 
 
+def check_prefill(max_cache, prefill: int) -> None:
+    """The prefill and the 3 steps after it fit the cache (`max_cache` an int, or a symbol for a dynamic one)."""
+    if prefill < 1:
+        raise FdppError(f"--prefill must be at least 1, got {prefill}")
+    if isinstance(max_cache, int) and max_cache > 0 and prefill + 3 > max_cache:
+        raise FdppError(f"the caches hold {max_cache} tokens; pass --prefill at most {max_cache - 3}")
+
+
 def exporter_steps(session, vocab: int, batch: int, prefill: int, rng) -> list[OrderedDict]:
     """Prefill, then decode and chunked steps on the caches the prefill wrote (our exporter's interface)."""
     inputs = {i.name: i for i in session.get_inputs()}
     caches = sorted((n for n in inputs if CACHE_INPUT.match(n)), key=lambda n: (int(CACHE_INPUT.match(n).group(2)), n))
     cache_meta = inputs[caches[0]]
-    if prefill < 1:
-        raise FdppError(f"--prefill must be at least 1, got {prefill}")
+    check_prefill(cache_meta.shape[2], prefill)
     # a dynamic cache (exported with --max-cache 0) is made long enough for the prefill and the 3 steps after it
     max_cache = cache_meta.shape[2] if isinstance(cache_meta.shape[2], int) else max(32, prefill + 3)
     cache_dtype = ORT_DTYPES[cache_meta.type]
-    if prefill + 3 > max_cache:
-        raise FdppError(f"the caches hold {max_cache} tokens; pass --prefill at most {max_cache - 3}")
     shape = [batch] + [d if isinstance(d, int) else max_cache for d in cache_meta.shape[1:]]
     shape[2] = max_cache
 
@@ -135,23 +143,105 @@ def make_steps(session, model: onnx.ModelProto, batch: int, prefill: int, seed: 
     return generic_steps(session, vocab, batch, prefill, rng)
 
 
+# --- do the two graphs belong together? ---------------------------------------------------------------------
+
+def _graph_inputs(model: onnx.ModelProto) -> list:
+    initializers = {init.name for init in model.graph.initializer}  # old IR versions list them as inputs
+    return [value for value in model.graph.input if value.name not in initializers]
+
+
+def _signature(value) -> tuple[int, list | None]:
+    """(element type, dims) of a graph input or output; a dim is an int, a symbol name, or None."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return tensor.elem_type, None
+    return tensor.elem_type, [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                              for d in tensor.shape.dim]
+
+
+def _describe(signature) -> str:
+    import onnx
+
+    elem_type, dims = signature
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type).name if elem_type else "untyped"  # e.g. float32
+    return dtype if dims is None else f"{dtype} [{', '.join('?' if d is None else str(d) for d in dims)}]"
+
+
+def _same(a, b) -> bool:
+    """Same element type and rank, and equal sizes wherever both dims are static."""
+    (type_a, dims_a), (type_b, dims_b) = a, b
+    if type_a and type_b and type_a != type_b:
+        return False
+    if dims_a is None or dims_b is None:
+        return True
+    return len(dims_a) == len(dims_b) and all(
+        not (isinstance(x, int) and isinstance(y, int)) or x == y for x, y in zip(dims_a, dims_b))
+
+
+def check_interfaces(original: onnx.ModelProto, rewritten: onnx.ModelProto, original_name: str = "the original",
+                     rewritten_name: str = "the rewrite") -> None:
+    """One-line FdppError unless both graphs take the same inputs and give the same outputs (names, dtypes and
+    static sizes): a rewrite of another model (another family, size or cache length) is refused before anything
+    runs. e.g. "... input key_cache.0 is float32 [batch, 3, 32, 64] in a.onnx but float32 [batch, 1, 32, 64]
+    in b.fdpp.onnx ..." """
+    fix = f"compare a model with its own rewrite (python -m fdpp_rewrite rewrite {original_name})"
+    for kind, ours, theirs in (("input", _graph_inputs(original), _graph_inputs(rewritten)),
+                               ("output", original.graph.output, rewritten.graph.output)):
+        a, b = {v.name: _signature(v) for v in ours}, {v.name: _signature(v) for v in theirs}
+        only_a, only_b = [n for n in a if n not in b], [n for n in b if n not in a]
+        if only_a or only_b:
+            parts = [f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''} only in {where}"
+                     for names, where in ((only_a, original_name), (only_b, rewritten_name)) if names]
+            raise FdppError(f"{rewritten_name} does not belong to {original_name}: their {kind}s differ "
+                            f"({'; '.join(parts)}); {fix}")
+        for name, signature in a.items():
+            if not _same(signature, b[name]):
+                raise FdppError(f"{rewritten_name} does not belong to {original_name}: {kind} {name} is "
+                                f"{_describe(signature)} in {original_name} but {_describe(b[name])} in "
+                                f"{rewritten_name}; {fix}")
+
+
 # --- runners ------------------------------------------------------------------------------------------------
 
-def _reference_runner_class():
+def _runner_classes(progress: Progress, steps: int):
+    """(onnxruntime runner, reference runner): polygraphy runners that report a progress stage each, from
+    activation (session creation) to the last step."""
     from polygraphy.backend.base import BaseRunner
+    from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.common import TensorMetadata
     from polygraphy.datatype import DataType
+
+    def staged(cls, stage_name):
+        class Staged(cls):
+            def activate_impl(self):
+                self._stage = progress.start(stage_name, total=steps, unit="step")
+                super().activate_impl()
+
+            def infer_impl(self, feed_dict):
+                outputs = super().infer_impl(feed_dict)
+                self._stage.update()
+                return outputs
+
+            def deactivate_impl(self):
+                super().deactivate_impl()
+                if self._stage.count == steps:
+                    self._stage.finish()
+                else:  # it failed: the error says why
+                    self._stage.close()
+
+        return Staged
 
     class ReferenceRunner(BaseRunner):
         """Polygraphy runner over fdpp_rewrite.ref_ops.make_reference_session (the CPU reference ops)."""
 
-        def __init__(self, model, name="fdpp-reference", progress=None):
+        def __init__(self, model, name="fdpp-reference"):
             super().__init__(name=name)
             self._model = model
             self._session = None
-            self._progress = progress  # a tqdm bar: the reference ops are the slow side of the comparison
 
         def activate_impl(self):
+            from fdpp_rewrite.ref_ops import make_reference_session
+
             self._session = make_reference_session(self._model)
 
         def get_input_metadata_impl(self):
@@ -165,14 +255,13 @@ def _reference_runner_class():
             start = time.perf_counter()
             outputs = self._session.run(names, dict(feed_dict))
             self.inference_time = time.perf_counter() - start  # polygraphy sums these
-            if self._progress is not None:
-                self._progress.update(1)
             return OrderedDict(zip(names, outputs))
 
         def deactivate_impl(self):
             self._session = None
 
-    return ReferenceRunner
+    return (staged(OnnxrtRunner, "original (onnxruntime)"),
+            staged(ReferenceRunner, "rewritten (CPU reference ops)"))
 
 
 # --- the comparison -----------------------------------------------------------------------------------------
@@ -207,39 +296,59 @@ def contract_tolerance(dtype: str) -> tuple[float, float]:
     return max(a for a, _ in pairs), max(r for _, r in pairs)
 
 
-def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: int = 0) -> CompareReport:
+def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: int = 0,
+                   progress: Progress = QUIET) -> CompareReport:
     """Run both models on the same steps through polygraphy and check every output. `original` and
-    `rewritten` are paths or onnx.ModelProto objects."""
-    import onnxruntime as ort
-    from polygraphy.backend.onnxrt import OnnxrtRunner
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
-    from polygraphy.logger import G_LOGGER
+    `rewritten` are paths or onnx.ModelProto objects. Everything that can be checked without running a model
+    (the files, the options, that the two graphs belong together) is checked first."""
+    import onnx
 
-    original_model = original if isinstance(original, onnx.ModelProto) else load_structure(original)
-    rewritten_model = rewritten if isinstance(rewritten, onnx.ModelProto) else load_structure(rewritten)
-    if not any(node.domain == "fdpp" for node in rewritten_model.graph.node):
-        raise FdppError("the second model has no fdpp nodes; pass the rewritten model (model.fdpp.onnx) second")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # onnxruntime's optimizer notes are noise here
-    try:
-        session = ort.InferenceSession(str(original) if not isinstance(original, onnx.ModelProto)
-                                       else original.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for corrupt models / missing data
-        raise cannot_load(original if not isinstance(original, onnx.ModelProto) else "the original model",
-                          exc) from None
-    steps = make_steps(session, original_model, batch, prefill, seed)
+    from fdpp_rewrite.quiet import quiet_onnxruntime, quiet_polygraphy, session_options
+    from fdpp_rewrite.ref_ops import COUNTERS
+
+    if batch < 2:
+        raise FdppError("--batch must be at least 2 (sequences with different past_len are part of the check)")
+    check_prefill(None, prefill)
+    is_proto = (isinstance(original, onnx.ModelProto), isinstance(rewritten, onnx.ModelProto))
+    original_name = "the original model" if is_proto[0] else str(original)
+    rewritten_name = "the rewritten model" if is_proto[1] else str(rewritten)
+    with progress.stage("check models"):
+        original_model = original if is_proto[0] else load_structure(original)
+        rewritten_model = rewritten if is_proto[1] else load_structure(rewritten)
+        if not any(node.domain == "fdpp" for node in rewritten_model.graph.node):
+            raise FdppError("the second model has no fdpp nodes; pass the rewritten model (model.fdpp.onnx) second")
+        if any(node.domain == "fdpp" for node in original_model.graph.node):
+            raise FdppError("the first model has fdpp nodes; pass the exported model (model.onnx) first")
+        check_interfaces(original_model, rewritten_model, original_name, rewritten_name)
+        caches = [v for v in _graph_inputs(original_model) if CACHE_INPUT.match(v.name)]
+        if caches:
+            dims = _signature(caches[0])[1] or []
+            check_prefill(dims[2] if len(dims) == 4 else None, prefill)
+        for path, model in ((original, original_model), (rewritten, rewritten_model)):
+            if not isinstance(path, onnx.ModelProto):
+                _check_data_files(Path(path), model)
+
+    ort = quiet_onnxruntime()
+    quiet_polygraphy()
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+
+    with progress.stage("inputs"):  # a prefill of the original fills the caches
+        try:
+            session = ort.InferenceSession(original_model.SerializeToString() if is_proto[0] else str(original),
+                                           session_options(), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for corrupt models / missing data
+            raise cannot_load(original_name, exc) from None
+        steps = make_steps(session, original_model, batch, prefill, seed)
     step_names = ["prefill", "decode", "chunk"] if len(steps) == 3 else [f"step{i}" for i in range(len(steps))]
     output_type = session.get_outputs()[0].type
     dtype = DTYPE_NAMES.get(ORT_DTYPES.get(output_type), "float32")
     atol, rtol = contract_tolerance(dtype)
 
-    G_LOGGER.module_severity = G_LOGGER.ERROR  # our table says it all
     COUNTERS.reset()
-    reference_source = rewritten if isinstance(rewritten, onnx.ModelProto) else str(rewritten)
-    with tqdm(total=len(steps), desc="reference run", unit="step", leave=False, disable=None) as progress:
-        runners = [OnnxrtRunner(session, name="onnxruntime-original"),
-                   _reference_runner_class()(reference_source, progress=progress)]
-        results = Comparator.run(runners, data_loader=steps)
+    reference_source = rewritten_model if is_proto[1] else str(rewritten)
+    original_runner, reference_runner = _runner_classes(progress, len(steps))
+    results = Comparator.run([original_runner(session, name="onnxruntime-original"),
+                              reference_runner(reference_source)], data_loader=steps)
     accuracy = Comparator.compare_accuracy(
         results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat="elemwise"))
     report = CompareReport(atol=atol, rtol=rtol, dtype=dtype, fallback_rows=COUNTERS.fallback_rows,
@@ -249,6 +358,18 @@ def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: 
             for name, result in outputs.items():
                 report.rows.append(CompareRow(step, name, result.max_absdiff, result.max_reldiff, bool(result)))
     return report
+
+
+def _check_data_files(path: Path, model: onnx.ModelProto) -> None:
+    """The external data files the model names exist beside it."""
+    import onnx
+
+    locations = {entry.value for init in model.graph.initializer if init.data_location == onnx.TensorProto.EXTERNAL
+                 for entry in init.external_data if entry.key == "location"}
+    for location in sorted(locations):
+        if not (path.parent / location).is_file():
+            raise FdppError(f"cannot load {path}: its weights file {path.parent / location} is missing; "
+                            "re-export or re-run rewrite")
 
 
 def print_report(report: CompareReport, stream=None) -> None:
@@ -268,6 +389,7 @@ def print_report(report: CompareReport, stream=None) -> None:
 
 
 def run(args) -> int:
-    report = compare_models(args.original, args.rewritten, batch=args.batch, prefill=args.prefill, seed=args.seed)
+    report = compare_models(args.original, args.rewritten, batch=args.batch, prefill=args.prefill, seed=args.seed,
+                            progress=Progress())
     print_report(report)
     return 0 if report.passed else 1

@@ -1,4 +1,9 @@
-"""User-facing errors: one line that says what went wrong and what to do about it."""
+"""User-facing errors: one line that says what went wrong and what to do about it.
+
+Two kinds reach the user. An FdppError, or an environment problem (permissions, a full disk, memory), is an
+`error: ...` line and exit code 2; anything else is a bug in fdpp_rewrite (exit code 3, `internal error: ...`)."""
+
+import errno
 
 
 class FdppError(Exception):
@@ -27,3 +32,29 @@ def cannot_load(path, exc: BaseException) -> FdppError:
     """The error for a model file that onnx or onnxruntime cannot load (corrupt, truncated, data file missing)."""
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     return FdppError(f"cannot load {path}: {first.rstrip('.')}; re-export or re-run rewrite")
+
+
+# errno -> (what happened, what to do): the OSErrors that come from the user's machine, not from our code
+_ENVIRONMENT_ERRNOS = {
+    errno.EACCES: ("permission denied", "fix its permissions or choose another path (-o)"),
+    errno.EPERM: ("operation not permitted", "fix its permissions or choose another path (-o)"),
+    errno.EROFS: ("the file system is read-only", "choose a folder on a writable disk (-o)"),
+    errno.ENOSPC: ("no space left on the device", "free some space or choose a folder on another disk (-o)"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some space or choose a folder on another disk (-o)"),
+}
+
+
+def environment_error(exc: BaseException) -> FdppError | None:
+    """The one-line error for an environment problem, or None when `exc` is not one (then it is a bug).
+
+    e.g. OSError(ENOSPC) while writing model.onnx.data ->
+    "cannot write model.onnx.data: no space left on the device; free some space or choose a folder on ..."
+    """
+    if isinstance(exc, MemoryError):
+        return FdppError("out of memory; close other programs, or use a smaller model or fewer --layers")
+    if not isinstance(exc, OSError) or exc.errno not in _ENVIRONMENT_ERRNOS:
+        return None
+    what, fix = _ENVIRONMENT_ERRNOS[exc.errno]
+    where = f" {exc.filename}" if exc.filename else ""
+    return FdppError(f"cannot write{where}: {what}; {fix}" if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+                     else f"cannot access{where}: {what}; {fix}")

@@ -5,6 +5,9 @@ Writes three files beside each other:
     model.onnx.data    one external data file, streamed layer by layer (tensors 4096-byte aligned)
     model.fdpp.json    what the graph was made from: source, preset, dtype, cache length, config, origin,
                        and the tokenizer (model.tokenizer.json) when the source has one
+
+All are written under temporary names and renamed when complete (fdpp_rewrite.atomic): an export that fails, is
+interrupted or killed leaves no file with these names.
 """
 
 import datetime
@@ -14,12 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
-
+from fdpp_rewrite.atomic import AtomicOutputs, existing_folder, rename_external_data
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.models import PRESETS, load_model
-from fdpp_rewrite.onnx_builder import build_decoder
-from fdpp_rewrite.onnx_graph import ExternalDataWriter
+from fdpp_rewrite.models import PRESETS, check_source
+from fdpp_rewrite.progress import Progress
 
 METADATA_SCHEMA = "fdpp-export/1"
 DEFAULT_MAX_CACHE = 2048
@@ -35,7 +36,8 @@ def add_arguments(parser):
     parser.add_argument("--max-cache", type=int, default=None,
                         help=f"KV cache length, a static input dimension (default: {DEFAULT_MAX_CACHE} or the model's "
                              "position limit if smaller; 0: a dynamic dimension)")
-    parser.add_argument("--layers", type=int, help="keep only the first N layers (for tests)")
+    parser.add_argument("--layers", type=int, help="keep only the first N layers, 1 up to the model's own count "
+                                                   "(for tests; default: all of them)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init (presets without weights)")
     parser.add_argument("--random-init", action="store_true",
                         help="random weights even for a preset whose trained weights are installed (smollm2-135m)")
@@ -68,58 +70,65 @@ def default_output(source: str) -> Path:
 
 def export_model(source: str, output: Path, *, dtype: str = "float16", max_cache: int | None = None,
                  num_layers: int | None = None, seed: int = 0, random_init: bool = False, force: bool = False,
-                 progress: bool = True, command: str | None = None) -> ExportResult:
+                 progress: bool | Progress = True, command: str | None = None) -> ExportResult:
     """Export `source` to `output` (see the module docstring). max_cache: the static cache length; None: 2048
-    or the model's position limit if smaller; 0: a symbolic (dynamic) cache length."""
+    or the model's position limit if smaller; 0: a symbolic (dynamic) cache length.
+
+    Everything is checked before the work starts; the files are written under temporary names and renamed
+    when all are complete (fdpp_rewrite.atomic), so a failed or killed export leaves none of them behind."""
     started = time.perf_counter()
+    progress = progress if isinstance(progress, Progress) else Progress(enabled=progress)
     output = Path(output)
     if output.suffix != ".onnx":
         raise FdppError(f"output {output} must end in .onnx")
-    data_path, metadata_path, tokenizer_path = companion_paths(output)
-    existing = [p for p in (output, data_path, metadata_path, tokenizer_path) if p.exists()]
-    if existing and not force:
-        raise FdppError(f"{existing[0]} already exists; pass --force to overwrite it or choose another -o")
     if max_cache is not None and max_cache < 0:
         raise FdppError(f"--max-cache must be positive (or 0 for a dynamic length), got {max_cache}")
+    data_path, metadata_path, tokenizer_path = companion_paths(output)
+    outputs = AtomicOutputs([data_path, tokenizer_path, metadata_path, output], force=force)
+    outputs.check()
+    check_source(str(source))
 
-    model = load_model(source, dtype=dtype, num_layers=num_layers, seed=seed, random_init=random_init)
+    from fdpp_rewrite.models import load_model
+
+    with progress.stage("load model"):
+        model = load_model(source, dtype=dtype, num_layers=num_layers, seed=seed, random_init=random_init)
     config = model.config
     if max_cache is None:
         max_cache = min(DEFAULT_MAX_CACHE, config.max_position)
     if max_cache and max_cache > config.max_position:
         raise FdppError(f"--max-cache {max_cache} exceeds the {config.max_position} positions this model supports; "
                         f"pass --max-cache {config.max_position} or less")
-    output.parent.mkdir(parents=True, exist_ok=True)
     _check_disk_space(output.parent, config, dtype)
-    for path in existing:
-        path.unlink()
 
-    external = ExternalDataWriter(data_path)
-    written = [data_path]
-    try:
-        proto, num_params = build_decoder(config, model.weights, dtype, max_cache or None, external, progress)
-        external.close()
+    import onnx
+
+    from fdpp_rewrite.onnx_builder import build_decoder
+    from fdpp_rewrite.onnx_graph import ExternalDataWriter
+
+    with outputs:
+        data_temp = outputs.temp(data_path)
+        external = ExternalDataWriter(data_temp)
+        try:
+            with progress.stage("export layers", total=config.num_layers, unit="layer") as stage:
+                proto, num_params = build_decoder(config, model.weights, dtype, max_cache or None, external,
+                                                  on_layer=stage.update)
+        finally:
+            external.close()
+        rename_external_data(proto, data_temp.name, data_path.name)
         _add_metadata_props(proto, model, dtype, max_cache)
-        written.append(output)
-        onnx.save_model(proto, str(output))
-        tokenizer_fields = None
-        if model.tokenizer is not None:
-            written.append(tokenizer_path)
-            tokenizer_fields = model.tokenizer.save(tokenizer_path)
-        metadata = {
-            "schema": METADATA_SCHEMA, "source": model.source, "preset": model.preset, "dtype": dtype,
-            "max_cache": max_cache or None, "num_layers": config.num_layers, "origin": model.origin,
-            "parameters": num_params, "data_file": data_path.name, "tokenizer": tokenizer_fields,
-            "config": config.to_dict(), "created": datetime.datetime.now().isoformat(timespec="seconds"),
-            "command": command,
-        }
-        written.append(metadata_path)
-        metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
-    except BaseException:
-        external.close()
-        for path in written:  # no half-written model is left behind to be mistaken for a good one
-            path.unlink(missing_ok=True)
-        raise
+        with progress.stage("write model"):
+            onnx.save_model(proto, str(outputs.temp(output)))
+            tokenizer_fields = None
+            if model.tokenizer is not None:
+                tokenizer_fields = model.tokenizer.save(outputs.temp(tokenizer_path), file_name=tokenizer_path.name)
+            metadata = {
+                "schema": METADATA_SCHEMA, "source": model.source, "preset": model.preset, "dtype": dtype,
+                "max_cache": max_cache or None, "num_layers": config.num_layers, "origin": model.origin,
+                "parameters": num_params, "data_file": data_path.name, "tokenizer": tokenizer_fields,
+                "config": config.to_dict(), "created": datetime.datetime.now().isoformat(timespec="seconds"),
+                "command": command,
+            }
+            outputs.temp(metadata_path).write_text(json.dumps(metadata, indent=2) + "\n")
     total = output.stat().st_size + data_path.stat().st_size
     return ExportResult(output, data_path, metadata_path, num_params, total, model.origin,
                         time.perf_counter() - started)
@@ -139,9 +148,9 @@ def _check_disk_space(directory: Path, config, dtype: str):
     itemsize = 2 if dtype == "float16" else 4
     extra = config.vocab_size * config.hidden_size if config.tie_embeddings else 0  # the lm_head copy
     needed = (parameter_count(config) + extra) * itemsize
-    free = shutil.disk_usage(directory).free
+    free = shutil.disk_usage(existing_folder(directory)).free
     if needed > free:
-        raise FdppError(f"the export needs {needed / 1e9:.1f} GB and {directory} has {free / 1e9:.1f} GB free; "
+        raise FdppError(f"the export needs {_size(needed)} and {existing_folder(directory)} has {_size(free)} free; "
                         "free space or choose another -o")
 
 
@@ -167,7 +176,10 @@ def read_metadata(onnx_path: Path) -> dict:
 
 
 def _size(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+    """e.g. 1.73 GiB, 3.3 MiB, 12 KiB"""
+    if num_bytes >= 2**30:
+        return f"{num_bytes / 2**30:.2f} GiB"
+    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 2**20 else f"{num_bytes / 2**10:.0f} KiB"
 
 
 def _command_line(args, output: Path) -> str:

@@ -19,7 +19,6 @@ import math
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
-from tqdm import tqdm
 
 from fdpp_rewrite.models.config import ModelConfig
 from fdpp_rewrite.models.reference import rope_inv_freq
@@ -197,7 +196,8 @@ class DecoderGraph:
 
     # -- the whole model -----------------------------------------------------------------------------------
 
-    def build(self, progress: bool = True) -> onnx.ModelProto:
+    def build(self, on_layer=None) -> onnx.ModelProto:
+        """The model; `on_layer()` is called after each layer (a progress stage's update)."""
         g, c = self.g, self.c
         self.prologue()
         g.scope = "embed"
@@ -206,12 +206,14 @@ class DecoderGraph:
             rows = g.op("Add", [self.positions, self.ints(c.position_offset)])
             x = g.op("Add", [x, g.op("Gather", [self.param("pos_embed.weight"), rows])])
 
-        for i in tqdm(range(c.num_layers), desc="export layers", unit="layer", disable=not progress):
+        for i in range(c.num_layers):
             p = f"layers.{i}."
             g.scope = f"layers.{i}/attn"
             x = g.op("Add", [x, self.attention(i, self.norm(x, p + "attn_norm"))])
             g.scope = f"layers.{i}/mlp"
             x = g.op("Add", [x, self.mlp(i, self.norm(x, p + "mlp_norm"))])
+            if on_layer is not None:
+                on_layer()
 
         g.scope = "head"
         x = self.norm(x, "final_norm")
@@ -241,8 +243,9 @@ class DecoderGraph:
 
 
 def build_decoder(config: ModelConfig, weights, dtype: str, max_cache: int | None, external: ExternalDataWriter,
-                  progress: bool = True) -> tuple[onnx.ModelProto, int]:
-    """(model proto with external initializers, parameter count). max_cache None: a symbolic cache length."""
+                  on_layer=None) -> tuple[onnx.ModelProto, int]:
+    """(model proto with external initializers, parameter count). max_cache None: a symbolic cache length.
+    `on_layer()` is called as each layer is done."""
     graph = DecoderGraph(config, weights, dtype, max_cache, external)
-    model = graph.build(progress)
+    model = graph.build(on_layer)
     return model, graph.num_params

@@ -13,16 +13,19 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import onnx
-import onnx_graphsurgeon as gs
+from typing import TYPE_CHECKING
 
 from fdpp_rewrite import __version__
+from fdpp_rewrite.atomic import AtomicOutputs, rename_external_data
 from fdpp_rewrite.contracts import ALL_OP_NAMES, DOMAIN, load_contract, register_onnx_schemas, validate_node
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.passes import attention, common, flat_gemm, norm, projection_fusion, rope_append
-from fdpp_rewrite.passes.weights import WeightStore, _location, attach_external_data
-from fdpp_rewrite.profiles import load_profile
+from fdpp_rewrite.onnx_files import load_structure
+from fdpp_rewrite.progress import QUIET, Progress
+
+if TYPE_CHECKING:  # onnx, onnx-graphsurgeon and the passes are imported when a rewrite runs, not for --help
+    import onnx
+
+    from fdpp_rewrite.passes.weights import WeightStore
 
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # weights above 1 GiB go to a .data file even if the input had none
 
@@ -50,23 +53,43 @@ class RewriteResult:
 
 
 def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream=None, default_profile=None,
-                  store: WeightStore | None = None, weights_dir: str | None = None) -> RewriteResult:
+                  store: WeightStore | None = None, weights_dir: str | None = None,
+                  progress: Progress = QUIET) -> RewriteResult:
     """Rewrite a model whose weights are loaded, or whose external data lives in `weights_dir` (read a tensor at
-    a time). New weights go through `store` (in memory by default). Prints each pass's report to `stream`."""
+    a time). New weights go through `store` (in memory by default). Prints each pass's report to `stream` and
+    a line per stage to `progress`."""
+    import onnx_graphsurgeon as gs
+
+    from fdpp_rewrite.passes import attention, common, flat_gemm, norm, projection_fusion, rope_append
+    from fdpp_rewrite.passes.weights import WeightStore, attach_external_data
+    from fdpp_rewrite.quiet import quiet_graphsurgeon
+
     stream = stream or sys.stdout
+    quiet_graphsurgeon()
     register_onnx_schemas()
     if any(node.domain == DOMAIN for node in model.graph.node):
         raise FdppError("this model already has fdpp nodes (it is a rewrite); pass the exported model instead")
     settings = attention.load_calibration(calibration) if calibration else None
     store = store or WeightStore()
-    graph = gs.import_onnx(model)
-    if weights_dir is not None:
-        attach_external_data(graph, weights_dir)
-    common.sanitize(graph)
-    reports = [attention.run(graph, settings), rope_append.run(graph), norm.run(graph), projection_fusion.run(graph)]
+    with progress.stage("import graph"):
+        graph = gs.import_onnx(model)
+        if weights_dir is not None:
+            attach_external_data(graph, weights_dir)
+    with progress.stage("sanitize"):
+        common.sanitize(graph)
+    with progress.stage("attention"):
+        reports = [attention.run(graph, settings)]
+    with progress.stage("rope append"):
+        reports.append(rope_append.run(graph))
+    with progress.stage("norm"):
+        reports.append(norm.run(graph))
+    with progress.stage("projection fusion"):
+        reports.append(projection_fusion.run(graph))
     gemm_args = {} if default_profile is None else {"default_profile": default_profile}
-    reports.append(flat_gemm.run(graph, profile, store=store, **gemm_args))
-    common.sanitize(graph)
+    with progress.stage("flat gemm"):
+        reports.append(flat_gemm.run(graph, profile, store=store, **gemm_args))
+    with progress.stage("sanitize"):
+        common.sanitize(graph)
     for report in reports:
         report.print(stream)
 
@@ -77,11 +100,12 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
                         f"{left_attention[:3]} and {len(left_matmuls)} weight matmul(s) {left_matmuls[:3]} were not "
                         "replaced (see the warnings above); this model's structure is not supported yet")
 
-    rewritten = gs.export_onnx(graph, do_type_check=False)
-    _set_opsets(rewritten, model)
-    for node in rewritten.graph.node:
-        if node.domain == DOMAIN:
-            validate_node(node)
+    with progress.stage("export graph"):
+        rewritten = gs.export_onnx(graph, do_type_check=False)
+        _set_opsets(rewritten, model)
+        for node in rewritten.graph.node:
+            if node.domain == DOMAIN:
+                validate_node(node)
     profile_label = str(profile) if profile else _gemm_source(reports[-1])
     calibration_label = str(calibration) if calibration else (
         f"default phi={attention.DEFAULT_PHI} guard [{attention.DEFAULT_GUARD_LO}, {attention.DEFAULT_GUARD_HI}]")
@@ -95,6 +119,8 @@ def _gemm_source(report) -> str:
 
 
 def _set_opsets(rewritten: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    import onnx
+
     imports = {op.domain: op.version for op in original.opset_import}
     imports[DOMAIN] = max(load_contract(op).version for op in ALL_OP_NAMES)
     del rewritten.opset_import[:]
@@ -124,6 +150,8 @@ def default_output(path: Path) -> Path:
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
+    import onnx
+
     return any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
 
 
@@ -134,64 +162,59 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
     return len(tensor.raw_data) or tensor.ByteSize()
 
 
-def load_structure(path) -> onnx.ModelProto:
-    """The model without its external weight data (the passes read weights one at a time)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FdppError(f"no ONNX file at {path}; export one with `python -m fdpp_rewrite export <preset>`")
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf/IO errors of many kinds: all mean "not a usable model"
-        raise FdppError(f"cannot read {path} as an ONNX model ({type(exc).__name__}: {exc}); check the file") from exc
-
-
-def rewrite_file(model_path, output=None, profile=None, calibration=None, force=False, stream=None) -> Path:
+def rewrite_file(model_path, output=None, profile=None, calibration=None, force=False, stream=None,
+                 progress: Progress = QUIET) -> Path:
     """The command as a function: read, rewrite, write; returns the output path.
 
     Writes external data (<output>.data, tensors 4096-byte aligned) when the input has external data or more
-    than 1 GiB of weights; the passes then stream the weights they make straight into that file."""
+    than 1 GiB of weights; the passes then stream the weights they make straight into that file. Both files are
+    written under temporary names and renamed when complete (fdpp_rewrite.atomic): a failed or interrupted
+    rewrite leaves neither, and an old output replaced with --force stays whole until the new one is done."""
+    import onnx
+
+    from fdpp_rewrite.passes import attention
+    from fdpp_rewrite.passes.weights import WeightStore, _location
+    from fdpp_rewrite.profiles import load_profile
+
     stream = stream or sys.stdout
     model_path = Path(model_path)
     output = Path(output) if output else default_output(model_path)
     data = output.with_name(output.name + ".data")
     if output.resolve() == model_path.resolve():
         raise FdppError(f"the output {output} is the input; pass -o with another path")
-    if not force and (output.exists() or data.exists()):
-        existing = output if output.exists() else data
-        raise FdppError(f"{existing} already exists; pass --force to overwrite it or -o to write elsewhere")
-    model = load_structure(model_path)
+    outputs = AtomicOutputs([data, output], force=force)
+    outputs.check()
+    model = load_structure(model_path)  # the structure only: quick, and every check below needs no stage line
     for location in sorted({_location(init) for init in model.graph.initializer
                             if init.data_location == onnx.TensorProto.EXTERNAL}):
         if not (model_path.parent / location).is_file():
             raise FdppError(f"{model_path} keeps its weights in {model_path.parent / location}, which is missing; "
                             "put it beside the model or re-export")
-    # Check the inputs before touching an existing output: a bad --calibration or --profile keeps the old pair.
     if calibration:
         attention.load_calibration(calibration)
     if profile:
         load_profile(profile)
     weight_bytes = sum(_tensor_bytes(init) for init in model.graph.initializer)
     external = _uses_external_data(model) or weight_bytes > EXTERNAL_DATA_THRESHOLD
-    output.parent.mkdir(parents=True, exist_ok=True)
-    for stale in (output, data):  # --force: the old model and its data go together, never one without the other
-        stale.unlink(missing_ok=True)
-    store = WeightStore(data if external else None)
-    try:
-        result = rewrite_model(model, profile=profile, calibration=calibration, stream=stream, store=store,
-                               weights_dir=str(model_path.parent))
-        if external:
-            store.adopt(result.model, str(model_path.parent))
-        store.close()
-        onnx.save_model(result.model, str(output))
-    except BaseException:
-        store.discard()
-        output.unlink(missing_ok=True)  # no half model: a failed rewrite leaves nothing at the output
-        raise
+    with outputs:
+        data_temp = outputs.temp(data) if external else None
+        store = WeightStore(data_temp)
+        try:
+            result = rewrite_model(model, profile=profile, calibration=calibration, stream=stream, store=store,
+                                   weights_dir=str(model_path.parent), progress=progress)
+            with progress.stage("write model"):
+                if external:
+                    store.adopt(result.model, str(model_path.parent))
+                    rename_external_data(result.model, data_temp.name, data.name)
+                store.close()
+                onnx.save_model(result.model, str(outputs.temp(output)))
+        finally:
+            store.close()
     where = f" + {data.name}" if external else ""
     print(f"wrote {output}{where} (profile: {result.profile}; calibration: {result.calibration})", file=stream)
     return output
 
 
 def run(args) -> int:
-    rewrite_file(args.model, args.output, args.profile, args.calibration, args.force)
+    rewrite_file(args.model, args.output, args.profile, args.calibration, args.force, progress=Progress())
     return 0

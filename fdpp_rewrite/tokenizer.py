@@ -105,10 +105,11 @@ class Tokenizer:
 
     # -- the files beside an exported model -----------------------------------------------------------------
 
-    def save(self, path: Path) -> dict:
-        """Write the vocabulary to `path` (tokenizer.json format); return the fields to keep in the metadata."""
+    def save(self, path: Path, file_name: str | None = None) -> dict:
+        """Write the vocabulary to `path` (tokenizer.json format); return the fields to keep in the metadata.
+        `file_name`: the name the file will have beside the model (when `path` is a temporary name)."""
         self.backend.save(str(path))
-        return {"file": Path(path).name, "bos_id": self.bos_id, "eos_id": self.eos_id,
+        return {"file": file_name or Path(path).name, "bos_id": self.bos_id, "eos_id": self.eos_id,
                 "chat_template": self.chat_template, "add_bos": self.add_bos}
 
     @classmethod

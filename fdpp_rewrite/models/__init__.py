@@ -7,14 +7,19 @@ format, and a small reference model (reference.py) to check exports against.
     model = load_model("path/to/hf-checkpoint")  # config.json + *.safetensors
 """
 
+from __future__ import annotations
+
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models.config import ModelConfig
 from fdpp_rewrite.models.presets import PRESETS, get_config, unknown_preset
-from fdpp_rewrite.models.weights import Weights, random_weights, torch_dtype
+
+if TYPE_CHECKING:  # weights.py imports torch: only loading a model needs it, not the preset table or --help
+    from fdpp_rewrite.models.weights import Weights
 
 __all__ = ["ModelConfig", "PRESETS", "get_config", "load_model", "LoadedModel", "smollm2_gguf_path"]
 
@@ -54,8 +59,11 @@ def load_model(source: str, dtype: str = "float32", num_layers: int | None = Non
     """Load a preset (random init, or its trained weights where PRESET_WEIGHTS knows them), a Hugging Face
     checkpoint directory or a GGUF file. `num_layers` keeps only the first N layers (for tests);
     `random_init` forces random weights even for a preset with trained weights."""
-    torch_dtype(dtype)  # validate early
     source = str(source)
+    check_source(source)
+    from fdpp_rewrite.models.weights import random_weights, torch_dtype
+
+    torch_dtype(dtype)  # validate early
     if source in PRESETS:
         if source in PRESET_WEIGHTS and not random_init:
             model = _load_path(PRESET_WEIGHTS[source](), dtype, num_layers)
@@ -64,12 +72,16 @@ def load_model(source: str, dtype: str = "float32", num_layers: int | None = Non
         config = get_config(source).with_layers(num_layers)
         return LoadedModel(config, random_weights(config, seed, dtype),
                            f"random init (seed {seed}): not trained weights", None, source, source)
-    path = Path(source)
-    if path.exists():
-        if random_init:
-            raise FdppError("--random-init applies to presets only; drop it to load the checkpoint's weights")
-        return _load_path(path, dtype, num_layers)
-    if path.suffix or "/" in source or "\\" in source:
+    if random_init:
+        raise FdppError("--random-init applies to presets only; drop it to load the checkpoint's weights")
+    return _load_path(Path(source), dtype, num_layers)
+
+
+def check_source(source: str) -> None:
+    """The one-line error for a source that is neither a preset nor an existing path (cheap: imports no torch)."""
+    if source in PRESETS or Path(source).exists():
+        return
+    if Path(source).suffix or "/" in source or "\\" in source:
         raise FdppError(f"{source} does not exist; pass an existing checkpoint directory or .gguf file")
     raise unknown_preset(source)
 

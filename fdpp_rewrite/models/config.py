@@ -83,11 +83,14 @@ class ModelConfig:
         return self.activation == "swiglu"
 
     def with_layers(self, num_layers: int | None) -> "ModelConfig":
-        """The same architecture with fewer (or more) layers; None keeps the count."""
+        """The same architecture with its first `num_layers` layers (1 to its own count); None keeps them all."""
         if num_layers is None:
             return self
         if num_layers <= 0:
             raise FdppError(f"--layers must be positive, got {num_layers}")
+        if num_layers > self.num_layers:  # e.g. --layers 32 of smollm2-135m, which has 30
+            raise FdppError(f"--layers {num_layers} is more than the model has: it has {self.num_layers} layers; "
+                            f"pass --layers {self.num_layers} or fewer")
         return replace(self, num_layers=num_layers)
 
     def to_dict(self) -> dict:
