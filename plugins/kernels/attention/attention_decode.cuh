@@ -28,10 +28,10 @@
 
 #include <type_traits>
 
-#include "kernels/attention_common.cuh"
-#include "kernels/attention_fallback.cuh"
-#include "kernels/attention_softmax_state.cuh"
-#include "kernels/attention_traits.cuh"
+#include "kernels/attention/attention_common.cuh"
+#include "kernels/attention/attention_fallback.cuh"
+#include "kernels/attention/attention_softmax_state.cuh"
+#include "kernels/attention/attention_traits.cuh"
 
 namespace fdpp {
 namespace attn {

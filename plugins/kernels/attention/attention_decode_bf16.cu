@@ -1,5 +1,5 @@
 // Split-KV decode kernels for __nv_bfloat16 (see attention_decode.cuh).
-#include "kernels/attention_decode_impl.cuh"
+#include "kernels/attention/attention_decode_impl.cuh"
 
 namespace fdpp {
 namespace attn {

@@ -2,27 +2,13 @@
 #pragma once
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
-#include "kernels/attention_decode.cuh"
-#include "kernels/attention_heuristics.h"
-#include "kernels/attention_launch.h"
+#include "kernels/attention/attention_decode.cuh"
+#include "kernels/attention/attention_heuristics.h"
+#include "kernels/attention/attention_launch.h"
 
 namespace fdpp {
 namespace attn {
-
-// Programmatic dependent launch for the decode kernels, on by default where the launcher allows it (sm_90+): the
-// split grid becomes resident and prefetches its first K/V tiles into L2 while the kernel before it finishes, and
-// the combine grid is resident before the split grid ends. FDPP_ATTENTION_PDL=0 turns it off for both (an A/B
-// switch, as FDPP_GEMM_PDL is for the GEMMs). Read once per process.
-inline bool attention_pdl_allowed() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("FDPP_ATTENTION_PDL");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
-  return allowed;
-}
 
 // kernel<<<grid, threads, smem, stream>>>(a), with programmatic stream serialization when `pdl`, in thread block
 // clusters of `cluster` CTAs along x when cluster > 1.
@@ -70,8 +56,7 @@ cudaError_t launch_split(const AttnArgs& a, bool pdl, cudaStream_t stream) {
 }
 
 template <typename T, int D, bool kUnified>
-cudaError_t launch_decode_impl(const AttnArgs& a, bool use_pdl, cudaStream_t stream) {
-  const bool pdl = use_pdl && attention_pdl_allowed();
+cudaError_t launch_decode_impl(const AttnArgs& a, bool pdl, cudaStream_t stream) {
   cudaError_t err = a.decode_stages == 2   ? launch_split<T, D, kUnified, 2>(a, pdl, stream)
                     : a.decode_stages == 4 ? launch_split<T, D, kUnified, 4>(a, pdl, stream)
                                            : launch_split<T, D, kUnified, 3>(a, pdl, stream);
@@ -82,13 +67,13 @@ cudaError_t launch_decode_impl(const AttnArgs& a, bool use_pdl, cudaStream_t str
 }
 
 template <typename T>
-cudaError_t launch_decode(const AttnArgs& a, bool unified, bool use_pdl, cudaStream_t stream) {
+cudaError_t launch_decode(const AttnArgs& a, bool unified, bool pdl, cudaStream_t stream) {
   if (a.head_dim == 128)
-    return unified ? launch_decode_impl<T, 128, true>(a, use_pdl, stream)
-                   : launch_decode_impl<T, 128, false>(a, use_pdl, stream);
+    return unified ? launch_decode_impl<T, 128, true>(a, pdl, stream)
+                   : launch_decode_impl<T, 128, false>(a, pdl, stream);
   if (a.head_dim == 64)
-    return unified ? launch_decode_impl<T, 64, true>(a, use_pdl, stream)
-                   : launch_decode_impl<T, 64, false>(a, use_pdl, stream);
+    return unified ? launch_decode_impl<T, 64, true>(a, pdl, stream)
+                   : launch_decode_impl<T, 64, false>(a, pdl, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -6,7 +6,7 @@
 // walks the 32 keys with their p broadcast by shuffle (coalesced rows of v).
 #pragma once
 
-#include "kernels/attention_common.cuh"
+#include "kernels/attention/attention_common.cuh"
 
 namespace fdpp {
 namespace attn {

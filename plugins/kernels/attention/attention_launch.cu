@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
-#include "kernels/attention_common.cuh"
-#include "kernels/attention_decode.cuh"
-#include "kernels/attention_heuristics.h"
-#include "kernels/attention_launch.h"
-#include "kernels/attention_params.h"
+#include "kernels/attention/attention_common.cuh"
+#include "kernels/attention/attention_decode.cuh"
+#include "kernels/attention/attention_heuristics.h"
+#include "kernels/attention/attention_launch.h"
+#include "kernels/attention/attention_params.h"
 
 namespace fdpp {
 namespace {
@@ -134,20 +132,18 @@ cudaError_t launch_rowwise(const attn::AttnArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The plan runs the wgmma prefill on sm_90; FDPP_PREFILL_WGMMA=0 in the environment makes it take the mma.sync
-// kernels instead (an A/B switch, read once).
-bool wgmma_prefill_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FDPP_PREFILL_WGMMA");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
-  return enabled;
-}
-
 cudaError_t launch_prefill_typed(AttnDtype dtype, const attn::AttnArgs& a, bool unified, cudaStream_t stream) {
   if (dtype == AttnDtype::kBFloat16) return attn::launch_prefill<__nv_bfloat16>(a, unified, stream);
   if (dtype == AttnDtype::kFloat16) return attn::launch_prefill<__half>(a, unified, stream);
   return cudaErrorInvalidValue;
+}
+
+// Whether this GPU runs the wgmma prefill (tile shape 4): sm_90, and the library holds its sm_90a code.
+cudaError_t wgmma_prefill_available(const AttentionParams& p, bool* available) {
+  if (p.dtype == AttnDtype::kBFloat16) return attn::prefill_sm90_available<__nv_bfloat16>(p.head_dim, available);
+  if (p.dtype == AttnDtype::kFloat16) return attn::prefill_sm90_available<__half>(p.head_dim, available);
+  *available = false;
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -263,7 +259,7 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       if (err != cudaSuccess) return err;
       // Programmatic dependent launch only where the sm_90a code runs: on other GPUs the compute_80 PTX has no
       // griddepcontrol.wait, and an early start could read the previous kernel's output too soon.
-      const bool pdl = info.major == 9;
+      const bool pdl = p.pdl && info.major == 9;
       // The splits combine in a cluster where they can (one kernel per call instead of two; cluster_combine_ok in
       // attention_heuristics.h has the measurements). A forced cluster the plan cannot take is refused.
       bool cluster = false;
@@ -279,21 +275,20 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
     }
     case AttnKernel::kPrefill: {
       bool run_unified = unified;
+      bool wgmma = false;
+      cudaError_t err = wgmma_prefill_available(p, &wgmma);
+      if (err != cudaSuccess) return err;
+      if (p.prefill_config == 4 && !wgmma) return cudaErrorNotSupported;
       if (p.prefill_config > 0) {  // forced (tests, benchmarks): exactly the kernel asked for
         a.prefill_config = p.prefill_config;
+      } else if (wgmma) {
+        // The wgmma kernel in the synchronized softmax: on the H200 it was faster than the anchored unified max
+        // at every prompt length (docs/notes-attention.md), e.g. B=1, 32 heads, L=4K: 456 against 489 us.
+        a.prefill_config = 4;
+        run_unified = false;
       } else {
         attn::DeviceInfo info;
-        cudaError_t err = attn::device_info(&info);
-        if (err != cudaSuccess) return err;
-        // Hopper: the wgmma kernel (if this library holds its sm_90a code), in the synchronized softmax: there it
-        // measured faster than the anchored unified max at every length (H200 run 11, us, B=1, 32 heads, causal,
-        // unified / synchronized: L=1K 54.1 / 51.6, 4K 489.1 / 456.2, 16K 7214.8 / 6581.8; FLASH 54.3, 507.0,
-        // 6858.7 in the same run). docs/notes-attention.md has the whole comparison.
-        if (info.major == 9 && wgmma_prefill_enabled()) {
-          a.prefill_config = 4;
-          err = launch_prefill_typed(p.dtype, a, /*unified=*/false, stream);
-          if (err != cudaErrorInvalidDeviceFunction) return err;
-        }
+        if ((err = attn::device_info(&info)) != cudaSuccess) return err;
         const int heads = p.batch * p.num_heads, slots = info.num_sms * kPrefillCtasPerSm;
         a.prefill_config = prefill_tile_config(heads, p.seq, slots);
         if (prefill_prefers_synchronized(heads, p.seq, slots)) run_unified = false;

@@ -43,10 +43,15 @@ cudaError_t allow_smem(int bytes) {
 }
 
 template <typename T>
-cudaError_t launch_decode(const AttnArgs& a, bool unified, bool use_pdl, cudaStream_t stream);
+cudaError_t launch_decode(const AttnArgs& a, bool unified, bool pdl, cudaStream_t stream);
 
 template <typename T>
 cudaError_t launch_prefill(const AttnArgs& a, bool unified, cudaStream_t stream);
+
+// Whether the wgmma prefill (tile shape 4) runs here: the loaded binary holds its sm_90a code (host query, cached
+// per device).
+template <typename T>
+cudaError_t prefill_sm90_available(int head_dim, bool* available);
 
 }  // namespace attn
 }  // namespace fdpp

@@ -20,6 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <string>
+
+#include "fdpp_contract_constants.h"
+
 namespace fdpp {
 
 enum class AttnDtype : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
@@ -35,20 +39,30 @@ constexpr uint32_t kGuardAbove = 1u;    // a visible s - phi above guard_hi: e^(
 constexpr uint32_t kGuardBelow = 2u;    // a visible s - phi below guard_lo
 constexpr uint32_t kGuardLowMax = 4u;   // (prefill fp16) the row max is below the fp16 precision floor
 
-// Numeric windows for s - phi (natural-log units). The guard bounds given by the caller are intersected with the
-// window of the arithmetic that stores e^(s - phi):
+// Numeric windows for s - phi (natural-log units), from the contract (plugins/AsyncSoftmaxAttentionPlugin/
+// contract.json). The guard bounds given by the caller are intersected with the window of the arithmetic that
+// stores e^(s - phi):
 //  - decode keeps p = e^(s - phi) in float32 (tf32 for the P.V tensor-core product: fp32's exponent range, fp16's
-//    precision): any window inside [-80, 60] is safe (e^-80 is a normal float, 2^20 keys x e^60 x 65504 < FLT_MAX).
+//    precision): the contract's whole guard range is safe. Its ends: e^-80 is a normal float, and 2^20 keys x
+//    e^60 x 65504 < FLT_MAX.
 //  - prefill stores P in the input type for the tensor cores. bfloat16 has float32's range: same window. float16
 //    tops out at 65504 = e^11.09, so guard_hi is capped at 11; and its normal range ends at e^-9.7, so a row whose
 //    largest s - phi is below -2 would lose the precision of its tail: it falls back too (kGuardLowMax).
-constexpr float kWindowLo = -80.0f;
-constexpr float kWindowHi = 60.0f;
-constexpr float kFp16PrefillHi = 11.0f;
-constexpr float kFp16PrefillMaxFloor = -2.0f;
+//    Example: guard_hi 10 stays 10 in every kernel; guard_hi 30 is 30 in decode and bf16 prefill, 11 in fp16.
+constexpr float kWindowLo = contract::kAttentionGuardLoMin;
+constexpr float kWindowHi = contract::kAttentionGuardHiMax;
+constexpr float kFp16PrefillHi = contract::kAttentionFp16PrefillGuardHi;
+constexpr float kFp16PrefillMaxFloor = contract::kAttentionFp16PrefillMaxFloor;
 
 // Positions whose additive bias is at or below this are masked (the contract's bias_mask_threshold).
-constexpr float kBiasMaskThreshold = -10000.0f;
+constexpr float kBiasMaskThreshold = contract::kAttentionBiasMaskThreshold;
+
+// Whether the kernels are built for this head_dim (the contract's head_dim choices: 64 and 128).
+constexpr bool head_dim_supported(int head_dim) {
+  for (int d : contract::kAttentionHeadDims)
+    if (d == head_dim) return true;
+  return false;
+}
 
 struct AttentionParams {
   AttnDtype dtype = AttnDtype::kFloat16;
@@ -60,8 +74,14 @@ struct AttentionParams {
   AttnKernel kernel = AttnKernel::kAuto;
   int num_splits = 0;  // decode: 0 = decode_num_splits() heuristic
   DecodeCombine decode_combine = DecodeCombine::kAuto;  // kAuto: the cluster where it can run (cluster_combine_ok)
-  int prefill_config = 0;  // prefill tile shape: 0 = prefill_tile_config() heuristic, else 1-3 (see the C ABI)
-  float scale = 1.0f, phi = 0.0f, guard_lo = -60.0f, guard_hi = 10.0f;
+  int prefill_config = 0;  // prefill tile shape: 0 = the plan (prefill_plan_config), else 1, 2 or 4 (the C ABI's)
+  float scale = 1.0f, phi = contract::kAttentionPhiDefault;
+  float guard_lo = contract::kAttentionGuardLoDefault, guard_hi = contract::kAttentionGuardHiDefault;
+  // Programmatic dependent launch of the decode kernels where the GPU runs the sm_90a code: the split grid becomes
+  // resident and prefetches its first K/V tiles while the kernel before it finishes (it waits before reading q),
+  // and the combine grid is resident before the split grid ends. Off only for a timing baseline, or where K/V are
+  // written by a kernel that may still run when attention starts.
+  bool pdl = true;
 
   // Strides in elements; the last dimension (head_dim, or keys for bias) is contiguous.
   const void* q = nullptr;   int64_t q_sb = 0, q_sh = 0, q_ss = 0;
@@ -90,6 +110,21 @@ struct RopeAppendParams {
   const int64_t* past_len = nullptr;
   unsigned long long* counters = nullptr;  // [1] counts tokens dropped because their position is past the cache
 };
+
+// --- argument checks (attention_check.cpp): what the C ABI and the TensorRT adapter both run first ----------------
+
+enum class ParamsError : int { kNone = 0, kInvalid = 1, kUnsupported = 2 };
+struct ParamsCheck {
+  ParamsError error = ParamsError::kNone;
+  std::string message;  // one line naming the parameter and what to do
+  explicit operator bool() const { return error != ParamsError::kNone; }
+};
+
+// Whether attention_forward can run p: shapes, modes, the guard window and (with_tensors) the pointers, strides
+// and alignment; without tensors, what a TensorRT build phase knows. Example: head_dim 96 -> kUnsupported,
+// "head_dim 96 is not supported; the kernels are built for head_dim 64 and 128".
+ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors);
+ParamsCheck check_rope_append_params(const RopeAppendParams& p);
 
 // --- host-side planning (pure functions; see attention_heuristics.h) -------------------------------------------
 

@@ -10,17 +10,15 @@
 
 #include <type_traits>
 
-#include "kernels/attention_common.cuh"
-#include "kernels/attention_fallback.cuh"
-#include "kernels/attention_softmax_state.cuh"
-#include "kernels/attention_traits.cuh"
+#include "kernels/attention/attention_common.cuh"
+#include "kernels/attention/attention_fallback.cuh"
+#include "kernels/attention/attention_softmax_state.cuh"
+#include "kernels/attention/attention_traits.cuh"
 
 namespace fdpp {
 namespace attn {
 
-// kQkUnroll: how far the S = Q K^T loop over head_dim is unrolled (D / 16 = all of it, or 1: one k16 slice at a
-// time, which holds fewer Q/K fragments in flight: the synchronized 128-row kernel then fits 255 registers).
-template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp, int kQkUnroll>
+template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp>
 __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
   using Tr = PrefillTraits<D, kStepN, kRowsPerWarp>;
   constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles;
@@ -108,7 +106,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
 #pragma unroll
         for (int n = 0; n < kNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
       const int mi = lane >> 3;
-#pragma unroll kQkUnroll
+#pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t qa[kMT][4];
 #pragma unroll

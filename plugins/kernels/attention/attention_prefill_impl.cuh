@@ -3,9 +3,9 @@
 
 #include <atomic>
 
-#include "kernels/attention_launch.h"
-#include "kernels/attention_prefill.cuh"
-#include "kernels/attention_prefill_sm90.cuh"
+#include "kernels/attention/attention_launch.h"
+#include "kernels/attention/attention_prefill.cuh"
+#include "kernels/attention/attention_prefill_sm90.cuh"
 
 namespace fdpp {
 namespace attn {
@@ -36,49 +36,54 @@ cudaError_t launch_prefill_grid(const AttnArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp, int kQkUnroll>
+template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp>
 cudaError_t launch_prefill_impl(const AttnArgs& a, cudaStream_t stream) {
-  return launch_prefill_grid<prefill_kernel<T, D, kUnified, kStepN, kRowsPerWarp, kQkUnroll>,
+  return launch_prefill_grid<prefill_kernel<T, D, kUnified, kStepN, kRowsPerWarp>,
                              PrefillTraits<D, kStepN, kRowsPerWarp>>(a, stream);
 }
 
-// Tile shape 4, the wgmma kernel: only where the loaded binary holds its sm_90a code (on other GPUs, or a library
-// built without 90a, the kernel body is empty and the launch is refused instead).
-template <typename T, int D, bool kUnified>
-cudaError_t launch_prefill_sm90_impl(const AttnArgs& a, cudaStream_t stream) {
-  constexpr auto kernel = prefill_sm90_kernel<T, D, kUnified>;
+template <typename T, int D>
+cudaError_t sm90_binary_present(bool* present) {
   static std::atomic<int> binary[64] = {};  // per device: 0 unknown, 1 sm_90 code, -1 none
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (binary[device & 63].load(std::memory_order_relaxed) == 0) {
     cudaFuncAttributes attr = {};
-    if ((err = cudaFuncGetAttributes(&attr, kernel)) != cudaSuccess) return err;
+    if ((err = cudaFuncGetAttributes(&attr, prefill_sm90_kernel<T, D, false>)) != cudaSuccess) return err;
     binary[device & 63].store(attr.binaryVersion == 90 ? 1 : -1, std::memory_order_relaxed);
   }
-  if (binary[device & 63].load(std::memory_order_relaxed) < 0) return cudaErrorInvalidDeviceFunction;
-  return launch_prefill_grid<kernel, PrefillSm90Traits<D>>(a, stream);
+  *present = binary[device & 63].load(std::memory_order_relaxed) > 0;
+  return cudaSuccess;
 }
 
-// Tile shapes (a.prefill_config, chosen by prefill_tile_config() in attention_heuristics.h):
+// Tile shape 4, the wgmma kernel: only where the loaded binary holds its sm_90a code (on other GPUs, or a library
+// built without 90a, the kernel body is empty and the launch is refused instead).
+template <typename T, int D, bool kUnified>
+cudaError_t launch_prefill_sm90_impl(const AttnArgs& a, cudaStream_t stream) {
+  bool present = false;
+  cudaError_t err = sm90_binary_present<T, D>(&present);
+  if (err != cudaSuccess) return err;
+  if (!present) return cudaErrorNotSupported;
+  return launch_prefill_grid<prefill_sm90_kernel<T, D, kUnified>, PrefillSm90Traits<D>>(a, stream);
+}
+
+// Tile shapes (a.prefill_config; the plan's choice in attention_forward, attention_launch.cu):
 //   1: 128 query rows (32 per warp) in 32-key steps. (A 64-key step at 32 rows per warp reads Q from shared memory
 //      half as often but spills at head_dim 128; measured on the H200 it was no faster: docs/notes-attention.md.)
 //   2: 64 query rows (16 per warp) in 64-key steps: half the work per CTA, for grids too small to balance.
-//   3: as 1 with the Q K^T loop over head_dim not unrolled (no register spills in the synchronized variant, at
-//      some instruction-level parallelism).
 //   4: Hopper only: 128 query rows per CTA on warpgroup MMAs with a producer warp (attention_prefill_sm90.cuh).
-template <typename T, int D, int kStepN, int kRowsPerWarp, int kQkUnroll>
+template <typename T, int D, int kStepN, int kRowsPerWarp>
 cudaError_t launch_prefill_cfg(const AttnArgs& a, bool unified, cudaStream_t stream) {
-  return unified ? launch_prefill_impl<T, D, true, kStepN, kRowsPerWarp, kQkUnroll>(a, stream)
-                 : launch_prefill_impl<T, D, false, kStepN, kRowsPerWarp, kQkUnroll>(a, stream);
+  return unified ? launch_prefill_impl<T, D, true, kStepN, kRowsPerWarp>(a, stream)
+                 : launch_prefill_impl<T, D, false, kStepN, kRowsPerWarp>(a, stream);
 }
 
 template <typename T, int D>
 cudaError_t launch_prefill_dim(const AttnArgs& a, bool unified, cudaStream_t stream) {
   switch (a.prefill_config) {
-    case 1: return launch_prefill_cfg<T, D, 32, 32, D / 16>(a, unified, stream);
-    case 2: return launch_prefill_cfg<T, D, 64, 16, D / 16>(a, unified, stream);
-    case 3: return launch_prefill_cfg<T, D, 32, 32, 1>(a, unified, stream);
+    case 1: return launch_prefill_cfg<T, D, 32, 32>(a, unified, stream);
+    case 2: return launch_prefill_cfg<T, D, 64, 16>(a, unified, stream);
     case 4:
       return unified ? launch_prefill_sm90_impl<T, D, true>(a, stream)
                      : launch_prefill_sm90_impl<T, D, false>(a, stream);
@@ -91,6 +96,14 @@ cudaError_t launch_prefill(const AttnArgs& a, bool unified, cudaStream_t stream)
   if (a.head_dim == 128) return launch_prefill_dim<T, 128>(a, unified, stream);
   if (a.head_dim == 64) return launch_prefill_dim<T, 64>(a, unified, stream);
   return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t prefill_sm90_available(int head_dim, bool* available) {
+  if (head_dim == 128) return sm90_binary_present<T, 128>(available);
+  if (head_dim == 64) return sm90_binary_present<T, 64>(available);
+  *available = false;
+  return cudaSuccess;
 }
 
 }  // namespace attn

@@ -15,10 +15,10 @@
 
 #include <type_traits>
 
-#include "kernels/attention_common.cuh"
-#include "kernels/attention_fallback.cuh"
-#include "kernels/attention_softmax_state.cuh"
-#include "kernels/attention_wgmma.cuh"
+#include "kernels/attention/attention_common.cuh"
+#include "kernels/attention/attention_fallback.cuh"
+#include "kernels/attention/attention_softmax_state.cuh"
+#include "kernels/attention/attention_wgmma.cuh"
 
 namespace fdpp {
 namespace attn {

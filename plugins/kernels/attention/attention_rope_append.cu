@@ -4,8 +4,8 @@
 // One CTA per (batch, token, head slot) where the head slots are Hq query heads then Hkv key heads then Hkv value
 // heads; a thread per rotation pair. Angles in float32 like the Hugging Face reference:
 // inv_freq_i = theta^(-2i/D), angle = position * inv_freq_i, with accurate sincosf (positions reach 10^5 radians).
-#include "kernels/attention_mma.cuh"
-#include "kernels/attention_params.h"
+#include "kernels/attention/attention_mma.cuh"
+#include "kernels/attention/attention_params.h"
 
 namespace fdpp {
 namespace {

@@ -20,7 +20,7 @@
 // 11 is rare (none in 553K held-out rows). The guard catches it: a later score above phi_row + 11 -> fallback.
 #pragma once
 
-#include "kernels/attention_mma.cuh"
+#include "kernels/attention/attention_mma.cuh"
 
 namespace fdpp {
 namespace attn {

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/gemm_heuristics.h"
+#include "kernels/gemm/gemm_heuristics.h"
 
 namespace fdpp {
 namespace gemm {
@@ -39,21 +39,17 @@ struct Problem {
   int64_t k = 0;
   Dtype dtype = Dtype::kFloat16;
   Epilogue epilogue = Epilogue::kNone;
+  // Programmatic dependent launch of ImplA/ImplB where the GPU runs the library's sm_90a code (hopper_paths):
+  // the kernel lets the next one start early and streams its weights before waiting for the previous kernel's
+  // output (griddepcontrol). Speed only, on one condition: W is constant while GEMMs run. The kernels read nothing
+  // but W before the wait, and the TMA ImplB's producer reads all of W without ever waiting; as every kernel lets
+  // its successor start at its top, that read may overlap any earlier kernel still running. A W written on the GPU
+  // (dequantized, refitted) must be written by a kernel that completed before the GEMMs were launched, or pdl off.
+  bool pdl = true;
 
   int64_t n_out() const { return epilogue == Epilogue::kSiluMul ? n / 2 : n; }
   bool silu_mul() const { return epilogue == Epilogue::kSiluMul; }
 };
-
-// Programmatic dependent launch for ImplA/ImplB (sm_90): each kernel lets the next one start early and streams
-// its weights before waiting for the previous kernel's output. On by default where the library's sm_90a code
-// runs (compute capability 9.x); FDPP_GEMM_PDL=0 in the environment or set_pdl_enabled(false) turns it off.
-// Changes speed only, on one condition: W is constant while GEMMs run. The kernels read nothing but W before
-// griddepcontrol.wait, and the TMA ImplB's producer reads all of W without ever waiting; as every kernel lets its
-// successor start at its top, that read may overlap any earlier kernel still running. A W written on the GPU
-// (dequantized, refitted) must be written by a kernel that completed before the GEMMs were launched -- or
-// turn PDL off.
-bool pdl_enabled();
-void set_pdl_enabled(bool enabled);
 
 // What the launchers need to know about the current device; cached per device, host queries only.
 struct DeviceInfo {
@@ -76,11 +72,12 @@ void set_detail(const char* msg);
 // ImplA: M <= 8. split_k from impla_split_k() unless split_k > 0 is given.
 cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream);
 
-// ImplB: M <= 64. pad_m is 8 (the paper's choice); 16 and 64 run the same kernel on more zero rows (ablation).
-// When M's batch rows make config.stages too deep for shared memory, fewer stages (at least 2) are used.
-// A k_tile 1024 config (implb_is_bulk) runs gemm_implb_bulk.cu (loader TMA: sm_90, M <= 16, K % 64 == 0),
-// gemm_implb_stream.cu (loaders rows and rows1: M <= 16) or gemm_implb_pair.cu (loader pair: sm_90, M <= 16) where
-// it can, and the unprofiled default cp.async config elsewhere.
+// ImplB: M <= 64. pad_m is 8 (the paper's choice); 16 and 64 run the same kernel on more zero rows, the padding
+// ablation, in FDPP_BENCH_ABLATIONS builds only (elsewhere cudaErrorNotSupported). When M's batch rows make the
+// warp-tiled kernel's config.stages too deep for shared memory, fewer stages (at least 2) are used. A k_tile 1024
+// config (implb_is_bulk) runs gemm_implb_bulk.cu (loader TMA: sm_90, K % 64 == 0), gemm_implb_stream.cu (loaders
+// rows and rows1) or gemm_implb_pair.cu (loader pair: sm_90), all M <= 16; where it cannot run, the launch fails
+// with cudaErrorInvalidValue and the reason in last_detail().
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& config, int pad_m, cudaStream_t stream);
 // Raises a kernel's dynamic shared memory limit to `bytes` (never lowers it), once per (kernel, device) and size;
 // thread-safe. A no-op up to 48 KB.
@@ -98,9 +95,13 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
 int resident_ctas_per_sm(const void* kernel, int device, int64_t smem, int threads = 128);
 
 // ImplC through cuBLASLt. Workspace: implc_workspace_bytes(). Returns cudaErrorNotSupported (with a detail
-// message) when libcublasLt cannot be loaded; set FDPP_CUBLASLT_LIBRARY to its path.
+// message) when libcublasLt cannot be loaded.
 cudaError_t launch_implc_cublaslt(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Whether libcublasLt is loaded, loading it on first use from $FDPP_CUBLASLT_LIBRARY or by soname.
 bool cublaslt_available();
+// Loads libcublasLt from `path` (null or "": as cublaslt_available does) unless a library is loaded already.
+// cudaErrorNotSupported with a detail message when it cannot be loaded.
+cudaError_t load_cublaslt(const char* path);
 // Builds the cached host-side plan launch_implc_cublaslt(p, ...) will use (no GPU work).
 cudaError_t prepare_implc_cublaslt(const Problem& p);
 
@@ -120,8 +121,7 @@ size_t implc_workspace_bytes(int64_t max_m, int64_t n, Epilogue epilogue, Dtype 
 cudaError_t launch_gemm_epilogue(const void* d, const void* bias, const void* residual, void* y, int64_t m, int64_t n,
                                  Epilogue epilogue, Dtype dtype, cudaStream_t stream);
 
-// Runs one implementation (Impl::kAuto: the plan's choice for p.m; a plan's cuBLASLt falls back to CUTLASS
-// when libcublasLt cannot be loaded). config/pad_m apply to ImplB (config null:
+// Runs one implementation (Impl::kAuto: the plan's choice for p.m). config/pad_m apply to ImplB (config null:
 // the plan's). Workspace must be at least workspace_bytes(p.m, ...).
 cudaError_t run_gemm(const Problem& p, const Plan& plan, Impl impl, const ImplBConfig* config, int pad_m,
                      void* workspace, size_t workspace_bytes, cudaStream_t stream);

@@ -7,7 +7,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fdpp {
 namespace gemm {
@@ -274,46 +274,40 @@ void fill_problem(Params& params, const Problem& p) {
   params.silu = p.silu_mul() ? 1 : 0;
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(params) as a cluster of cluster_x CTAs along x (when > 1)
-// and, when pdl_enabled(), with programmatic stream serialization (see pdl_* above). If the launch with
-// programmatic serialization fails and a plain one succeeds, programmatic serialization is switched off for
-// the process (it only ever changes speed, never results).
+// Where and how a launcher launches: the stream, and whether with programmatic dependent launch (the problem's
+// pdl on a GPU that runs the sm_90a code, hopper_paths).
+struct Launch {
+  cudaStream_t stream;
+  bool pdl;
+};
+
+// Launches kernel<<<grid, block, smem, stream>>>(params) as a cluster of cluster_x CTAs along x (when > 1) and,
+// when launch.pdl, with programmatic stream serialization (see pdl_* above).
 template <typename Params>
-cudaError_t launch_kernel(void (*kernel)(Params), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
+cudaError_t launch_kernel(void (*kernel)(Params), unsigned grid, unsigned block, size_t smem, const Launch& launch,
                           int cluster_x, const Params& params) {
-  const bool pdl = pdl_enabled();
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    const bool with_pdl = pdl && attempt == 0;
-    cudaLaunchAttribute attrs[2];
-    unsigned n = 0;
-    if (cluster_x > 1) {
-      attrs[n].id = cudaLaunchAttributeClusterDimension;
-      attrs[n].val.clusterDim.x = unsigned(cluster_x);
-      attrs[n].val.clusterDim.y = 1;
-      attrs[n].val.clusterDim.z = 1;
-      ++n;
-    }
-    if (with_pdl) {
-      attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attrs[n].val.programmaticStreamSerializationAllowed = 1;
-      ++n;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = n ? attrs : nullptr;
-    cfg.numAttrs = n;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, params);
-    if (err == cudaSuccess) {
-      if (attempt == 1) set_pdl_enabled(false);
-      return cudaSuccess;
-    }
-    if (!with_pdl) return err;
-    cudaGetLastError();  // a refused launch configuration is not sticky; try once more without PDL
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (cluster_x > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = unsigned(cluster_x);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
   }
-  return cudaErrorUnknown;
+  if (launch.pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = launch.stream;
+  cfg.attrs = n ? attrs : nullptr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, params);
 }
 
 }  // namespace detail

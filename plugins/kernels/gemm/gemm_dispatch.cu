@@ -1,21 +1,15 @@
 // Host side of the GEMM: device facts, problem validation, and run_gemm -- the heuristic dataflow's run-time
 // half, a table lookup (select_impl) and a call, never a measurement.
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 
-#include "kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fdpp {
 namespace gemm {
 namespace {
 
 thread_local std::string t_detail;
-
-// -1: not decided yet (decided on first use from the environment and the device).
-std::atomic<int> g_pdl{-1};
 
 constexpr int kMaxDevices = 64;
 
@@ -29,30 +23,6 @@ void set_detail(const char* msg) {
   } catch (...) {
     // Out of memory storing a message: the status code still tells the caller what happened.
   }
-}
-
-bool pdl_enabled() {
-  int value = g_pdl.load();
-  if (value < 0) {
-    const char* env = std::getenv("FDPP_GEMM_PDL");
-    DeviceInfo dev;
-    const bool supported = current_device_info(&dev) == cudaSuccess && hopper_paths(dev.cc_major);
-    // On by default where supported: in a decode step's graph of back-to-back GEMMs it measured 10 to 20%
-    // faster per ImplB GEMM (docs/notes-gemm.md, run 5). FDPP_GEMM_PDL=0 turns it off (an A/B switch).
-    value = supported && !(env && std::strcmp(env, "0") == 0) ? 1 : 0;
-    int expected = -1;
-    g_pdl.compare_exchange_strong(expected, value);
-    value = g_pdl.load();
-  }
-  return value == 1;
-}
-
-void set_pdl_enabled(bool enabled) {
-  if (enabled) {
-    DeviceInfo dev;
-    enabled = current_device_info(&dev) == cudaSuccess && hopper_paths(dev.cc_major);
-  }
-  g_pdl.store(enabled ? 1 : 0);
 }
 
 cudaError_t current_device_info(DeviceInfo* out) {
@@ -119,11 +89,7 @@ cudaError_t run_gemm(const Problem& p, const Plan& plan, Impl impl, const ImplBC
       return launch_impla(p, 0, stream);
     case Impl::kB:
       return launch_implb(p, config ? *config : plan.implb, pad_m > 0 ? pad_m : 8, stream);
-    case Impl::kCublasLt:
-      // A plan made where cuBLASLt was present, run where it is not (a TensorRT deployment without
-      // nvidia-cublas): CUTLASS computes the same product, only slower.
-      if (!cublaslt_available() && cutlass_available())
-        return launch_implc_cutlass(p, workspace, workspace_bytes, stream);
+    case Impl::kCublasLt:  // where libcublasLt cannot be loaded: cudaErrorNotSupported, naming what to do
       return launch_implc_cublaslt(p, workspace, workspace_bytes, stream);
     case Impl::kCutlass:
       return launch_implc_cutlass(p, workspace, workspace_bytes, stream);

@@ -1,7 +1,7 @@
 // The elementwise epilogue pass after ImplC (cuBLASLt / CUTLASS), for what those libraries do not fuse:
 // silu_mul (d [m, n] -> y [m, n/2]) with bias and residual, or a bias added in place.
 // ImplA and ImplB apply their epilogues from registers and never use this.
-#include "kernels/gemm_common.cuh"
+#include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
 namespace gemm {

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "fdpp_contract_constants.h"
+
 namespace fdpp {
 namespace gemm {
 
@@ -38,6 +40,8 @@ enum class Impl : int32_t {
 //           stages fill right after it, with their activations); kLoaderPair (M <= 16, sm_90), a cluster of two
 //           CTAs per 32-row block, one K half each, so that each CTA reads half the activations per weight byte,
 //           every stage's weights issued before the wait (gemm_implb_pair.cu)
+//   row_blocks  16-row weight blocks per warp in the warp-tiled kernel (gemm_implb.cu): 0 = the rule
+//           (implb_row_blocks_per_warp), 1 = one (what the rule's second block gains can be measured against it)
 constexpr int32_t kLoaderTma = 0;
 constexpr int32_t kLoaderRows = 1;
 constexpr int32_t kLoaderRows1 = 2;
@@ -48,6 +52,7 @@ struct ImplBConfig {
   int32_t stages;
   int32_t split_k;
   int32_t loader = kLoaderTma;
+  int32_t row_blocks = 0;
 };
 
 // What the profile says about one (N, K, dtype): ImplA for M <= m1, ImplB for m1 < M <= m2, ImplC above
@@ -60,8 +65,13 @@ struct Plan {
   int32_t implc;  // Impl::kCublasLt or Impl::kCutlass
 };
 
-constexpr int kImplAMaxM = 8;    // ImplA keeps M accumulators per row in registers
-constexpr int kImplBMaxM = 64;   // ImplB: at most 8 batch blocks of 8 on the MMA's N side
+// The most rows each implementation takes (the FlatGemm contract's limits): ImplA keeps M accumulators per row in
+// registers; ImplB puts at most 8 batch blocks of 8 on the MMA's N side; its 1024-column pipelines hold 2.
+constexpr int kImplAMaxM = contract::kImplAMaxM;
+constexpr int kImplBMaxM = contract::kImplBMaxM;
+constexpr int kImplB1024MaxM = contract::kImplB1024MaxM;
+static_assert(kImplAMaxM == 8 && kImplBMaxM == 64 && kImplB1024MaxM == 16,
+              "the kernels are instantiated for these limits (and the messages below name them)");
 constexpr int kImplBWarps = 4;
 constexpr int kMaxSplitK = 8;    // portable thread-block cluster size
 constexpr int kMaxStages = 8;
@@ -149,6 +159,15 @@ inline int64_t implb_smem_bytes(const ImplBConfig& c, int batch_blocks, int row_
   return c.stages * stage + int64_t(kImplBWarps) * row_blocks * batch_blocks * 4 * 32 * 4;
 }
 
+// 16-row weight blocks per warp of the warp-tiled kernel: 2 from two batch blocks on, where the config's stages
+// still fit, so that every batch fragment a warp stages and reads from shared memory feeds two MMAs (at M > 8 one
+// block per warp ran out of shared-memory bandwidth); 1 below that, or when the config asks for 1.
+//   n16 k256 s4, M = 9 (2 batch blocks), 227 KB: 4 * 4 * (4 + 2) * 2 * 512 + 8192 = 106496 bytes fit -> 2
+inline int implb_row_blocks_per_warp(const ImplBConfig& c, int batch_blocks, int64_t max_smem) {
+  if (batch_blocks < 2 || c.row_blocks == 1) return 1;
+  return implb_smem_bytes(c, batch_blocks, 2) <= max_smem ? 2 : 1;
+}
+
 // Weight-row blocks of 16 (silu_mul: 8 gate rows + the matching 8 up rows) that ImplB tiles over.
 //   N = 4096 -> 256; N = 22016 silu_mul (I = 11008) -> 1376; N = 960 -> 60
 inline int64_t implb_row_blocks(int64_t n, bool silu_mul) {
@@ -169,12 +188,13 @@ inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int bat
                                         int cc_major) {
   if (c.loader != kLoaderTma && c.loader != kLoaderRows && c.loader != kLoaderRows1 && c.loader != kLoaderPair)
     return "loader must be 0 (TMA), 1 (rows), 2 (rows1) or 3 (pair)";
+  if (c.row_blocks != 0 && c.row_blocks != 1) return "row_blocks must be 0 (the rule) or 1";
   if (implb_is_pair(c)) {
     if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
       return "a pair ImplB config needs n_tile 16, k_tile 1024 and split_k 1 (its tiling is fixed)";
     if (c.stages < 2 || c.stages > 3) return "a pair ImplB config needs 2 or 3 stages";
     if (!hopper_paths(cc_major)) return "a pair ImplB config needs thread-block clusters (a compute capability 9.x GPU)";
-    if (batch_blocks > 2) return "a pair ImplB config handles M <= 16";
+    if (8 * batch_blocks > kImplB1024MaxM) return "a pair ImplB config handles M <= 16";
     if (implb_pair_smem_bytes(2, 8 * batch_blocks) > max_smem)
       return "two stages of the pair ImplB need more shared memory than the GPU has";
     return nullptr;
@@ -183,7 +203,7 @@ inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int bat
     if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
       return "a rows ImplB config needs n_tile 16, k_tile 1024 and split_k 1";
     if (c.stages < 2 || c.stages > 4) return "a rows ImplB config needs 2 to 4 stages";
-    if (batch_blocks > 2) return "a rows ImplB config handles M <= 16";
+    if (8 * batch_blocks > kImplB1024MaxM) return "a rows ImplB config handles M <= 16";
     if (implb_rows_smem_bytes(2, 8 * batch_blocks) > max_smem)
       return "two stages of the rows ImplB need more shared memory than the GPU has";
     return nullptr;
@@ -193,7 +213,7 @@ inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int bat
       return "a TMA ImplB config (k_tile >= 1024) needs n_tile 16, k_tile 1024 and split_k 1";
     if (c.stages < 2 || c.stages > 4) return "a TMA ImplB config needs 2 to 4 stages";
     if (!hopper_paths(cc_major)) return "a TMA ImplB config (k_tile >= 1024) needs a compute capability 9.x GPU";
-    if (batch_blocks > 2) return "a TMA ImplB config handles M <= 16";
+    if (8 * batch_blocks > kImplB1024MaxM) return "a TMA ImplB config handles M <= 16";
     if (k % 64 != 0) return "a TMA ImplB config needs K to be a multiple of 64";
     if (implb_smem_bytes(c, batch_blocks) > max_smem)
       return "stages * k_tile needs more shared memory than the GPU has";
@@ -269,14 +289,26 @@ inline Plan default_plan(int64_t n, int64_t k, bool silu_mul, int num_sms, int c
   return p;
 }
 
-// Plan sanity, or nullptr: thresholds ordered and implc known. Thresholds above what an implementation can do
-// are allowed (the FlatGemm contract accepts any M): select_impl caps ImplA at M <= 8 and ImplB at M <= 64.
-// (The ImplB config is checked at launch, where M and the device are known.)
+// The most rows the plan sends to ImplB (0 when it never does): select_impl's range (min(m1, 8), min(m2, 64)].
+//   m1 = 0, m2 = 16 -> 16; m1 = 100, m2 = 200 -> 64 (ImplA up to 8, ImplB 9..64); m1 = m2 = 4 -> 0
+inline int64_t implb_plan_max_m(const Plan& p) {
+  const int64_t lo = p.m1 < kImplAMaxM ? p.m1 : kImplAMaxM;
+  const int64_t hi = p.m2 < kImplBMaxM ? p.m2 : kImplBMaxM;
+  return hi > lo ? hi : 0;
+}
+
+// Plan sanity, or nullptr: thresholds ordered, implc known, and a 1024-column ImplB config only where ImplB sees
+// at most 16 rows. Thresholds above what an implementation can do are allowed (the FlatGemm contract accepts any
+// M): select_impl caps ImplA at M <= 8 and ImplB at M <= 64. (The rest of the ImplB config is checked at launch,
+// where M and the device are known.)
+//   {m1 0, m2 16, k_tile 1024} -> ok; {m1 0, m2 32, k_tile 1024} -> refused (M = 17..32 would reach it)
 inline const char* plan_problem(const Plan& p) {
   if (p.m1 < 0) return "m1 must be >= 0";
   if (p.m2 < p.m1) return "m2 must be >= m1";
   if (p.implc != static_cast<int32_t>(Impl::kCublasLt) && p.implc != static_cast<int32_t>(Impl::kCutlass))
     return "implc must be 3 (cuBLASLt) or 4 (CUTLASS)";
+  if (implb_is_bulk(p.implb) && implb_plan_max_m(p) > kImplB1024MaxM)
+    return "a k_tile 1024 ImplB config serves M <= 16: lower m2 to 16 or pick a smaller k_tile";
   return nullptr;
 }
 

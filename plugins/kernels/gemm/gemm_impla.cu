@@ -12,7 +12,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "kernels/gemm_common.cuh"
+#include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
 namespace gemm {
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
 }
 
 template <typename T, int M>
-cudaError_t launch_typed(const GemvParams& params, const DeviceInfo& dev, cudaStream_t stream) {
+cudaError_t launch_typed(const GemvParams& params, const DeviceInfo& dev, const detail::Launch& launch) {
   const void* kernel = reinterpret_cast<const void*>(&gemv_kernel<T, M>);
   // As many clusters as are resident at once (the occupancy query is host-only and cached), each with the
   // same number of warp rounds.
@@ -237,20 +237,20 @@ cudaError_t launch_typed(const GemvParams& params, const DeviceInfo& dev, cudaSt
   const int64_t rounds = (needed + resident - 1) / resident;
   const int64_t clusters = (needed + rounds - 1) / rounds;
   return detail::launch_kernel(gemv_kernel<T, M>, unsigned(clusters * params.split_k), unsigned(kWarps * 32), 0,
-                               stream, params.split_k, params);
+                               launch, params.split_k, params);
 }
 
 template <typename T>
-cudaError_t launch_m(const GemvParams& params, const DeviceInfo& dev, cudaStream_t stream) {
+cudaError_t launch_m(const GemvParams& params, const DeviceInfo& dev, const detail::Launch& launch) {
   switch (params.m) {
-    case 1: return launch_typed<T, 1>(params, dev, stream);
-    case 2: return launch_typed<T, 2>(params, dev, stream);
-    case 3: return launch_typed<T, 3>(params, dev, stream);
-    case 4: return launch_typed<T, 4>(params, dev, stream);
-    case 5: return launch_typed<T, 5>(params, dev, stream);
-    case 6: return launch_typed<T, 6>(params, dev, stream);
-    case 7: return launch_typed<T, 7>(params, dev, stream);
-    case 8: return launch_typed<T, 8>(params, dev, stream);
+    case 1: return launch_typed<T, 1>(params, dev, launch);
+    case 2: return launch_typed<T, 2>(params, dev, launch);
+    case 3: return launch_typed<T, 3>(params, dev, launch);
+    case 4: return launch_typed<T, 4>(params, dev, launch);
+    case 5: return launch_typed<T, 5>(params, dev, launch);
+    case 6: return launch_typed<T, 6>(params, dev, launch);
+    case 7: return launch_typed<T, 7>(params, dev, launch);
+    case 8: return launch_typed<T, 8>(params, dev, launch);
     default: set_detail("ImplA handles 1 <= M <= 8"); return cudaErrorInvalidValue;
   }
 }
@@ -274,8 +274,9 @@ cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream) {
   detail::fill_problem(params, p);
   params.split_k = split_k;
   params.pairs = int(p.silu_mul() ? p.n / 2 : (p.n + 1) / 2);
-  if (p.dtype == Dtype::kBFloat16) return launch_m<__nv_bfloat16>(params, dev, stream);
-  return launch_m<__half>(params, dev, stream);
+  const detail::Launch launch{stream, p.pdl && hopper_paths(dev.cc_major)};
+  if (p.dtype == Dtype::kBFloat16) return launch_m<__nv_bfloat16>(params, dev, launch);
+  return launch_m<__half>(params, dev, launch);
 }
 
 }  // namespace gemm

@@ -31,12 +31,10 @@
 // 5-14% faster at M <= 8 (docs/notes-gemm.md, runs 23 and 36-46).
 #include <cooperative_groups.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
-#include "kernels/gemm_common.cuh"
+#include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
 namespace gemm {
@@ -241,7 +239,7 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
 }
 
 template <typename T, int NB, int RB>
-cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
+cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t smem, const detail::Launch& launch) {
   const void* kernel = reinterpret_cast<const void*>(&flat_gemm_kernel<T, NB, RB>);
   cudaError_t err = ensure_dynamic_smem(kernel, dev.device, smem);
   if (err != cudaSuccess) return err;
@@ -251,45 +249,34 @@ cudaError_t launch_typed(FlatGemmParams params, const DeviceInfo& dev, int64_t s
   const int64_t per_cluster = (tiles + resident - 1) / (resident > 0 ? resident : 1);
   const int64_t clusters = (tiles + per_cluster - 1) / per_cluster;
   return detail::launch_kernel(flat_gemm_kernel<T, NB, RB>, unsigned(clusters * params.split_k), 128u, size_t(smem),
-                               stream, params.split_k, params);
+                               launch, params.split_k, params);
 }
 
 template <typename T>
 cudaError_t launch_nb(int nb, int rb, const FlatGemmParams& params, const DeviceInfo& dev, int64_t smem,
-                      cudaStream_t stream) {
+                      const detail::Launch& launch) {
   if (rb == 2) {
     switch (nb) {
-      case 2: return launch_typed<T, 2, 2>(params, dev, smem, stream);
-      case 3: return launch_typed<T, 3, 2>(params, dev, smem, stream);
-      case 4: return launch_typed<T, 4, 2>(params, dev, smem, stream);
-      case 6: return launch_typed<T, 6, 2>(params, dev, smem, stream);
-      case 8: return launch_typed<T, 8, 2>(params, dev, smem, stream);
+      case 2: return launch_typed<T, 2, 2>(params, dev, smem, launch);
+      case 3: return launch_typed<T, 3, 2>(params, dev, smem, launch);
+      case 4: return launch_typed<T, 4, 2>(params, dev, smem, launch);
+      case 6: return launch_typed<T, 6, 2>(params, dev, smem, launch);
+      case 8: return launch_typed<T, 8, 2>(params, dev, smem, launch);
       default: break;
     }
   } else {
     switch (nb) {
-      case 1: return launch_typed<T, 1, 1>(params, dev, smem, stream);
-      case 2: return launch_typed<T, 2, 1>(params, dev, smem, stream);
-      case 3: return launch_typed<T, 3, 1>(params, dev, smem, stream);
-      case 4: return launch_typed<T, 4, 1>(params, dev, smem, stream);
-      case 6: return launch_typed<T, 6, 1>(params, dev, smem, stream);
-      case 8: return launch_typed<T, 8, 1>(params, dev, smem, stream);
+      case 1: return launch_typed<T, 1, 1>(params, dev, smem, launch);
+      case 2: return launch_typed<T, 2, 1>(params, dev, smem, launch);
+      case 3: return launch_typed<T, 3, 1>(params, dev, smem, launch);
+      case 4: return launch_typed<T, 4, 1>(params, dev, smem, launch);
+      case 6: return launch_typed<T, 6, 1>(params, dev, smem, launch);
+      case 8: return launch_typed<T, 8, 1>(params, dev, smem, launch);
       default: break;
     }
   }
   set_detail("ImplB: internal error, unsupported batch block count");
   return cudaErrorInvalidValue;
-}
-
-// 16-row weight blocks per warp: 2 from two batch blocks on (FDPP_IMPLB_ROW_BLOCKS=1 forces 1, an A/B switch),
-// when that fits in shared memory with as many stages as one block per warp would get.
-int row_blocks_per_warp(int nb, const ImplBConfig& config, int64_t max_smem) {
-  static const bool forced_one = [] {
-    const char* env = std::getenv("FDPP_IMPLB_ROW_BLOCKS");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }();
-  if (nb < 2 || forced_one) return 1;
-  return implb_smem_bytes(config, nb, 2) <= max_smem ? 2 : 1;
 }
 
 }  // namespace
@@ -330,34 +317,42 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
     set_detail("ImplB handles 1 <= M <= 64");
     return cudaErrorInvalidValue;
   }
-  if (pad_m != 8 && pad_m != 16 && pad_m != 64) {
-    set_detail("ImplB pad_m must be 8, 16 or 64");
-    return cudaErrorInvalidValue;
+  if (pad_m != 8) {
+#ifdef FDPP_BENCH_ABLATIONS
+    if (pad_m != 16 && pad_m != 64) {
+      set_detail("ImplB pad_m must be 8, 16 or 64");
+      return cudaErrorInvalidValue;
+    }
+#else
+    set_detail("ImplB pad_m 16 and 64 are the padding ablation: build with -DFDPP_BENCH_ABLATIONS=ON to run them");
+    return cudaErrorNotSupported;
+#endif
   }
   DeviceInfo dev;
   cudaError_t err = current_device_info(&dev);
   if (err != cudaSuccess) return err;
   const int nb = implb_batch_blocks(p.m, pad_m);
-  if (implb_is_bulk(requested)) {
-    ImplBConfig bulk = requested;
-    if (implb_config_problem(bulk, p.k, nb, dev.max_smem_optin, dev.cc_major) == nullptr) {
-      if (implb_is_pair(bulk)) return launch_implb_pair(p, bulk.stages, stream);
-      if (implb_is_rows(bulk))
-        return launch_implb_stream(p, bulk.stages, implb_rows_lead_units(bulk, false),
-                                   implb_rows_lead_units(bulk, true), nb, stream);
-      return launch_implb_bulk(p, bulk, nb, stream);
+  if (implb_is_bulk(requested)) {  // a 1024-column pipeline runs as given, or not at all
+    if (const char* why = implb_config_problem(requested, p.k, nb, dev.max_smem_optin, dev.cc_major)) {
+      set_detail(why);
+      return cudaErrorInvalidValue;
     }
-    return launch_implb(p, default_implb_config(p.n, p.k, p.silu_mul(), dev.num_sms, dev.cc_major), pad_m, stream);
+    if (implb_is_pair(requested)) return launch_implb_pair(p, requested.stages, stream);
+    if (implb_is_rows(requested))
+      return launch_implb_stream(p, requested.stages, implb_rows_lead_units(requested, false),
+                                 implb_rows_lead_units(requested, true), nb, stream);
+    return launch_implb_bulk(p, requested, nb, stream);
   }
-  // A profile picks one config per shape, usually at small M; at larger M each stage also holds more batch
-  // rows, so the depth shrinks (never below 2) until the stages fit in shared memory.
+  // The profile's one config per shape serves every M, and at larger M each stage also holds more batch rows: its
+  // stages are the deepest pipeline, shallower (never below 2) where that depth no longer fits in shared memory.
+  //   n16 k512 s4 at M = 64 (8 batch blocks) on 227 KB: 4 stages need 344064 bytes, 3 262144 -> 2 (180224)
   ImplBConfig config = requested;
   while (config.stages > 2 && implb_smem_bytes(config, nb) > dev.max_smem_optin) --config.stages;
   if (const char* why = implb_config_problem(config, p.k, nb, dev.max_smem_optin, dev.cc_major)) {
     set_detail(why);
     return cudaErrorInvalidValue;
   }
-  const int rb = row_blocks_per_warp(nb, config, dev.max_smem_optin);
+  const int rb = implb_row_blocks_per_warp(config, nb, dev.max_smem_optin);
   FlatGemmParams params{};
   detail::fill_problem(params, p);
   params.warps_n = implb_warps_n(config);
@@ -369,8 +364,9 @@ cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad
   const int64_t blocks_per_tile = int64_t(params.warps_n) * rb;
   params.num_tiles = int((params.num_blocks + blocks_per_tile - 1) / blocks_per_tile);
   const int64_t smem = implb_smem_bytes(config, nb, rb);
-  if (p.dtype == Dtype::kBFloat16) return launch_nb<__nv_bfloat16>(nb, rb, params, dev, smem, stream);
-  return launch_nb<__half>(nb, rb, params, dev, smem, stream);
+  const detail::Launch launch{stream, p.pdl && hopper_paths(dev.cc_major)};
+  if (p.dtype == Dtype::kBFloat16) return launch_nb<__nv_bfloat16>(nb, rb, params, dev, smem, launch);
+  return launch_nb<__half>(nb, rb, params, dev, smem, launch);
 }
 
 }  // namespace gemm

@@ -26,7 +26,7 @@
 #include <cudaTypedefs.h>
 
 
-#include "kernels/gemm_common.cuh"
+#include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
 namespace gemm {
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kBulkThreads) flat_gemm_bulk_kernel(const __gr
 
 template <typename T, int NB, int KT>
 cudaError_t launch_typed(const CUtensorMap& wmap, const BulkGemmParams& params, const DeviceInfo& dev, int64_t smem,
-                         cudaStream_t stream) {
+                         const detail::Launch& launch) {
   auto kernel = flat_gemm_bulk_kernel<T, NB, KT>;
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
   if (err != cudaSuccess) return err;
@@ -222,12 +222,12 @@ cudaError_t launch_typed(const CUtensorMap& wmap, const BulkGemmParams& params, 
   cfg.gridDim = dim3(unsigned(params.num_blocks < dev.num_sms ? params.num_blocks : dev.num_sms));
   cfg.blockDim = dim3(kBulkThreads);
   cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
+  cfg.stream = launch.stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = launch.pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, wmap, params);
 }
 
@@ -265,9 +265,9 @@ cudaError_t encode_weight_map(const Problem& p, int k_tile, CUtensorMap* map) {
 
 template <typename T>
 cudaError_t launch_dtype(const CUtensorMap& wmap, const BulkGemmParams& params, int batch_blocks,
-                         const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
-  return batch_blocks == 1 ? launch_typed<T, 1, 1024>(wmap, params, dev, smem, stream)
-                           : launch_typed<T, 2, 1024>(wmap, params, dev, smem, stream);
+                         const DeviceInfo& dev, int64_t smem, const detail::Launch& launch) {
+  return batch_blocks == 1 ? launch_typed<T, 1, 1024>(wmap, params, dev, smem, launch)
+                           : launch_typed<T, 2, 1024>(wmap, params, dev, smem, launch);
 }
 
 }  // namespace
@@ -290,8 +290,9 @@ cudaError_t launch_implb_bulk(const Problem& p, const ImplBConfig& config, int b
   err = encode_weight_map(p, config.k_tile, &wmap);
   if (err != cudaSuccess) return err;
   const int64_t smem = implb_smem_bytes(config, batch_blocks);  // includes the 1024 bytes of alignment slack
-  if (p.dtype == Dtype::kBFloat16) return launch_dtype<__nv_bfloat16>(wmap, params, batch_blocks, dev, smem, stream);
-  return launch_dtype<__half>(wmap, params, batch_blocks, dev, smem, stream);
+  const detail::Launch launch{stream, p.pdl};  // hopper_paths holds: implb_config_problem admits TMA only there
+  if (p.dtype == Dtype::kBFloat16) return launch_dtype<__nv_bfloat16>(wmap, params, batch_blocks, dev, smem, launch);
+  return launch_dtype<__half>(wmap, params, batch_blocks, dev, smem, launch);
 }
 
 }  // namespace gemm

@@ -29,7 +29,7 @@
 // evict-first weights; the kernel with each rank finishing one tile 8.99 / 9.18 / 9.21 / 9.37. down at M = 8: rows
 // 23.40, that kernel 22.59. This end against that one (run 123, us, o M = 1 / 8, two passes; down M = 8):
 // 8.78 / 9.01 and 8.64 / 8.87 against 8.82 / 9.09 and 8.65 / 8.95; down 22.05 against 22.16.
-#include "kernels/gemm_common.cuh"
+#include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
 namespace gemm {
@@ -37,17 +37,17 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kRanks = 2;                      // CTAs per cluster: one K half each
-constexpr int kRows = 16 * kRanks;             // weight rows per cluster: one 16-row MMA tile per rank
+[[maybe_unused]] constexpr int kRows = 16 * kRanks;  // weight rows per cluster: one 16-row MMA tile per rank
 constexpr int kUnitCols = 512;                 // columns per unit
 constexpr int kWarpCols = kUnitCols / kWarps;  // 64
-constexpr int kGroups = kWarpCols / 32;        // K groups of 32 per warp and unit: 2
+[[maybe_unused]] constexpr int kGroups = kWarpCols / 32;  // K groups of 32 per warp and unit: 2
 constexpr int kRowBytes = kWarpCols * 2;       // 128 bytes of a row per warp
 constexpr int kPieces = kRowBytes / 16;        // 8
-constexpr int kRowsPerCopy = 32 / kPieces;     // row pieces one warp instruction copies: 4
+[[maybe_unused]] constexpr int kRowsPerCopy = 32 / kPieces;  // row pieces one warp instruction copies: 4
 
 // Where 16-byte piece q (0..7) of row r of a warp's slot sits: rows 128 bytes apart and piece q moved to
 // q ^ (4 * (r & 1)), so that the MMA reads (rows g and g + 1 of a quarter-warp, pieces 4j .. 4j + 3) hit all 32 banks.
-__device__ __forceinline__ uint32_t piece_offset(int r, int q) { return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4); }
+[[maybe_unused]] __device__ __forceinline__ uint32_t piece_offset(int r, int q) { return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4); }
 
 struct PairGemmParams {
   const void* x;
@@ -254,11 +254,11 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
 
 template <typename T, int NB>
 cudaError_t launch_typed(const PairGemmParams& params, const DeviceInfo& dev, int64_t smem, int grid,
-                         cudaStream_t stream) {
+                         const detail::Launch& launch) {
   auto kernel = flat_gemm_pair_kernel<T, NB>;
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
   if (err != cudaSuccess) return err;
-  return detail::launch_kernel(kernel, unsigned(grid), unsigned(kWarps * 32), size_t(smem), stream, 2, params);
+  return detail::launch_kernel(kernel, unsigned(grid), unsigned(kWarps * 32), size_t(smem), launch, 2, params);
 }
 
 }  // namespace
@@ -294,11 +294,12 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   PairGemmParams params{};
   detail::fill_problem(params, p);
   params.stages = stages;
+  const detail::Launch launch{stream, p.pdl};  // hopper_paths holds: checked above
   if (two_batch_tiles)
-    return p.dtype == Dtype::kBFloat16 ? launch_typed<__nv_bfloat16, 2>(params, dev, smem, grid, stream)
-                                       : launch_typed<__half, 2>(params, dev, smem, grid, stream);
-  return p.dtype == Dtype::kBFloat16 ? launch_typed<__nv_bfloat16, 1>(params, dev, smem, grid, stream)
-                                     : launch_typed<__half, 1>(params, dev, smem, grid, stream);
+    return p.dtype == Dtype::kBFloat16 ? launch_typed<__nv_bfloat16, 2>(params, dev, smem, grid, launch)
+                                       : launch_typed<__half, 2>(params, dev, smem, grid, launch);
+  return p.dtype == Dtype::kBFloat16 ? launch_typed<__nv_bfloat16, 1>(params, dev, smem, grid, launch)
+                                     : launch_typed<__half, 1>(params, dev, smem, grid, launch);
 }
 
 }  // namespace gemm

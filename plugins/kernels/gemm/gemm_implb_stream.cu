@@ -37,7 +37,7 @@
 //   and the first half still sends few weight bytes ahead of its activations. Same run (run 87, o, 2 stages, us,
 //   M = 1 / 2 / 4 / 8): one unit everywhere 9.38 / 9.56 / 9.56 / 9.76, this split 9.00 / 9.14 / 9.17 / 9.65; 1.25
 //   to 1.75 units everywhere 9.51-9.78 at M = 1, two everywhere 9.29 (run 64).
-#include "kernels/gemm_common.cuh"
+#include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
 namespace gemm {
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
 }
 
 template <typename T, int NB, int Parities>
-cudaError_t launch_typed(StreamGemmParams params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream) {
+cudaError_t launch_typed(StreamGemmParams params, const DeviceInfo& dev, int64_t smem, const detail::Launch& launch) {
   auto kernel = flat_gemm_stream_kernel<T, NB, Parities>;
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
   if (err != cudaSuccess) return err;
@@ -260,17 +260,17 @@ cudaError_t launch_typed(StreamGemmParams params, const DeviceInfo& dev, int64_t
       dev.num_sms;
   params.blocks_per_cta = int((params.num_blocks + resident - 1) / resident);
   const int grid = (params.num_blocks + params.blocks_per_cta - 1) / params.blocks_per_cta;
-  return detail::launch_kernel(kernel, unsigned(grid), unsigned(kWarps * 32), size_t(smem), stream, 1, params);
+  return detail::launch_kernel(kernel, unsigned(grid), unsigned(kWarps * 32), size_t(smem), launch, 1, params);
 }
 
 template <typename T>
-cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, int64_t smem, cudaStream_t stream,
+cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, int64_t smem, const detail::Launch& launch,
                        int batch_blocks, int parities) {
   if (batch_blocks == 1)
-    return parities == 1 ? launch_typed<T, 1, 1>(params, dev, smem, stream)
-                         : launch_typed<T, 1, 2>(params, dev, smem, stream);
-  return parities == 1 ? launch_typed<T, 2, 1>(params, dev, smem, stream)
-                       : launch_typed<T, 2, 2>(params, dev, smem, stream);
+    return parities == 1 ? launch_typed<T, 1, 1>(params, dev, smem, launch)
+                         : launch_typed<T, 1, 2>(params, dev, smem, launch);
+  return parities == 1 ? launch_typed<T, 2, 1>(params, dev, smem, launch)
+                       : launch_typed<T, 2, 2>(params, dev, smem, launch);
 }
 
 // Activation rows a stage holds. At M = 7 one more, zero-filled: copying 7 rows was 3-5% slower than copying 8,
@@ -319,9 +319,9 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, in
   params.lead_late = clamp_lead(lead_second);
   params.steps = int((p.k + kUnitCols - 1) / kUnitCols);
   params.num_blocks = int(implb_row_blocks(p.n, p.silu_mul()));
-  if (p.dtype == Dtype::kBFloat16)
-    return launch_for<__nv_bfloat16>(params, dev, smem, stream, batch_blocks, parities);
-  return launch_for<__half>(params, dev, smem, stream, batch_blocks, parities);
+  const detail::Launch launch{stream, p.pdl && hopper_paths(dev.cc_major)};
+  if (p.dtype == Dtype::kBFloat16) return launch_for<__nv_bfloat16>(params, dev, smem, launch, batch_blocks, parities);
+  return launch_for<__half>(params, dev, smem, launch, batch_blocks, parities);
 }
 
 }  // namespace gemm

@@ -11,6 +11,7 @@
 // for a new M does the host-side heuristic query; fdpp_gemm_prepare can do it ahead of capture).
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -18,7 +19,7 @@
 #include <string>
 #include <tuple>
 
-#include "kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fdpp {
 namespace gemm {
@@ -86,13 +87,19 @@ bool bind(void* lib, const char* name, F& fn, std::string& error) {
   return fn != nullptr;
 }
 
-LtApi load_api() {
+// Opens libcublasLt: `path` when given, else $FDPP_CUBLASLT_LIBRARY (where a deployment keeps it), else the
+// dynamic linker's search by soname.
+LtApi load_api(const char* path) {
   LtApi api;
   void* lib = nullptr;
   std::string tried;
-  const char* env = std::getenv("FDPP_CUBLASLT_LIBRARY");
-  const char* names[] = {env, "libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
-  for (const char* name : names) {
+  const char* searched[] = {std::getenv("FDPP_CUBLASLT_LIBRARY"), "libcublasLt.so.13", "libcublasLt.so.12",
+                            "libcublasLt.so"};
+  const char* const* names = searched;
+  int count = 4;
+  if (path != nullptr && *path != '\0') names = &path, count = 1;
+  for (int i = 0; i < count; ++i) {
+    const char* name = names[i];
     if (name == nullptr || *name == '\0') continue;
     lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (lib != nullptr) break;
@@ -100,7 +107,8 @@ LtApi load_api() {
   }
   if (lib == nullptr) {
     api.error = "libcublasLt could not be loaded (tried " + tried +
-                "); set FDPP_CUBLASLT_LIBRARY to its path (pip package nvidia-cublas: nvidia/cublas/lib/)";
+                "); pass its path to fdpp_gemm_load_cublaslt or set FDPP_CUBLASLT_LIBRARY (pip package "
+                "nvidia-cublas: nvidia/cublas/lib/)";
     return api;
   }
   std::string& e = api.error;
@@ -117,9 +125,16 @@ LtApi load_api() {
   return api;
 }
 
+// The loaded API, once one load succeeded (never freed: plans may be used until process exit). A failed load is
+// kept too, so that the launch path does not retry dlopen on every call; load_cublaslt() may replace it.
+std::mutex g_api_mu;
+std::atomic<const LtApi*> g_api{nullptr};
+
 const LtApi& api() {
-  static const LtApi instance = load_api();  // thread-safe one-time init
-  return instance;
+  if (const LtApi* loaded = g_api.load(std::memory_order_acquire)) return *loaded;
+  std::lock_guard<std::mutex> lock(g_api_mu);
+  if (g_api.load(std::memory_order_relaxed) == nullptr) g_api.store(new LtApi(load_api(nullptr)));
+  return *g_api.load(std::memory_order_relaxed);
 }
 
 // Everything a plan depends on.
@@ -217,6 +232,17 @@ const LtPlan* get_plan_locked(const Problem& p, int device, void* d_ptr, bool bi
 }  // namespace
 
 bool cublaslt_available() { return api().create != nullptr; }
+
+cudaError_t load_cublaslt(const char* path) {
+  std::lock_guard<std::mutex> lock(g_api_mu);
+  const LtApi* loaded = g_api.load(std::memory_order_relaxed);
+  if (loaded != nullptr && loaded->create != nullptr) return cudaSuccess;  // the first library that loaded stays
+  const LtApi* fresh = new LtApi(load_api(path));
+  g_api.store(fresh, std::memory_order_release);  // a failed attempt's LtApi is leaked: a few bytes, once
+  if (fresh->create != nullptr) return cudaSuccess;
+  set_detail(fresh->error.c_str());
+  return cudaErrorNotSupported;
+}
 
 cudaError_t prepare_implc_cublaslt(const Problem& p) {
   if (api().create == nullptr) {

@@ -6,7 +6,7 @@
 // broadcast over rows (a row-major C with leading dimension 0) or the residual, so the product is rounded once,
 // as cuBLAS's fused bias does. What is left (silu_mul; a residual on top of a bias) is finished by
 // launch_gemm_epilogue.
-#include "kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 #if defined(FDPP_WITH_CUTLASS)
 #include <cutlass/bfloat16.h>
