@@ -12,16 +12,17 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "fdpp_contract_constants.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fdpp {
 
 struct FlatGemmAttributes {
-  std::string epilogue = "none";  // "none" | "silu_mul" | "residual"
-  int32_t has_bias = 0;
+  std::string epilogue = contract::kFlatGemmEpilogueDefault;  // "none" | "silu_mul" | "residual"
+  int32_t has_bias = contract::kFlatGemmHasBiasDefault;
   gemm::Plan plan{};
-  std::string implc = "cublaslt";  // as written in the node ("cutlass" | "cublaslt" | "cublas" = cuBLASLt)
-  std::string profile = "unprofiled-default";
+  std::string implc = contract::kFlatGemmImplcDefault;  // as in the node ("cutlass" | "cublaslt" | "cublas" = cuBLASLt)
+  std::string profile = contract::kFlatGemmProfileDefault;
 
   // Reads a field collection (any order, unknown fields rejected); throws std::invalid_argument with a
   // one-line message naming the bad field.
