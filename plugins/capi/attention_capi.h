@@ -1,6 +1,6 @@
 // C ABI of fdpp::AsyncSoftmaxAttention (FlashDecoding++'s asynchronized softmax with a unified max) and its
 // companion RoPE + KV-cache append. Conventions: plugins/capi/fdpp_capi.h. Semantics and attributes:
-// plugins/AsyncSoftmaxAttentionPlugin/contract.json; kernels: plugins/kernels/attention_params.h.
+// plugins/AsyncSoftmaxAttentionPlugin/contract.json; kernels: plugins/kernels/attention/attention_params.h.
 #pragma once
 
 #include "capi/fdpp_capi.h"
@@ -8,9 +8,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-// Bump when fdpp_attention_args or fdpp_rope_append_args change (checked against sizeof by the Python side).
-#define FDPP_ATTENTION_ABI 3
 
 typedef enum fdpp_mask_mode { FDPP_MASK_PAST_LEN = 0, FDPP_MASK_BIAS = 1, FDPP_MASK_NONE = 2 } fdpp_mask_mode;
 typedef enum fdpp_softmax_mode { FDPP_SOFTMAX_UNIFIED = 0, FDPP_SOFTMAX_SYNCHRONIZED = 1 } fdpp_softmax_mode;
@@ -46,11 +43,13 @@ typedef struct fdpp_attention_args {
   const int64_t* past_len;  // [B] int64, mask_mode past_len: key j visible to query i iff j <= past_len[b] + i
   const void* bias;   int64_t bias_stride_b, bias_stride_s, bias_stride_l;  // mask_mode bias; 0 = broadcast
   unsigned long long* counters;  // device [2]: fallback rows, clamped rows (accumulated); NULL: the library's own
-  int32_t prefill_config;  // prefill tile shape: 0 = the plan's choice, 1 = 128 query rows x 32-key steps,
-                           // 2 = 64 query rows x 64-key steps, 3 = as 1 with a rolled Q.K loop (fewer
-                           // registers), 4 = 128 rows on warpgroup MMAs (sm_90 only; elsewhere
-                           // FDPP_ERR_UNSUPPORTED); benchmarks and tests force one
+  int32_t prefill_config;  // prefill tile shape: 0 = the plan's choice (4 where the GPU and library have it, else
+                           // 1 or 2 by prefill_tile_config), 1 = 128 query rows x 32-key steps, 2 = 64 query
+                           // rows x 64-key steps, 4 = 128 rows on warpgroup MMAs (sm_90 with the library's 90a
+                           // code; elsewhere FDPP_ERR_UNSUPPORTED); benchmarks and tests force one
   int32_t decode_combine;  // fdpp_decode_combine; CLUSTER where the plan cannot take it: FDPP_ERR_UNSUPPORTED
+  int32_t pdl;             // fdpp_pdl for the decode kernels: AUTO (0) unless K/V are written by a kernel that may
+                           // still run when attention starts
 } fdpp_attention_args;
 
 // sizeof(fdpp_attention_args) and sizeof(fdpp_rope_append_args), for bindings to check their mirror structs.

@@ -4,18 +4,18 @@
 #include <string>
 
 #include "capi/capi_errors.h"
-#include "kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 namespace {
 
 namespace g = fdpp::gemm;
 
 g::ImplBConfig to_config(const fdpp_gemm_implb_config& c) {
-  return g::ImplBConfig{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader};
+  return g::ImplBConfig{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader, c.row_blocks};
 }
 
 fdpp_gemm_implb_config from_config(const g::ImplBConfig& c) {
-  return fdpp_gemm_implb_config{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader};
+  return fdpp_gemm_implb_config{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader, c.row_blocks};
 }
 
 g::Plan to_plan(const fdpp_gemm_plan& p) { return g::Plan{p.m1, p.m2, to_config(p.implb), p.implc}; }
@@ -48,6 +48,9 @@ fdpp_status to_problem(const char* fn, const fdpp_gemm_args* args, g::Problem* o
   p.k = args->k;
   p.dtype = static_cast<g::Dtype>(args->dtype);
   p.epilogue = static_cast<g::Epilogue>(args->epilogue);
+  if (args->pdl != FDPP_PDL_AUTO && args->pdl != FDPP_PDL_OFF)
+    return invalid(fn, "pdl must be FDPP_PDL_AUTO (0) or FDPP_PDL_OFF (1)");
+  p.pdl = args->pdl == FDPP_PDL_AUTO;
   if (const char* why = g::problem_problem(p)) return invalid(fn, why);
   *out = p;
   return FDPP_OK;
@@ -234,14 +237,10 @@ fdpp_status fdpp_gemm_device_info(int32_t* num_sms, int32_t* cc_major, int32_t* 
   });
 }
 
-int32_t fdpp_gemm_set_pdl(int32_t enable) {
-  try {
-    const int32_t before = fdpp::gemm::pdl_enabled() ? 1 : 0;
-    if (enable >= 0) fdpp::gemm::set_pdl_enabled(enable != 0);
-    return before;
-  } catch (...) {
-    return 0;
-  }
+fdpp_status fdpp_gemm_load_cublaslt(const char* path) {
+  return fdpp::guarded("fdpp_gemm_load_cublaslt", [&] {
+    return from_launch("fdpp_gemm_load_cublaslt", fdpp::gemm::load_cublaslt(path));
+  });
 }
 
 int32_t fdpp_gemm_cublaslt_available(void) {
