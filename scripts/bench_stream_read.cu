@@ -1,5 +1,5 @@
 // How fast can a chain of weight-streaming kernels read HBM, depending on how each kernel issues its loads?
-// The question behind ImplB's TMA pipeline (plugins/kernels/gemm_implb_bulk.cu, docs/notes-gemm.md, run 20).
+// The question behind ImplB's TMA pipeline (plugins/kernels/gemm/gemm_implb_bulk.cu, docs/notes-gemm.md, run 20).
 //
 // Each kernel reads one weight-sized buffer into shared memory through a ring of stages and touches every byte
 // once (no math). 60 launches over rotating buffers (together > 3x L2) run back to back in one CUDA graph,
