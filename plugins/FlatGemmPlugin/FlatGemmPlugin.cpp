@@ -140,7 +140,7 @@ const char* FlatGemmPlugin::getPluginNamespace() const noexcept { return kPlugin
 int32_t FlatGemmPlugin::getNbOutputs() const noexcept { return 1; }
 
 int32_t FlatGemmPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
-                                        const nvinfer1::DynamicPluginTensorDesc* out, int32_t nbOutputs) noexcept {
+                                        const nvinfer1::DynamicPluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
   try {
     if (nbInputs != attrs_.num_inputs() || nbOutputs != 1) {
       log_error("expected " + std::to_string(attrs_.num_inputs()) + " inputs (x, weight" +
