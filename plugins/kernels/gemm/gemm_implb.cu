@@ -24,11 +24,11 @@
 //
 // The grid is persistent (one wave: as many clusters as are resident, each walking an equal share of the
 // tiles through one continuous pipeline), and with programmatic dependent launch the weights of the first
-// stages are requested before waiting for the kernel that produces X (gemm.h: pdl_enabled).
+// stages are requested before waiting for the kernel that produces X (gemm.h: Problem::pdl).
 //
 // A config with k_tile >= 1024 (implb_is_bulk) selects a 16-row x 1024-column version of this kernel instead, the
-// TMA one (gemm_implb_bulk.cu) or the row-streaming one (gemm_implb_stream.cu): on the H200 they stream the weight
-// 5-14% faster at M <= 8 (docs/notes-gemm.md, runs 23 and 36-46).
+// TMA one (gemm_implb_bulk.cu) or the row-streaming ones (gemm_implb_stream.cu, gemm_implb_pair.cu): on the H200
+// they stream the weight 5-14% faster at M <= 8 (docs/notes-gemm.md).
 #include <cooperative_groups.h>
 
 #include <mutex>

@@ -1,10 +1,10 @@
 // ImplB with the tensor memory accelerator (sm_90, M <= 16): the flat GEMM of gemm_implb.cu with its weight
 // stream moved from per-thread 16-byte cp.async to TMA copies of whole tiles, issued by a producer warp.
 //
-// Why: on the H200 a chain of weight-streaming kernels in a CUDA graph (programmatic dependent launch on) read
-// 33.5 MB in 8.6-9.4 us when one CTA per SM kept a few 16-32 KB copy-engine transfers in flight, against 10.3 us
-// for 128-thread CTAs issuing 16-byte cp.async (docs/notes-gemm.md, run 21). Copies need neither registers nor
-// many warps to keep bytes in flight. (Separate one-dimensional bulk copies of 1-2 KB row pieces were slower:
+// Why: copy-engine transfers need neither registers nor many warps to keep bytes in flight. On the H200 a chain of
+// weight-streaming kernels in a CUDA graph read a 33.5 MB weight in about 9 us with one CTA per SM keeping a few
+// 16-32 KB transfers in flight, against 10.3 us for 128-thread CTAs issuing 16-byte cp.async
+// (docs/notes-gemm.md). (Separate one-dimensional bulk copies of 1-2 KB row pieces were slower:
 // the copy engine pays per copy, so a unit here is two 3-D tensor copies.)
 //
 // The math is ImplB's: Y^T = W X^T with 16 weight rows on the MMA's M side and the batch padded to 8 on its
@@ -19,12 +19,11 @@
 // Warps: one producer thread fills a `stages`-deep ring (a full and an empty mbarrier per stage) and never
 // waits for the previous grid, since it reads only the weight. Eight consumer warps take the unit's 32-wide K
 // groups in turn: they copy their pieces to registers, release the stage, and multiply; X comes through L1 into
-// registers two units ahead. Eight consumers instead of four made the kernel 15-27% faster (run 22): the MMA and
-// load latency of one unit, not bandwidth, limited four. At the end of a block the consumers' partial sums meet
+// registers two units ahead. Eight consumers, not four: with four, the MMA and load latency of one unit, not
+// bandwidth, limited the kernel (eight were 15-27% faster). At the end of a block the consumers' partial sums meet
 // in shared memory (double-buffered by block parity, so no warp waits for warp 0's epilogue) and warp 0 stores.
 #include <cuda.h>
 #include <cudaTypedefs.h>
-
 
 #include "kernels/gemm/gemm_common.cuh"
 

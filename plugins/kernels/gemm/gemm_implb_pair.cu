@@ -3,8 +3,7 @@
 //
 // Why: every CTA of the rows kernel reads all of X for its 16 rows, so at M = 8 the activations are half as many
 // bytes from L2 as the weights are from HBM (16 MB against 33.5 for o). With 32 rows and half of K per CTA the same
-// weight bytes come with half the activations. Copying only 4 of M = 8 activation rows (a wrong-output diagnostic,
-// run 88) took o from 9.58 to 8.99 us, the M = 4 time.
+// weight bytes come with half the activations. Example: o at M = 8 takes the M = 4 time this way.
 //
 // Work: cluster c (CTAs 2c and 2c + 1) owns rows [32c, 32c + 32) (silu_mul: 16-row blocks 2c and 2c + 1, each
 // 8 gate + 8 up rows); rank r streams the 512-column units [r * half, (r + 1) * half) of K, half = ceil(units / 2).
@@ -13,9 +12,9 @@
 // 8-row batch tiles (the K permutation of gemm_implb.cu), so the ring needs no CTA barrier. Weights come with an L2
 // evict-first policy, activations from L2 without L1, as in the rows kernel.
 //
-// The pipeline: every stage's weights are issued before the PDL wait (one unit ahead was slower: run 90, o M = 1
-// 9.42 against 8.98 us, and so was the rows1 split of one and two units: run 99, 9.25 against 8.99), then one
-// activation group per stage, so that unit 0 can start when its own activations have landed.
+// The pipeline: every stage's weights are issued before the PDL wait (one unit ahead, or the rows1 split of one and
+// two units, was slower here: o M = 1 9.42 and 9.25 against 8.98 us), then one activation group per stage, so that
+// unit 0 can start when its own activations have landed.
 //
 // The end: warp i < 2 of each CTA adds tile i over the warps. Rank 1's two warps write their sums into rank 0's
 // shared memory (distributed shared memory) and exit; rank 0's warp i adds them to its own and runs tile i's
@@ -24,11 +23,7 @@
 // the previous grid anyway) says that the other CTA is running before it is written to, phase 1 that the sums have
 // landed. Warps with nothing left to do exit; a cluster barrier waits only for threads that have not exited.
 //
-// Same run (run 99, o, us, M = 1 / 2 / 4 / 8): rows1 9.48 / 9.55 / 9.69 / 9.96; the kernel before this layout (one
-// activation group, activations through L1, rank 0 finishing both tiles) 10.17 / 9.60 / 9.65 / 9.79 with the
-// evict-first weights; the kernel with each rank finishing one tile 8.99 / 9.18 / 9.21 / 9.37. down at M = 8: rows
-// 23.40, that kernel 22.59. This end against that one (run 123, us, o M = 1 / 8, two passes; down M = 8):
-// 8.78 / 9.01 and 8.64 / 8.87 against 8.82 / 9.09 and 8.65 / 8.95; down 22.05 against 22.16.
+// Example (H200, o [4096, 4096], M = 1 / 8): 8.8 / 9.0 us, against 9.5 / 10.0 for the rows1 loader.
 #include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
@@ -68,7 +63,7 @@ struct PairShared {
   float red[NB == 1 ? kWarps : 1][kRanks * 4][32];
   float other[kRanks][NB * 4][32];  // rank 0: rank 1's sums of both tiles
 };
-// The dynamic ring follows this struct: 64 bytes off a 128-byte line made the kernel 10% slower (run 108).
+// The dynamic ring follows this struct: 64 bytes off a 128-byte line made the kernel 10% slower.
 static_assert(sizeof(PairShared<1>) % 128 == 0 && sizeof(PairShared<2>) % 128 == 0, "keep the ring 128-byte aligned");
 
 // Clusters, compiled only where the kernel body is (sm_90+).
@@ -149,9 +144,8 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
     detail::cp_async_commit();
   }
   // The prologue works each row out as it copies it, so that its first copies leave at once (all of them first was
-  // slower at M <= 8: run 133). The refills take the rows from registers, worked out here, where the CTA waits for
-  // the previous grid anyway; working them out again for every unit made o 3% slower at M = 8 and down 2% (runs
-  // 134-135).
+  // slower at M <= 8). The refills take the rows from registers, worked out here, where the CTA waits for the
+  // previous grid anyway (working them out again for every unit made o 3% slower at M = 8).
   const T* w_rows[kRows / kRowsPerCopy];
   unsigned w_rows_ok = 0;
 #pragma unroll
@@ -279,12 +273,10 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   const int64_t blocks = implb_row_blocks(p.n, p.silu_mul());
   const int grid = int(2 * ((blocks + 1) / 2));  // one cluster of two per pair of 16-row blocks
   int64_t smem = implb_pair_smem_bytes(stages, p.m);
-  // Never three CTAs per SM for a grid that fits one wave at two: at 2 stages and M = 1 three fit (3 * (67584 +
-  // 10240) <= 228 KB), and the grid's 256 CTAs then crowd some SMs and leave others half used. More shared memory
-  // keeps it at two. Same run (run 101, us, three / two per SM): o M = 1 9.75 / 8.74, down 28.11 / 21.74. A grid of
-  // several waves gained from the third (gate_up M = 1, 1376 CTAs: 43.26 / 47.32). Since the refills take their
-  // row pointers from registers (110 per thread, not 80) a third never fits: gate_up M = 1 went from 42.53 to 44.91
-  // us (run 136), a shape whose profile takes `rows` (44.41) anyway.
+  // Never three CTAs per SM for a grid that fits one wave at two: the CTAs would crowd some SMs and leave others
+  // half used, so more shared memory keeps it at two. Example: o at M = 1, 2 stages: three fit (3 * (67584 + 10240)
+  // <= 228 KB) and took 9.75 us, two 8.74. (Grids of several waves would gain from a third, but with the refills'
+  // row pointers in registers, 110 per thread, a third never fits the register file anyway.)
   if (grid <= 2 * dev.num_sms)
     while (3 * (smem + per_cta_extra) <= 228 * 1024) smem += 1024;
   if (smem > dev.max_smem_optin) {

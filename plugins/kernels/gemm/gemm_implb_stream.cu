@@ -1,7 +1,7 @@
 // ImplB on a row-streaming cp.async pipeline (M <= 16; a config's loader kLoaderRows or kLoaderRows1): the flat
 // GEMM of gemm_implb.cu on the loader that read weights fastest on the H200 -- two CTAs per SM, each with up to three
-// 32 KB stages of 16-byte cp.async in flight (docs/notes-gemm.md, run 32: a 33.5 MB weight in 8.15 us in a PDL
-// chain, against 9.15 us for the TMA tiles of gemm_implb_bulk.cu).
+// 32 KB stages of 16-byte cp.async in flight. Example: a 33.5 MB weight in 8.15 us in a PDL chain, against 9.15 us
+// for the TMA tiles of gemm_implb_bulk.cu (docs/notes-gemm.md has the measurements behind every choice below).
 //
 // The math is ImplB's: Y^T = W X^T with 16 weight rows on the MMA's M side and the batch padded to 8 on its
 // 8-wide side (two batch blocks up to M = 16), mma.sync m16n8k16, fp32 accumulators, and the K permutation of
@@ -14,29 +14,21 @@
 // CTA barrier: a __syncwarp orders a warp's copies before its reads, and its reads before the copy that refills the
 // slot.
 //
-// Measured on the H200 (docs/notes-gemm.md), and why it is built this way:
-// - X rides in the stage with the weights. Loaded into registers a unit ahead instead, its L2 latency under the
-//   weight stream held every refill back: 2.4 us per unit, o 11.6 us against 10.1 for the TMA kernel (runs 36-39).
-//   It is copied from L2 without an L1 allocation (.cg); through L1 (.ca), for the other CTA of the SM, it was
-//   slower at M = 8 (run 94, o rows1, us, .ca / .cg: M = 1 9.24 / 9.24, M = 4 9.57 / 9.48, M = 8 10.27 / 9.98).
+// Why it is built this way:
+// - X rides in the stage with the weights: loaded into registers a unit ahead instead, its L2 latency under the
+//   weight stream held every refill back. It is copied from L2 without an L1 allocation (.cg); through L1 (.ca),
+//   for the other CTA of the SM, it was slower at M = 8.
 // - The weights are copied with an L2 evict-first policy: read once, they should not push the activations out.
-//   Same run (run 99, us, M = 1 / 8): o rows1 9.48 / 9.96 without, 9.40 / 9.85 with; qkv rows 24.21 / 26.40 and
-//   24.10 / 26.18; gate_up 46.15 / 50.30 and 45.85 / 50.10 (run 98: o 9.46 / 9.89 and 9.37 / 9.79).
 // - A warp moves the unit's operands into registers and refills the slot before it multiplies.
-// - No L2::256B prefetch hint on the weight copies (2-3% slower with it); 512-column units were slower (run 40).
-// - 8 warps of 128 columns, not 4 of 256: the same bytes in flight, half the work per warp and unit between a
-//   slot landing and its refill. Same run (run 54, us, 4 / 8 warps): o M=1 10.07 / 9.27, M=8 11.13 / 10.19;
-//   qkv M=8 27.01 / 25.36; down M=8 24.17 / 22.83. 16 warps of 64 columns were slower than 8 (o M=1 10.02).
-// - How many units' weights go out before the PDL wait is the loader's choice: all the stages (rows) or one
-//   (rows1, the rest with their activations right after the wait). Same run (run 64, us, M = 1 / 2 / 4 / 8), 2
-//   stages: o 9.29 / 9.56 / 9.87 / 10.27 (rows) against 9.12 / 9.23 / 9.37 / 9.50 (rows1); but qkv at 3 stages
-//   23.67 / 23.99 / 24.82 / 25.87 against 24.98 / 25.30 / 25.12 / 26.77. The profile picks per shape.
-// - rows1 leads with one unit in the first half of the grid and two in the second. The second half's CTAs start
-//   last, as the previous grid's CTAs leave, so their first weights were still in flight at the release and their
-//   activations queued behind them (run 79). Two units ahead put them a unit further along when the release comes,
-//   and the first half still sends few weight bytes ahead of its activations. Same run (run 87, o, 2 stages, us,
-//   M = 1 / 2 / 4 / 8): one unit everywhere 9.38 / 9.56 / 9.56 / 9.76, this split 9.00 / 9.14 / 9.17 / 9.65; 1.25
-//   to 1.75 units everywhere 9.51-9.78 at M = 1, two everywhere 9.29 (run 64).
+// - No L2::256B prefetch hint on the weight copies (2-3% slower with it); 1024-column units, not 512.
+// - 8 warps of 128 columns, not 4 of 256 (or 16 of 64): the same bytes in flight, half the work per warp and unit
+//   between a slot landing and its refill (o, M = 1: 9.27 us against 10.07 with 4 warps).
+// - How many units' weights go out before the PDL wait is the loader's choice, picked per shape by the profile: all
+//   the stages (rows) or one (rows1, the rest with their activations right after the wait). rows sends more weight
+//   bytes ahead; rows1 lets the activations through sooner.
+// - rows1 leads with one unit in the first half of the grid and two in the second: the second half's CTAs start
+//   last, as the previous grid's CTAs leave, so their first weights would still be in flight at the release with
+//   their activations queued behind them; two units ahead put them a unit further along when the release comes.
 #include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
@@ -140,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   };
   // After the prologue's first units the copies go out in unit order, from a cursor: the next unit's step and
   // block, and the block's row pointers in registers, worked out once per block instead of once per unit (per unit
-  // it cost 2-3% in the pair kernel, runs 134-135).
+  // it cost 2-3% in the pair kernel).
   const T* w_rows[16 / kRowsPerCopy];
   unsigned w_rows_ok = 0;
   int next_step = 0, next_block = block0;
@@ -273,11 +265,10 @@ cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, in
                        : launch_typed<T, 2, 2>(params, dev, smem, launch);
 }
 
-// Activation rows a stage holds. At M = 7 one more, zero-filled: copying 7 rows was 3-5% slower than copying 8,
-// and the zero row takes M = 7 to the M = 8 time. Same run (run 106, us, M = 6 / 7 / 8): gate_up rows 44.99 /
-// 47.46 / 45.25, with the zero row at M = 7 45.28; o rows1 9.11 / 9.63 / 9.22, with it 9.20. A slot sized for 8
-// rows without the copy stayed slow (47.54, 9.64). M = 3 and 5 have no such step (run 105: gate_up M = 5 / 6 45.88
-// / 45.98; o rows1 M = 2 / 3 / 4 9.12 / 9.06 / 9.04), and above 8 the batch takes a second MMA block.
+// Activation rows a stage holds: M, except at M = 7 one more, zero-filled, because copying 7 rows was 3-5% slower
+// than copying 8 (and a slot sized for 8 without the eighth copy stayed slow). Other odd M have no such step, and
+// above 8 the batch takes a second MMA block. Example: gate_up (rows loader) at M = 7 takes the M = 8 time, 45.3 us,
+// instead of 47.5.
 int stream_x_rows(int m) { return m == 7 ? 8 : m; }
 
 }  // namespace
@@ -293,9 +284,8 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, in
   }
   // Two CTAs per SM is the point of this loader: with more activation rows per stage the ring gets shallower
   // (never below 2 stages) until two fit (228 KB per SM, 1 KB reserved per CTA, the reduction buffers). One
-  // reduction buffer instead of two where that saves a stage: at M = 2, 3 stages instead of 2 (run 62, us, two
-  // buffers / one: qkv 24.16 / 23.66, down 22.01 / 21.46, gate_up 45.22 / 43.38; o, whose profile takes 2 stages,
-  // 9.55 / 9.79 at 3).
+  // reduction buffer instead of two where that saves a stage. Example: at M = 2 one buffer leaves room for 3 stages
+  // instead of 2 (gate_up 43.4 us against 45.2).
   const int x_rows = stream_x_rows(p.m);
   auto fitting = [&](int parities) {
     const int64_t per_cta_extra = 1024 + int64_t(sizeof(StreamShared<1, 1>)) * parities * batch_blocks;

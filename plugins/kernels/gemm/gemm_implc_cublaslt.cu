@@ -174,8 +174,8 @@ const LtPlan* get_plan_locked(const Problem& p, int device, void* d_ptr, bool bi
   const LtApi& lt = api();
   const uint32_t align_a = alignment_of(p.w), align_b = alignment_of(p.x);
   const uint32_t align_c = alignment_of(c_ptr ? c_ptr : d_ptr), align_d = alignment_of(d_ptr);
-  const PlanKey key{device, int(p.dtype), p.m, p.n, p.k, bias_epilogue, c_ptr != nullptr,
-                    align_a, align_b, align_c, align_d};
+  const PlanKey key = std::make_tuple(device, int(p.dtype), p.m, p.n, p.k, bias_epilogue, c_ptr != nullptr, align_a,
+                                      align_b, align_c, align_d);
   LtState& st = state();
   auto found = st.plans.find(key);
   if (found != st.plans.end()) return &found->second;
