@@ -13,7 +13,7 @@
 namespace fdpp {
 namespace {
 
-constexpr const char* kPluginName = contract::kAttentionOp;  // = the ONNX op type in domain "fdpp"
+constexpr const char* kPluginName = contract::kAttentionOp;                // = the ONNX op type in domain "fdpp"
 constexpr const char* kPluginVersion = contract::kAttentionVersionString;  // = contract.json "version"
 constexpr const char* kPluginNamespace = "";
 
@@ -219,7 +219,8 @@ size_t AsyncSoftmaxAttentionPlugin::getWorkspaceSize(const nvinfer1::DynamicPlug
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs,
-                                                   const nvinfer1::PluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
+                                                   const nvinfer1::PluginTensorDesc* /*out*/,
+                                                   int32_t nbOutputs) noexcept {
   try {
     if (nbOutputs != 1) return -1;
     nvinfer1::Dims dims[4];
@@ -232,8 +233,9 @@ int32_t AsyncSoftmaxAttentionPlugin::onShapeChange(const nvinfer1::PluginTensorD
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
-                                             const nvinfer1::PluginTensorDesc* /*outputDesc*/, const void* const* inputs,
-                                             void* const* outputs, void* workspace, cudaStream_t stream) noexcept {
+                                             const nvinfer1::PluginTensorDesc* /*outputDesc*/,
+                                             const void* const* inputs, void* const* outputs, void* workspace,
+                                             cudaStream_t stream) noexcept {
   try {
     nvinfer1::Dims dims[4];
     const int32_t n = attrs_.num_inputs();
@@ -264,7 +266,8 @@ int32_t AsyncSoftmaxAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* i
   }
 }
 
-nvinfer1::IPluginV3* AsyncSoftmaxAttentionPlugin::attachToContext(nvinfer1::IPluginResourceContext* /*context*/) noexcept {
+nvinfer1::IPluginV3* AsyncSoftmaxAttentionPlugin::attachToContext(
+    nvinfer1::IPluginResourceContext* /*context*/) noexcept {
   return clone();
 }
 

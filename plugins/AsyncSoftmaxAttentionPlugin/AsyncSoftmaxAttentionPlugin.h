@@ -64,7 +64,8 @@ class AsyncSoftmaxAttentionPlugin : public nvinfer1::IPluginV3,
   int32_t onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs, const nvinfer1::PluginTensorDesc* out,
                         int32_t nbOutputs) noexcept override;
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
-                  const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
+                  const void* const* inputs, void* const* outputs, void* workspace,
+                  cudaStream_t stream) noexcept override;
   nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
   const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
@@ -93,6 +94,5 @@ class AsyncSoftmaxAttentionPluginCreator : public nvinfer1::IPluginCreatorV3One 
   std::vector<nvinfer1::PluginField> fields_;
   nvinfer1::PluginFieldCollection collection_{};
 };
-
 
 }  // namespace fdpp

@@ -13,9 +13,9 @@
 namespace fdpp {
 namespace {
 
-constexpr const char* kPluginName = contract::kFlatGemmOp;  // = the ONNX op type in domain "fdpp"
+constexpr const char* kPluginName = contract::kFlatGemmOp;                // = the ONNX op type in domain "fdpp"
 constexpr const char* kPluginVersion = contract::kFlatGemmVersionString;  // = the node's plugin_version
-constexpr const char* kPluginNamespace = "";  // the ONNX parser's default plugin_namespace
+constexpr const char* kPluginNamespace = "";                              // the ONNX parser's default plugin_namespace
 
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
@@ -46,8 +46,10 @@ int32_t loader_code(const std::string& loader) {
 }
 
 const char* loader_name(int32_t code) {
-  return code == gemm::kLoaderRows ? "rows" : code == gemm::kLoaderRows1 ? "rows1" : code == gemm::kLoaderPair ? "pair"
-                                                                                                             : "tma";
+  return code == gemm::kLoaderRows    ? "rows"
+         : code == gemm::kLoaderRows1 ? "rows1"
+         : code == gemm::kLoaderPair  ? "pair"
+                                      : "tma";
 }
 
 int32_t implc_code(const std::string& implc) {
@@ -75,7 +77,8 @@ FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollecti
     } else if (name == "has_bias") {
       a.has_bias = static_cast<int32_t>(read_int(f, 0, 1));
     } else if (name == "m1" || name == "m2") {
-      const auto m = static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
+      const auto m =
+          static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
       (name == "m1" ? a.plan.m1 : a.plan.m2) = m;
       (name == "m1" ? have_m1 : have_m2) = true;
     } else if (name == "implb_n_tile") {
@@ -83,7 +86,8 @@ FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollecti
     } else if (name == "implb_k_tile") {
       a.plan.implb.k_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmKTiles));
     } else if (name == "implb_stages") {
-      a.plan.implb.stages = static_cast<int32_t>(read_int(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax));
+      a.plan.implb.stages =
+          static_cast<int32_t>(read_int(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax));
     } else if (name == "implb_split_k") {
       a.plan.implb.split_k =
           static_cast<int32_t>(read_int(f, contract::kFlatGemmSplitKMin, contract::kFlatGemmSplitKMax));
@@ -258,9 +262,9 @@ int32_t FlatGemmPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int3
   }
 }
 
-int32_t FlatGemmPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* /*outputDesc*/,
-                                const void* const* inputs, void* const* outputs, void* workspace,
-                                cudaStream_t stream) noexcept {
+int32_t FlatGemmPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
+                                const nvinfer1::PluginTensorDesc* /*outputDesc*/, const void* const* inputs,
+                                void* const* outputs, void* workspace, cudaStream_t stream) noexcept {
   try {
     gemm::Problem p;
     p.m = leading_product(inputDesc[0].dims);
@@ -302,14 +306,13 @@ nvinfer1::IPluginV3* FlatGemmPlugin::attachToContext(nvinfer1::IPluginResourceCo
 
 const nvinfer1::PluginFieldCollection* FlatGemmPlugin::getFieldsToSerialize() noexcept {
   try {
-    ints_ = {attrs_.has_bias, attrs_.plan.m1, attrs_.plan.m2, attrs_.plan.implb.n_tile, attrs_.plan.implb.k_tile,
-             attrs_.plan.implb.stages, attrs_.plan.implb.split_k};
+    ints_ = {attrs_.has_bias,          attrs_.plan.m1,           attrs_.plan.m2,           attrs_.plan.implb.n_tile,
+             attrs_.plan.implb.k_tile, attrs_.plan.implb.stages, attrs_.plan.implb.split_k};
     fields_.clear();
     auto text = [&](const char* name, const std::string& value) {
       fields_.emplace_back(name, value.c_str(), PluginFieldType::kCHAR, static_cast<int32_t>(value.size() + 1));
     };
-    const char* int_names[] = {"has_bias", "m1", "m2", "implb_n_tile", "implb_k_tile", "implb_stages",
-                               "implb_split_k"};
+    const char* int_names[] = {"has_bias", "m1", "m2", "implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k"};
     text("epilogue", attrs_.epilogue);
     for (size_t i = 0; i < ints_.size(); ++i) fields_.emplace_back(int_names[i], &ints_[i], PluginFieldType::kINT32, 1);
     loader_ = loader_name(attrs_.plan.implb.loader);

@@ -20,10 +20,15 @@ fdpp_status invalid(const char* fn, const std::string& msg) {
   return set_error(FDPP_ERR_INVALID_ARGUMENT, std::string(fn) + ": " + msg);
 }
 
+fdpp_status unsupported(const char* fn, const std::string& msg) {
+  return set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": " + msg);
+}
+
 // A failed check_*_params as a status with "<fn>: <message>" as the last error.
 fdpp_status from_check(const char* fn, const fdpp::ParamsCheck& c) {
   if (!c) return FDPP_OK;
-  const fdpp_status code = c.error == fdpp::ParamsError::kUnsupported ? FDPP_ERR_UNSUPPORTED : FDPP_ERR_INVALID_ARGUMENT;
+  const fdpp_status code =
+      c.error == fdpp::ParamsError::kUnsupported ? FDPP_ERR_UNSUPPORTED : FDPP_ERR_INVALID_ARGUMENT;
   return set_error(code, std::string(fn) + ": " + c.message);
 }
 
@@ -131,16 +136,18 @@ fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, void* worksp
     if (fdpp::choose_kernel(p) == fdpp::AttnKernel::kDecode && need == 0)
       return fdpp::from_cuda(cudaGetLastError(), "fdpp_attention_forward (device query)");
     if (p.decode_combine == fdpp::DecodeCombine::kCluster && fdpp::choose_kernel(p) == fdpp::AttnKernel::kDecode &&
-        fdpp::decode_uses_cluster(p) == 0)
-      return fdpp::set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": decode_combine cluster needs an sm_90 GPU "
-                                                                     "and 2 to 8 decode splits in one wave of one CTA "
-                                                                     "per SM (this call has " +
-                                                                     str(fdpp::decode_splits_for(p)) +
-                                                                     " splits); use 0 (plan) or 1 (kernel)");
+        fdpp::decode_uses_cluster(p) == 0) {
+      const std::string splits = str(fdpp::decode_splits_for(p));
+      return unsupported(fn,
+                         "decode_combine cluster needs an sm_90 GPU and 2 to 8 decode splits in one wave of one "
+                         "CTA per SM (this call has " +
+                             splits + " splits); use 0 (plan) or 1 (kernel)");
+    }
     const cudaError_t err = fdpp::attention_forward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
     if (err == cudaErrorNotSupported && p.prefill_config == 4)
-      return set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": prefill_config 4 (the wgmma kernel) needs an sm_90 "
-                                                               "GPU and a library built for 90a; use 0 (the plan)");
+      return unsupported(fn,
+                         "prefill_config 4 (the wgmma kernel) needs an sm_90 GPU and a library built for 90a; "
+                         "use 0 (the plan)");
     return fdpp::from_cuda(err, fn);
   });
 }

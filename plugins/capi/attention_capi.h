@@ -18,14 +18,16 @@ typedef enum fdpp_attention_kernel {
   FDPP_ATTN_ROWWISE = 3   // force the float32 row-per-CTA online-softmax kernel (exact; slow)
 } fdpp_attention_kernel;
 typedef enum fdpp_decode_combine {
-  FDPP_COMBINE_AUTO = 0,     // the plan's choice: in a cluster where the GPU and split count allow it
-  FDPP_COMBINE_KERNEL = 1,   // a second kernel adds the splits' partials from the workspace
-  FDPP_COMBINE_CLUSTER = 2   // the splits of a row block form a thread block cluster (sm_90, 2-8 splits)
+  FDPP_COMBINE_AUTO = 0,    // the plan's choice: in a cluster where the GPU and split count allow it
+  FDPP_COMBINE_KERNEL = 1,  // a second kernel adds the splits' partials from the workspace
+  FDPP_COMBINE_CLUSTER = 2  // the splits of a row block form a thread block cluster (sm_90, 2-8 splits)
 } fdpp_decode_combine;
 
 // query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size), output [B, Hq, S, D];
 // strides in elements (the last dimension contiguous). Device pointers 16-byte aligned, strides multiples of
 // 16 bytes. head_dim 64 or 128; dtype float16, bfloat16 (or float32: the rowwise kernel).
+// A table, one tensor (pointer and strides) per line:
+// clang-format off
 typedef struct fdpp_attention_args {
   int32_t dtype;         // fdpp_dtype
   int32_t batch, num_heads, num_kv_heads, seq, head_dim;
@@ -51,6 +53,7 @@ typedef struct fdpp_attention_args {
   int32_t pdl;             // fdpp_pdl for the decode kernels: AUTO (0) unless K/V are written by a kernel that may
                            // still run when attention starts
 } fdpp_attention_args;
+// clang-format on
 
 // sizeof(fdpp_attention_args) and sizeof(fdpp_rope_append_args), for bindings to check their mirror structs.
 FDPP_API int fdpp_attention_args_size(void);
@@ -100,6 +103,8 @@ FDPP_API fdpp_status fdpp_attention_read_counters(unsigned long long* host_fallb
 // RoPE on q (in place when q_out == q_in) and on the new k, then k and v written into the caches at positions
 // past_len[b] + s. q [B, Hq, S, D], k_new/v_new [B, Hkv, S, D], caches [B, Hkv, kv_capacity, D]. Tokens whose
 // position falls outside the cache are not written and are counted in counters[1].
+// A table, one tensor (pointer and strides) per line:
+// clang-format off
 typedef struct fdpp_rope_append_args {
   int32_t dtype;
   int32_t batch, num_heads, num_kv_heads, seq, head_dim, kv_capacity;
@@ -113,6 +118,7 @@ typedef struct fdpp_rope_append_args {
   const int64_t* past_len;
   unsigned long long* counters;
 } fdpp_rope_append_args;
+// clang-format on
 
 FDPP_API fdpp_status fdpp_rope_append(const fdpp_rope_append_args* args, void* stream);
 

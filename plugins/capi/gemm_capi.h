@@ -24,11 +24,11 @@ typedef enum fdpp_gemm_epilogue {
 
 // ImplB tile configuration (see plugins/kernels/gemm/gemm_heuristics.h for the meaning and valid values).
 typedef struct fdpp_gemm_implb_config {
-  int32_t n_tile;   // 16, 32, 64
-  int32_t k_tile;   // k_tile / (4 / (n_tile / 16)) in {32, 64, 128, 256}, or 1024 (16-row x 1024 pipelines)
-  int32_t stages;   // 1..8 (1 = no overlap of loads and math)
-  int32_t split_k;  // 1..8 CTAs of a cluster along K (> 1 needs sm_90)
-  int32_t loader;   // k_tile 1024 configs: 0 = TMA (sm_90), 1 = rows, 2 = rows1, 3 = pair (sm_90); ignored below
+  int32_t n_tile;      // 16, 32, 64
+  int32_t k_tile;      // k_tile / (4 / (n_tile / 16)) in {32, 64, 128, 256}, or 1024 (16-row x 1024 pipelines)
+  int32_t stages;      // 1..8 (1 = no overlap of loads and math)
+  int32_t split_k;     // 1..8 CTAs of a cluster along K (> 1 needs sm_90)
+  int32_t loader;      // k_tile 1024 configs: 0 = TMA (sm_90), 1 = rows, 2 = rows1, 3 = pair (sm_90); ignored below
   int32_t row_blocks;  // 16-row weight blocks per warp below k_tile 1024: 0 = the rule (2 from M = 9 where it
                        // fits), 1 = one
 } fdpp_gemm_implb_config;
@@ -49,11 +49,11 @@ typedef struct fdpp_gemm_args {
   void* y;               // [m, n_out]
   int64_t m;
   int64_t n;
-  int64_t k;             // multiple of 8
-  int32_t dtype;         // FDPP_FLOAT16 or FDPP_BFLOAT16
-  int32_t epilogue;      // fdpp_gemm_epilogue
-  int32_t pdl;           // fdpp_pdl for ImplA/ImplB: AUTO (0) unless W is written on the GPU by a kernel that may
-                         // still run when the GEMM starts (plugins/kernels/gemm/gemm.h, Problem::pdl)
+  int64_t k;         // multiple of 8
+  int32_t dtype;     // FDPP_FLOAT16 or FDPP_BFLOAT16
+  int32_t epilogue;  // fdpp_gemm_epilogue
+  int32_t pdl;       // fdpp_pdl for ImplA/ImplB: AUTO (0) unless W is written on the GPU by a kernel that may
+                     // still run when the GEMM starts (plugins/kernels/gemm/gemm.h, Problem::pdl)
 } fdpp_gemm_args;
 
 // The plan used when a shape has no profile, for this device (num_sms, cc_major > 0) or the given ones.

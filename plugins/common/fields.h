@@ -4,8 +4,8 @@
 
 #include <NvInferRuntime.h>
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace fdpp {

@@ -7,7 +7,7 @@
 
 namespace fdpp {
 
-nvinfer1::IPluginCreatorInterface* flatGemmPluginCreator();  // plugins/FlatGemmPlugin/FlatGemmPlugin.cpp
+nvinfer1::IPluginCreatorInterface* flatGemmPluginCreator();   // plugins/FlatGemmPlugin/FlatGemmPlugin.cpp
 nvinfer1::IPluginCreatorInterface* attentionPluginCreator();  // plugins/AsyncSoftmaxAttentionPlugin/...Plugin.cpp
 
 }  // namespace fdpp

@@ -50,8 +50,7 @@ ParamsCheck check_operand(const char* name, const void* ptr, int64_t sb, int64_t
 
 ParamsCheck check_heads(int num_heads, int num_kv_heads) {
   if (num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads != 0)
-    return invalid("num_heads " + str(num_heads) + " must be a positive multiple of num_kv_heads " +
-                   str(num_kv_heads));
+    return invalid("num_heads " + str(num_heads) + " must be a positive multiple of num_kv_heads " + str(num_kv_heads));
   return {};
 }
 
@@ -59,7 +58,8 @@ ParamsCheck check_heads(int num_heads, int num_kv_heads) {
 
 ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) {
   const int dtype = static_cast<int>(p.dtype);
-  if (dtype < 0 || dtype > 2) return invalid("unknown dtype code " + str(dtype) + " (0 float16, 1 bfloat16, 2 float32)");
+  if (dtype < 0 || dtype > 2)
+    return invalid("unknown dtype code " + str(dtype) + " (0 float16, 1 bfloat16, 2 float32)");
   if (ParamsCheck c = check_head_dim(p.head_dim)) return c;
   if (p.batch < 0 || p.seq < 0)
     return invalid("batch and seq must be >= 0 (got " + str(p.batch) + ", " + str(p.seq) + ")");
@@ -80,8 +80,9 @@ ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) 
   if (kernel < 0 || kernel > 3)
     return invalid("unknown kernel " + str(kernel) + " (0 auto, 1 decode, 2 prefill, 3 rowwise)");
   if (p.dtype == AttnDtype::kFloat32 && (p.kernel == AttnKernel::kDecode || p.kernel == AttnKernel::kPrefill))
-    return unsupported("the decode and prefill kernels take float16 or bfloat16; float32 runs on the rowwise "
-                       "kernel (kernel 0 or 3)");
+    return unsupported(
+        "the decode and prefill kernels take float16 or bfloat16; float32 runs on the rowwise "
+        "kernel (kernel 0 or 3)");
   if (p.num_splits < 0 || p.num_splits > 1024) return invalid("num_splits must be in [0, 1024]");
   const int combine = static_cast<int>(p.decode_combine);
   if (combine < 0 || combine > 2)

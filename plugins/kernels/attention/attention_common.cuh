@@ -14,28 +14,33 @@ struct AttnArgs {
   int batch, num_heads, num_kv_heads, group, seq, head_dim, kv_capacity;
   MaskMode mask_mode;
   // Scores are handled as x = s * log2(e) so that e^(s - phi) = 2^(x - phi * log2(e)).
-  float scale_log2;   // scale * log2(e)
-  float phi_log2;     // phi * log2(e)
-  float lo_log2;      // effective guard window for s - phi, log2 units (the kernel's numeric window applied)
+  float scale_log2;  // scale * log2(e)
+  float phi_log2;    // phi * log2(e)
+  float lo_log2;     // effective guard window for s - phi, log2 units (the kernel's numeric window applied)
   float hi_log2;
   float max_floor_log2;  // a row whose largest s - phi is below this falls back (-inf: no such rule)
 
-  const void* q;  int64_t q_sb, q_sh, q_ss;
-  const void* k;  int64_t k_sb, k_sh, k_ss;
-  const void* v;  int64_t v_sb, v_sh, v_ss;
-  void* out;      int64_t o_sb, o_sh, o_ss;
+  const void* q;
+  int64_t q_sb, q_sh, q_ss;
+  const void* k;
+  int64_t k_sb, k_sh, k_ss;
+  const void* v;
+  int64_t v_sb, v_sh, v_ss;
+  void* out;
+  int64_t o_sb, o_sh, o_ss;
   const int64_t* past_len;
-  const void* bias; int64_t bias_sb, bias_ss, bias_sl;
+  const void* bias;
+  int64_t bias_sb, bias_ss, bias_sl;
 
   // decode split-KV
   int num_splits, row_blocks;
   int cluster_combine;  // 1: the splits of a row block form a thread block cluster whose first CTA combines them
   int decode_stages;    // pipeline stages of the split kernel (host-chosen: decode_stages() in attention_heuristics.h)
-  int prefill_slots;   // prefill: CTAs resident on the GPU at once (orders the work, see prefill_kernel)
-  int prefill_config;  // prefill tile shape (host-chosen in attention_forward): 1, 2 or 4
-  float* ws_acc;       // [rows][splits][head_dim] partial sums of p * v
-  float* ws_l;         // [rows][splits] partial sums of p
-  uint32_t* ws_stat;   // [rows][splits] guard flag bits (unified) or the running max as float bits (synchronized)
+  int prefill_slots;    // prefill: CTAs resident on the GPU at once (orders the work, see prefill_kernel)
+  int prefill_config;   // prefill tile shape (host-chosen in attention_forward): 1, 2 or 4
+  float* ws_acc;        // [rows][splits][head_dim] partial sums of p * v
+  float* ws_l;          // [rows][splits] partial sums of p
+  uint32_t* ws_stat;    // [rows][splits] guard flag bits (unified) or the running max as float bits (synchronized)
 
   unsigned long long* counters;  // [0] fallback rows, [1] rows whose kv length was clamped to the cache
 };
@@ -108,8 +113,7 @@ struct PrefillBlock {
 };
 
 template <typename T>
-__device__ __forceinline__ const T* row_ptr(const void* base, int64_t sb, int64_t sh, int64_t ss, int b, int h,
-                                            int s) {
+__device__ __forceinline__ const T* row_ptr(const void* base, int64_t sb, int64_t sh, int64_t ss, int b, int h, int s) {
   return static_cast<const T*>(base) + b * sb + h * sh + static_cast<int64_t>(s) * ss;
 }
 

@@ -231,8 +231,8 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
       for (int np = 0; np < kNT / 2; ++np) {
         const int mi = lane >> 3;
         uint32_t kb[4];
-        ldmatrix_x4(kb, kbuf + swizzled<Tr::kRowBytes>(wkey0 + np * 16 + (mi >> 1) * 8 + (lane & 7),
-                                                       ks * 2 + (mi & 1)));
+        ldmatrix_x4(kb,
+                    kbuf + swizzled<Tr::kRowBytes>(wkey0 + np * 16 + (mi >> 1) * 8 + (lane & 7), ks * 2 + (mi & 1)));
         mma_16816<T>(sc[2 * np], qa[ks], kb[0], kb[1]);
         mma_16816<T>(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
       }
@@ -272,7 +272,8 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     }
     if constexpr (State::kRescales) {
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) o[i][0] *= alpha[0], o[i][1] *= alpha[0], o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+      for (int i = 0; i < D / 8; ++i)
+        o[i][0] *= alpha[0], o[i][1] *= alpha[0], o[i][2] *= alpha[1], o[i][3] *= alpha[1];
     }
     if (masked) {
 #pragma unroll
@@ -470,7 +471,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // The split grid is launched programmatically too, so the kernel before it may still be writing past_len when
   // this grid starts: read nothing before the wait (completion of the split grid implies that kernel's).
-  pdl_wait_primary();  // the split kernel's partials (and everything before it) are visible from here on
+  pdl_wait_primary();       // the split kernel's partials (and everything before it) are visible from here on
   pdl_launch_dependents();  // after the wait, as in the split kernel: at most one grid ahead
   bool clamped = false;
   const int kv_len = kv_len_of(a, b, &clamped);
@@ -504,10 +505,10 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
     const float4* acc4 = reinterpret_cast<const float4*>(a.ws_acc) + base * kLanes + lane;
 #pragma unroll 4
     for (int i = warp; i < n; i += 4) {
-      const float wt = kUnified ? 1.f
-                                : SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), M);
+      const float wt = kUnified ? 1.f : SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), M);
       const float4 p = acc4[static_cast<size_t>(i) * kLanes];
-      acc.x = fmaf(wt, p.x, acc.x), acc.y = fmaf(wt, p.y, acc.y), acc.z = fmaf(wt, p.z, acc.z), acc.w = fmaf(wt, p.w, acc.w);
+      acc.x = fmaf(wt, p.x, acc.x), acc.y = fmaf(wt, p.y, acc.y), acc.z = fmaf(wt, p.z, acc.z),
+      acc.w = fmaf(wt, p.w, acc.w);
       l = fmaf(wt, a.ws_l[base + i], l);
     }
     *reinterpret_cast<float4*>(&part[warp][lane * 4]) = acc;

@@ -62,8 +62,8 @@ cudaError_t launch_decode_impl(const AttnArgs& a, bool pdl, cudaStream_t stream)
                                            : launch_split<T, D, kUnified, 3>(a, pdl, stream);
   // One split, or a cluster per row block: the split kernel wrote the output.
   if (err != cudaSuccess || a.num_splits == 1 || a.cluster_combine) return err;
-  return launch_decode_kernel(decode_combine_kernel<T, D, kUnified>, dim3(a.batch * a.num_heads * a.seq), 128, 0,
-                              pdl, stream, a);
+  return launch_decode_kernel(decode_combine_kernel<T, D, kUnified>, dim3(a.batch * a.num_heads * a.seq), 128, 0, pdl,
+                              stream, a);
 }
 
 template <typename T>
@@ -72,8 +72,7 @@ cudaError_t launch_decode(const AttnArgs& a, bool unified, bool pdl, cudaStream_
     return unified ? launch_decode_impl<T, 128, true>(a, pdl, stream)
                    : launch_decode_impl<T, 128, false>(a, pdl, stream);
   if (a.head_dim == 64)
-    return unified ? launch_decode_impl<T, 64, true>(a, pdl, stream)
-                   : launch_decode_impl<T, 64, false>(a, pdl, stream);
+    return unified ? launch_decode_impl<T, 64, true>(a, pdl, stream) : launch_decode_impl<T, 64, false>(a, pdl, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -23,9 +23,7 @@ int decode_tile(int head_dim) { return head_dim == 128 ? 64 : 128; }
 // Prefill CTAs resident per SM in either tile shape (__launch_bounds__(128, 2); 96 or 80 KB of shared memory).
 constexpr int kPrefillCtasPerSm = 2;
 
-int64_t attention_rows(const AttentionParams& p) {
-  return static_cast<int64_t>(p.batch) * p.num_heads * p.seq;
-}
+int64_t attention_rows(const AttentionParams& p) { return static_cast<int64_t>(p.batch) * p.num_heads * p.seq; }
 
 int row_blocks(const AttentionParams& p) {
   const int rows = (p.num_heads / p.num_kv_heads) * p.seq;
@@ -299,8 +297,7 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       if (p.dtype == AttnDtype::kBFloat16) return launch_rowwise<__nv_bfloat16>(a, stream);
       if (p.dtype == AttnDtype::kFloat16) return launch_rowwise<__half>(a, stream);
       return launch_rowwise<float>(a, stream);
-    default:
-      return cudaErrorInvalidValue;
+    default: return cudaErrorInvalidValue;
   }
 }
 

@@ -13,8 +13,10 @@ namespace attn {
 
 // --- element types ----------------------------------------------------------------------------------------------
 
-template <typename T> struct Elem;
-template <> struct Elem<__half> {
+template <typename T>
+struct Elem;
+template <>
+struct Elem<__half> {
   static __device__ __forceinline__ float2 to_float2(uint32_t packed) {
     return __half22float2(*reinterpret_cast<const __half2*>(&packed));
   }
@@ -25,7 +27,8 @@ template <> struct Elem<__half> {
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
-template <> struct Elem<__nv_bfloat16> {
+template <>
+struct Elem<__nv_bfloat16> {
   static __device__ __forceinline__ float2 to_float2(uint32_t packed) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
   }
@@ -36,7 +39,8 @@ template <> struct Elem<__nv_bfloat16> {
   static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
-template <> struct Elem<float> {
+template <>
+struct Elem<float> {
   static __device__ __forceinline__ float to_float(float x) { return x; }
   static __device__ __forceinline__ float from_float(float x) { return x; }
 };
@@ -79,8 +83,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-template <typename T> __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                                 uint32_t b1);
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 template <>
 __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

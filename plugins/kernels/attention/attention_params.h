@@ -35,9 +35,9 @@ enum class AttnKernel : int { kAuto = 0, kDecode = 1, kPrefill = 2, kRowwise = 3
 enum class DecodeCombine : int { kAuto = 0, kKernel = 1, kCluster = 2 };
 
 // Guard flag bits a decode split writes per row (unified softmax only).
-constexpr uint32_t kGuardAbove = 1u;    // a visible s - phi above guard_hi: e^(s - phi) could overflow
-constexpr uint32_t kGuardBelow = 2u;    // a visible s - phi below guard_lo
-constexpr uint32_t kGuardLowMax = 4u;   // (prefill fp16) the row max is below the fp16 precision floor
+constexpr uint32_t kGuardAbove = 1u;   // a visible s - phi above guard_hi: e^(s - phi) could overflow
+constexpr uint32_t kGuardBelow = 2u;   // a visible s - phi below guard_lo
+constexpr uint32_t kGuardLowMax = 4u;  // (prefill fp16) the row max is below the fp16 precision floor
 
 // Numeric windows for s - phi (natural-log units), from the contract (plugins/AsyncSoftmaxAttentionPlugin/
 // contract.json). The guard bounds given by the caller are intersected with the window of the arithmetic that
@@ -72,9 +72,9 @@ struct AttentionParams {
   MaskMode mask_mode = MaskMode::kPastLen;
   SoftmaxMode softmax = SoftmaxMode::kUnified;
   AttnKernel kernel = AttnKernel::kAuto;
-  int num_splits = 0;  // decode: 0 = decode_num_splits() heuristic
+  int num_splits = 0;                                   // decode: 0 = decode_num_splits() heuristic
   DecodeCombine decode_combine = DecodeCombine::kAuto;  // kAuto: the cluster where it can run (cluster_combine_ok)
-  int prefill_config = 0;  // prefill tile shape: 0 = the plan (prefill_plan_config), else 1, 2 or 4 (the C ABI's)
+  int prefill_config = 0;  // prefill tile shape: 0 = the plan (attention_forward), else 1, 2 or 4 (the C ABI's)
   float scale = 1.0f, phi = contract::kAttentionPhiDefault;
   float guard_lo = contract::kAttentionGuardLoDefault, guard_hi = contract::kAttentionGuardHiDefault;
   // Programmatic dependent launch of the decode kernels where the GPU runs the sm_90a code: the split grid becomes
@@ -83,13 +83,15 @@ struct AttentionParams {
   // written by a kernel that may still run when attention starts.
   bool pdl = true;
 
-  // Strides in elements; the last dimension (head_dim, or keys for bias) is contiguous.
+  // Strides in elements; the last dimension (head_dim, or keys for bias) is contiguous. One tensor per line:
+  // clang-format off
   const void* q = nullptr;   int64_t q_sb = 0, q_sh = 0, q_ss = 0;
   const void* k = nullptr;   int64_t k_sb = 0, k_sh = 0, k_ss = 0;
   const void* v = nullptr;   int64_t v_sb = 0, v_sh = 0, v_ss = 0;
   void* out = nullptr;       int64_t o_sb = 0, o_sh = 0, o_ss = 0;
   const int64_t* past_len = nullptr;  // [batch], kPastLen: key j visible to query i iff j <= past_len[b] + i
   const void* bias = nullptr; int64_t bias_sb = 0, bias_ss = 0, bias_sl = 1;  // kBias, 0-strides broadcast
+  // clang-format on
 
   // Diagnostics: device counters [0] rows that took the fallback, [1] rows whose kv length exceeded the cache
   // (clamped). Null: the library's own counters (attention_default_counters()).
@@ -102,11 +104,14 @@ struct RopeAppendParams {
   int batch = 0, num_heads = 0, num_kv_heads = 0, seq = 0, head_dim = 0, kv_capacity = 0;
   float rope_theta = 10000.0f;
   int rope_interleaved = 0;  // 0: rotate halves (Llama/NeoX: pairs i, i + D/2); 1: adjacent pairs (GPT-J: 2i, 2i+1)
+  // One tensor (pointer and strides) per line:
+  // clang-format off
   const void* q_in = nullptr;  void* q_out = nullptr;  int64_t q_sb = 0, q_sh = 0, q_ss = 0;   // may alias
   const void* k_new = nullptr; int64_t kn_sb = 0, kn_sh = 0, kn_ss = 0;
   const void* v_new = nullptr; int64_t vn_sb = 0, vn_sh = 0, vn_ss = 0;
   void* k_cache = nullptr;     int64_t kc_sb = 0, kc_sh = 0, kc_ss = 0;
   void* v_cache = nullptr;     int64_t vc_sb = 0, vc_sh = 0, vc_ss = 0;
+  // clang-format on
   const int64_t* past_len = nullptr;
   unsigned long long* counters = nullptr;  // [1] counts tokens dropped because their position is past the cache
 };

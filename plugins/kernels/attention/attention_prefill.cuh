@@ -2,10 +2,10 @@
 //
 // Grid (batch x query head, query block), the heaviest causal blocks first. A CTA of 4 warps holds 128 query rows
 // (32 per warp, two m16 fragments; or 64 rows, 16 per warp: the tile shapes of attention_prefill_impl.cuh) and
-// walks the 64-key tiles its rows can see, K and V double-buffered with cp.async. Per tile and warp: S = Q K^T (m16n8k16), P = 2^(x - phi') (unified) or the online max
-// (synchronized), O += P V (m16n8k16 with P in the input type, as FlashAttention-2 does; the fp16 window for this
-// is in attention_params.h). Rows the guard flags are recomputed exactly by their warp after the epilogue, in the
-// same launch (attention_fallback.cuh), and counted.
+// walks the 64-key tiles its rows can see, K and V double-buffered with cp.async. Per tile and warp: S = Q K^T
+// (m16n8k16), P = 2^(x - phi') (unified) or the online max (synchronized), O += P V (m16n8k16 with P in the input type,
+// as FlashAttention-2 does; the fp16 window for this is in attention_params.h). Rows the guard flags are recomputed
+// exactly by their warp after the epilogue, in the same launch (attention_fallback.cuh), and counted.
 #pragma once
 
 #include <type_traits>
@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
           uint32_t kb[4];
-          ldmatrix_x4(kb, kbuf + swizzled<Tr::kRowBytes>(skey + np * 16 + (mi >> 1) * 8 + (lane & 7),
-                                                         ks * 2 + (mi & 1)));
+          ldmatrix_x4(kb,
+                      kbuf + swizzled<Tr::kRowBytes>(skey + np * 16 + (mi >> 1) * 8 + (lane & 7), ks * 2 + (mi & 1)));
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
             mma_16816<T>(sc[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -169,8 +169,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
           // moved (the vote is warp-uniform: every lane of the warp runs this step).
           if (__any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-            for (int i = 0; i < D / 8; ++i)
-              o[r >> 1][i][2 * (r & 1)] *= alpha, o[r >> 1][i][2 * (r & 1) + 1] *= alpha;
+            for (int i = 0; i < D / 8; ++i) o[r >> 1][i][2 * (r & 1)] *= alpha, o[r >> 1][i][2 * (r & 1) + 1] *= alpha;
           }
         }
       }
@@ -204,8 +203,8 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vb[4];
-          ldmatrix_x4_trans(vb, vbuf + swizzled<Tr::kRowBytes>(skey + ks * 16 + (mi & 1) * 8 + (lane & 7),
-                                                               dp * 2 + (mi >> 1)));
+          ldmatrix_x4_trans(
+              vb, vbuf + swizzled<Tr::kRowBytes>(skey + ks * 16 + (mi & 1) * 8 + (lane & 7), dp * 2 + (mi >> 1)));
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
             mma_16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);

@@ -84,8 +84,8 @@ struct UnifiedMaxSoftmax {
 template <int kRows, bool kTf32P = false>
 struct SynchronizedSoftmax {
   static constexpr bool kRescales = true;
-  float l[kRows];  // sum of 2^(x - m) over the keys this thread has seen, relative to the current m
-  float m[kRows];  // running max of x over the keys the quad has seen (-inf while none)
+  float l[kRows];      // sum of 2^(x - m) over the keys this thread has seen, relative to the current m
+  float m[kRows];      // running max of x over the keys the quad has seen (-inf while none)
   float m_sub[kRows];  // what exp() subtracts: m, or 0 while m is -inf (so that -inf - -inf never makes a NaN)
 
   __device__ __forceinline__ void init() {
@@ -124,10 +124,11 @@ struct SynchronizedSoftmax {
 template <int kRows>
 struct AnchoredUnifiedSoftmax {
   static constexpr bool kRescales = true;  // while anchoring
-  float l[kRows];      // sum of 2^(x - m_sub) over this thread's keys
-  float m[kRows];      // running max while anchoring (quad-wide), then frozen
-  float m_sub[kRows];  // what exp() subtracts: the running max (0 while -inf), after the freeze phi_row
-  float x_max[kRows];  // after the freeze: largest visible x - phi_row (the guard's overflow check)
+
+  float l[kRows];       // sum of 2^(x - m_sub) over this thread's keys
+  float m[kRows];       // running max while anchoring (quad-wide), then frozen
+  float m_sub[kRows];   // what exp() subtracts: the running max (0 while -inf), after the freeze phi_row
+  float x_max[kRows];   // after the freeze: largest visible x - phi_row (the guard's overflow check)
   uint32_t unanchored;  // bit r: row r saw no visible key before the freeze (only possible in mask_mode bias)
   bool frozen;
 

@@ -18,7 +18,7 @@ struct DecodeTraits {
   static constexpr int kTile = D == 128 ? 64 : 128;  // keys per pipeline stage
   static constexpr int kKeysPerWarp = kTile / kWarps;
   static constexpr int kNTiles = kKeysPerWarp / 8;  // n8 score fragments per warp per tile
-  static constexpr int kStages = Stages;  // 3 unless decode_stages() says otherwise
+  static constexpr int kStages = Stages;            // 3 unless decode_stages() says otherwise
   static constexpr int kRowBytes = D * 2;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kRowsPerPass = kThreads / kChunks;
@@ -47,8 +47,9 @@ struct DecodeTraits {
 };
 
 // Prefill: a CTA = 4 warps x 32 query rows (two m16 fragments each) of one query head; key tiles of 64 through a
-// 2-stage pipeline, computed 32 keys at a time (to stay within 255 registers). Each K/V fragment loaded from shared memory feeds both m16 fragments, which halves the
-// shared-memory traffic per mma against 16 rows per warp (the kernel would otherwise wait on ldmatrix).
+// 2-stage pipeline, computed 32 keys at a time (to stay within 255 registers). Each K/V fragment loaded from shared
+// memory feeds both m16 fragments, which halves the shared-memory traffic per mma against 16 rows per warp (the kernel
+// would otherwise wait on ldmatrix).
 template <int D, int StepN = 32, int RowsPerWarp = 32>
 struct PrefillTraits {
   static constexpr int kHeadDim = D;

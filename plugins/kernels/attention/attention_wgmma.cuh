@@ -104,6 +104,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // --- wgmma shapes: accumulator register i is d[i / 4][i % 4] (per warp the m16n8 fragment layout, repeated along N);
 // scale-d = 1 (accumulate), no negation; the RS forms take A from registers and B (V) MN-major (trans-b = 1).
 #if FDPP_WGMMA
+// The PTX strings and operand lists below are laid out by hand:
+// clang-format off
 #define FDPP_WGMMA_ROW(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 #define FDPP_WGMMA_ACC32(d)                                                                                  \
   FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3), FDPP_WGMMA_ROW(d, 4), \
@@ -153,6 +155,7 @@ FDPP_WGMMA_RS_M64N64K16(wgmma_rs_m64n64k16_f16, f16)
 FDPP_WGMMA_RS_M64N64K16(wgmma_rs_m64n64k16_bf16, bf16)
 FDPP_WGMMA_RS_M64N128K16(wgmma_rs_m64n128k16_f16, f16)
 FDPP_WGMMA_RS_M64N128K16(wgmma_rs_m64n128k16_bf16, bf16)
+// clang-format on
 #endif  // FDPP_WGMMA
 
 // S += Q K^T for one k16 slice (both operands K-major in shared memory), 64 rows x 64 keys per warpgroup.

@@ -151,8 +151,8 @@ __device__ __forceinline__ void mma_16816<__half>(float* c, uint32_t a0, uint32_
 }
 
 template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
-                                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                         uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
@@ -197,8 +197,8 @@ struct LaneRows {
 // Bias, SiLU(gate) * up and residual on one lane's accumulators of a 16-row block, then the store.
 // acc[nb][q] is (row0, batch nb*8 + 2t + q); acc[nb][2 + q] is (row1, the same batch row).
 template <typename T, int NB>
-__device__ __forceinline__ void store_block(const float (&acc)[NB][4], const LaneRows& r, int t, int m, int n,
-                                            int silu, const void* bias, const void* residual, void* y) {
+__device__ __forceinline__ void store_block(const float (&acc)[NB][4], const LaneRows& r, int t, int m, int n, int silu,
+                                            const void* bias, const void* residual, void* y) {
   const int half_n = n >> 1;
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
@@ -239,8 +239,8 @@ __device__ __forceinline__ void store_block(const float (&acc)[NB][4], const Lan
 // A warp may reach the next block's end before warp 0 has read this one: the caller double-buffers part by block
 // parity, or holds every warp at a barrier after this call.
 template <typename T, int NB, int Warps, typename Params>
-__device__ __forceinline__ void finish_block(float (&acc)[NB][4], float (&part)[Warps][NB * 4][32], int warp,
-                                             int lane, int block, const Params& p) {
+__device__ __forceinline__ void finish_block(float (&acc)[NB][4], float (&part)[Warps][NB * 4][32], int warp, int lane,
+                                             int block, const Params& p) {
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll

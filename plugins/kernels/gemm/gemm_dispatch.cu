@@ -85,17 +85,12 @@ cudaError_t run_gemm(const Problem& p, const Plan& plan, Impl impl, const ImplBC
                      void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (impl == Impl::kAuto) impl = select_impl(p.m, plan);
   switch (impl) {
-    case Impl::kA:
-      return launch_impla(p, 0, stream);
-    case Impl::kB:
-      return launch_implb(p, config ? *config : plan.implb, pad_m > 0 ? pad_m : 8, stream);
+    case Impl::kA: return launch_impla(p, 0, stream);
+    case Impl::kB: return launch_implb(p, config ? *config : plan.implb, pad_m > 0 ? pad_m : 8, stream);
     case Impl::kCublasLt:  // where libcublasLt cannot be loaded: cudaErrorNotSupported, naming what to do
       return launch_implc_cublaslt(p, workspace, workspace_bytes, stream);
-    case Impl::kCutlass:
-      return launch_implc_cutlass(p, workspace, workspace_bytes, stream);
-    default:
-      set_detail("unknown GEMM implementation id");
-      return cudaErrorInvalidValue;
+    case Impl::kCutlass: return launch_implc_cutlass(p, workspace, workspace_bytes, stream);
+    default: set_detail("unknown GEMM implementation id"); return cudaErrorInvalidValue;
   }
 }
 

@@ -9,8 +9,8 @@ namespace {
 
 template <typename T>
 __global__ void gemm_epilogue_kernel(const T* d,  // may alias y (in-place bias)
-                                     const T* __restrict__ bias,
-                                     const T* __restrict__ residual, T* y, int64_t m, int64_t n, int silu) {
+                                     const T* __restrict__ bias, const T* __restrict__ residual, T* y, int64_t m,
+                                     int64_t n, int silu) {
   const int64_t n_out = silu ? n / 2 : n;
   const int64_t total = m * n_out;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -36,16 +36,16 @@ __global__ void gemm_epilogue_kernel(const T* d,  // may alias y (in-place bias)
 }
 
 template <typename T>
-cudaError_t launch_typed(const void* d, const void* bias, const void* residual, void* y, int64_t m, int64_t n,
-                         int silu, cudaStream_t stream) {
+cudaError_t launch_typed(const void* d, const void* bias, const void* residual, void* y, int64_t m, int64_t n, int silu,
+                         cudaStream_t stream) {
   const int64_t total = m * (silu ? n / 2 : n);
   if (total == 0) return cudaSuccess;
   constexpr int kThreads = 256;
   int64_t blocks = (total + kThreads - 1) / kThreads;
   if (blocks > 65535) blocks = 65535;
-  gemm_epilogue_kernel<T><<<unsigned(blocks), kThreads, 0, stream>>>(
-      static_cast<const T*>(d), static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(y), m,
-      n, silu);
+  gemm_epilogue_kernel<T>
+      <<<unsigned(blocks), kThreads, 0, stream>>>(static_cast<const T*>(d), static_cast<const T*>(bias),
+                                                  static_cast<const T*>(residual), static_cast<T*>(y), m, n, silu);
   return cudaGetLastError();
 }
 

@@ -18,11 +18,11 @@ namespace gemm {
 
 // Implementation ids; the numbers are the C ABI's fdpp_gemm_impl values.
 enum class Impl : int32_t {
-  kAuto = 0,       // choose by the plan (select_impl)
-  kA = 1,          // ImplA: GEMV on CUDA cores (M <= kImplAMaxM)
-  kB = 2,          // ImplB: flat GEMM on tensor cores, batch on the MMA's 8-wide side (M <= kImplBMaxM)
-  kCublasLt = 3,   // ImplC: cuBLASLt (loaded at run time)
-  kCutlass = 4,    // ImplC: CUTLASS 2.x tensor-op GEMM, 64x128 tiles (M padded to 64)
+  kAuto = 0,      // choose by the plan (select_impl)
+  kA = 1,         // ImplA: GEMV on CUDA cores (M <= kImplAMaxM)
+  kB = 2,         // ImplB: flat GEMM on tensor cores, batch on the MMA's 8-wide side (M <= kImplBMaxM)
+  kCublasLt = 3,  // ImplC: cuBLASLt (loaded at run time)
+  kCutlass = 4,   // ImplC: CUTLASS 2.x tensor-op GEMM, 64x128 tiles (M padded to 64)
 };
 
 // ImplB tile configuration. A CTA has 4 warps; warp w owns 16 weight rows (one m16 MMA block) and a kw-wide
@@ -73,7 +73,7 @@ constexpr int kImplB1024MaxM = contract::kImplB1024MaxM;
 static_assert(kImplAMaxM == 8 && kImplBMaxM == 64 && kImplB1024MaxM == 16,
               "the kernels are instantiated for these limits (and the messages below name them)");
 constexpr int kImplBWarps = 4;
-constexpr int kMaxSplitK = 8;    // portable thread-block cluster size
+constexpr int kMaxSplitK = 8;  // portable thread-block cluster size
 constexpr int kMaxStages = 8;
 
 // Whether the Hopper paths (thread-block clusters, programmatic dependent launch, TMA) may run: the library's
@@ -170,9 +170,7 @@ inline int implb_row_blocks_per_warp(const ImplBConfig& c, int batch_blocks, int
 
 // Weight-row blocks of 16 (silu_mul: 8 gate rows + the matching 8 up rows) that ImplB tiles over.
 //   N = 4096 -> 256; N = 22016 silu_mul (I = 11008) -> 1376; N = 960 -> 60
-inline int64_t implb_row_blocks(int64_t n, bool silu_mul) {
-  return silu_mul ? (n / 2 + 7) / 8 : (n + 15) / 16;
-}
+inline int64_t implb_row_blocks(int64_t n, bool silu_mul) { return silu_mul ? (n / 2 + 7) / 8 : (n + 15) / 16; }
 
 // Row tiles times split_k at one 16-row block per warp: the work the persistent grid walks (when the launcher
 // gives each warp two blocks, at M > 8, the tiles halve).
@@ -193,7 +191,8 @@ inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int bat
     if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
       return "a pair ImplB config needs n_tile 16, k_tile 1024 and split_k 1 (its tiling is fixed)";
     if (c.stages < 2 || c.stages > 3) return "a pair ImplB config needs 2 or 3 stages";
-    if (!hopper_paths(cc_major)) return "a pair ImplB config needs thread-block clusters (a compute capability 9.x GPU)";
+    if (!hopper_paths(cc_major))
+      return "a pair ImplB config needs thread-block clusters (a compute capability 9.x GPU)";
     if (8 * batch_blocks > kImplB1024MaxM) return "a pair ImplB config handles M <= 16";
     if (implb_pair_smem_bytes(2, 8 * batch_blocks) > max_smem)
       return "two stages of the pair ImplB need more shared memory than the GPU has";

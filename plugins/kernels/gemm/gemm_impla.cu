@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
 #pragma unroll
   for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = 0.f;
 
-  auto load = [&](int u, uint4 (&wa)[U], uint4 (&wb)[U]) {
+  auto load = [&](int u, uint4(&wa)[U], uint4(&wb)[U]) {
     const GemvRows<T, M> r(p, (u / batches) * slots + slot);
     const int c = c_begin + lane + 32 * U * (u % batches);
 #pragma unroll
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
     }
   };
 
-  auto compute = [&](int u, const uint4 (&wa)[U], const uint4 (&wb)[U]) {
+  auto compute = [&](int u, const uint4(&wa)[U], const uint4(&wb)[U]) {
     const int c = c_begin + lane + 32 * U * (u % batches);
 #pragma unroll
     for (int i = 0; i < U; ++i) {
@@ -119,8 +119,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
           float xf[8];
           const float2 x0 = Elem<T>::to_float2(xv.x), x1 = Elem<T>::to_float2(xv.y);
           const float2 x2 = Elem<T>::to_float2(xv.z), x3 = Elem<T>::to_float2(xv.w);
-          xf[0] = x0.x; xf[1] = x0.y; xf[2] = x1.x; xf[3] = x1.y;
-          xf[4] = x2.x; xf[5] = x2.y; xf[6] = x3.x; xf[7] = x3.y;
+          xf[0] = x0.x;
+          xf[1] = x0.y;
+          xf[2] = x1.x;
+          xf[3] = x1.y;
+          xf[4] = x2.x;
+          xf[5] = x2.y;
+          xf[6] = x3.x;
+          xf[7] = x3.y;
           dot8<T>(wa[i], xf, acc0[mi]);
           dot8<T>(wb[i], xf, acc1[mi]);
         }
@@ -236,8 +242,8 @@ cudaError_t launch_typed(const GemvParams& params, const DeviceInfo& dev, const 
   const int64_t needed = (params.pairs + kWarps - 1) / kWarps;  // clusters if every warp had one pair
   const int64_t rounds = (needed + resident - 1) / resident;
   const int64_t clusters = (needed + rounds - 1) / rounds;
-  return detail::launch_kernel(gemv_kernel<T, M>, unsigned(clusters * params.split_k), unsigned(kWarps * 32), 0,
-                               launch, params.split_k, params);
+  return detail::launch_kernel(gemv_kernel<T, M>, unsigned(clusters * params.split_k), unsigned(kWarps * 32), 0, launch,
+                               params.split_k, params);
 }
 
 template <typename T>

@@ -54,14 +54,14 @@ struct FlatGemmParams {
   int m;
   int n;
   int k;
-  int silu;          // rows come in (gate, up) pairs and the output is n / 2 wide
-  int warps_n;       // 16-row blocks per CTA
-  int kw;            // K elements per warp per stage (multiple of 32)
+  int silu;     // rows come in (gate, up) pairs and the output is n / 2 wide
+  int warps_n;  // 16-row blocks per CTA
+  int kw;       // K elements per warp per stage (multiple of 32)
   int stages;
   int split_k;
-  int steps_total;   // ceil(k / k_tile)
-  int num_blocks;    // 16-row blocks in the whole matrix
-  int num_tiles;     // CTA tiles (n_tile rows each)
+  int steps_total;  // ceil(k / k_tile)
+  int num_blocks;   // 16-row blocks in the whole matrix
+  int num_tiles;    // CTA tiles (n_tile rows each)
 };
 
 // Persistent: a cluster of split_k CTAs walks the tiles cluster_id, cluster_id + clusters, ... and each CTA of
@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
           // Batch rows past M are never loaded; compute() feeds zeros for them. X goes through L1: every
           // warp of the SM reads the same rows.
           if (mrow < p.m)
-            detail::cp_async16_ca(base + ((2 * RB + nb) * kgroups + j) * 512,
-                                  kin ? x + int64_t(mrow) * p.k + kk : x, kin);
+            detail::cp_async16_ca(base + ((2 * RB + nb) * kgroups + j) * 512, kin ? x + int64_t(mrow) * p.k + kk : x,
+                                  kin);
         }
       }
     }
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
     }
   };
 
-  constexpr int kAcc = RB * NB * 4;  // accumulators per lane
+  constexpr int kAcc = RB * NB * 4;                                      // accumulators per lane
   float* red = reinterpret_cast<float*>(smem + p.stages * stage_bytes);  // [warp][kAcc][32]
 
   // Sum the tile over the CTA's warps and the cluster's CTAs, apply the epilogue, store; zero the sums.
@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(128) flat_gemm_kernel(const FlatGemmParams p) 
     if (z == 0 && wk == 0) {
 #pragma unroll
       for (int rb = 0; rb < RB; ++rb)
-        detail::store_block<T, NB>(acc[rb], detail::LaneRows(p.n, p.silu, (tile * p.warps_n + wn) * RB + rb, g), t,
-                                   p.m, p.n, p.silu, p.bias, p.residual, p.y);
+        detail::store_block<T, NB>(acc[rb], detail::LaneRows(p.n, p.silu, (tile * p.warps_n + wn) * RB + rb, g), t, p.m,
+                                   p.n, p.silu, p.bias, p.residual, p.y);
     }
     zero_acc();
   };

@@ -47,7 +47,7 @@ struct BulkGemmParams {
   void* y;
   int m, n, k;
   int silu;
-  int k_tile;      // columns per unit
+  int k_tile;  // columns per unit
   int stages;
   int steps;       // units per block: ceil(k / k_tile)
   int num_blocks;  // 16-row blocks (silu: 8 gate + 8 up rows)
@@ -80,15 +80,17 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 // Box (0, chunk, row) of the 3-D tensor map -> shared memory (1024-byte aligned); its bytes complete on bar.
 __device__ __forceinline__ void tma_load_box(uint32_t dst, const CUtensorMap* map, int chunk, int row, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(dst), "l"(map), "r"(0), "r"(chunk), "r"(row), "r"(detail::smem_u32(bar))
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n"
+      :
+      : "r"(dst), "l"(map), "r"(0), "r"(chunk), "r"(row), "r"(detail::smem_u32(bar))
       : "memory");
 }
 #endif
 
 template <typename T, int NB, int KT>
-__global__ void __launch_bounds__(kBulkThreads) flat_gemm_bulk_kernel(const __grid_constant__ CUtensorMap wmap,
-                                                                      const BulkGemmParams p) {
+__global__ void __launch_bounds__(kBulkThreads)
+    flat_gemm_bulk_kernel(const __grid_constant__ CUtensorMap wmap, const BulkGemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kRowBytes = KT * 2;
   constexpr int kStageBytes = kBulkRows * kRowBytes;
@@ -156,7 +158,7 @@ __global__ void __launch_bounds__(kBulkThreads) flat_gemm_bulk_kernel(const __gr
       for (int nb = 0; nb < NB; ++nb) {
         const int mrow = nb * 8 + g;
         xr[i][nb] = j < groups && mrow < p.m ? detail::ld_cached16(x + int64_t(mrow) * p.k + col + 32 * j + 8 * t)
-                                            : make_uint4(0, 0, 0, 0);
+                                             : make_uint4(0, 0, 0, 0);
       }
     }
   };
@@ -252,9 +254,9 @@ cudaError_t encode_weight_map(const Problem& p, int k_tile, CUtensorMap* map) {
   const cuuint32_t steps[3] = {1, 1, 1};
   const CUtensorMapDataType type =
       p.dtype == Dtype::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult res = encode(map, type, 3, const_cast<void*>(p.w), dims, strides, box, steps,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult res =
+      encode(map, type, 3, const_cast<void*>(p.w), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     set_detail("ImplB TMA: cuTensorMapEncodeTiled refused the weight (it must be 16-byte aligned)");
     return cudaErrorInvalidValue;
@@ -263,8 +265,8 @@ cudaError_t encode_weight_map(const Problem& p, int k_tile, CUtensorMap* map) {
 }
 
 template <typename T>
-cudaError_t launch_dtype(const CUtensorMap& wmap, const BulkGemmParams& params, int batch_blocks,
-                         const DeviceInfo& dev, int64_t smem, const detail::Launch& launch) {
+cudaError_t launch_dtype(const CUtensorMap& wmap, const BulkGemmParams& params, int batch_blocks, const DeviceInfo& dev,
+                         int64_t smem, const detail::Launch& launch) {
   return batch_blocks == 1 ? launch_typed<T, 1, 1024>(wmap, params, dev, smem, launch)
                            : launch_typed<T, 2, 1024>(wmap, params, dev, smem, launch);
 }

@@ -31,18 +31,20 @@ namespace gemm {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kRanks = 2;                      // CTAs per cluster: one K half each
-[[maybe_unused]] constexpr int kRows = 16 * kRanks;  // weight rows per cluster: one 16-row MMA tile per rank
-constexpr int kUnitCols = 512;                 // columns per unit
-constexpr int kWarpCols = kUnitCols / kWarps;  // 64
-[[maybe_unused]] constexpr int kGroups = kWarpCols / 32;  // K groups of 32 per warp and unit: 2
-constexpr int kRowBytes = kWarpCols * 2;       // 128 bytes of a row per warp
-constexpr int kPieces = kRowBytes / 16;        // 8
+constexpr int kRanks = 2;                                    // CTAs per cluster: one K half each
+[[maybe_unused]] constexpr int kRows = 16 * kRanks;          // weight rows per cluster: one 16-row MMA tile per rank
+constexpr int kUnitCols = 512;                               // columns per unit
+constexpr int kWarpCols = kUnitCols / kWarps;                // 64
+[[maybe_unused]] constexpr int kGroups = kWarpCols / 32;     // K groups of 32 per warp and unit: 2
+constexpr int kRowBytes = kWarpCols * 2;                     // 128 bytes of a row per warp
+constexpr int kPieces = kRowBytes / 16;                      // 8
 [[maybe_unused]] constexpr int kRowsPerCopy = 32 / kPieces;  // row pieces one warp instruction copies: 4
 
 // Where 16-byte piece q (0..7) of row r of a warp's slot sits: rows 128 bytes apart and piece q moved to
 // q ^ (4 * (r & 1)), so that the MMA reads (rows g and g + 1 of a quarter-warp, pieces 4j .. 4j + 3) hit all 32 banks.
-[[maybe_unused]] __device__ __forceinline__ uint32_t piece_offset(int r, int q) { return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4); }
+[[maybe_unused]] __device__ __forceinline__ uint32_t piece_offset(int r, int q) {
+  return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4);
+}
 
 struct PairGemmParams {
   const void* x;
@@ -68,8 +70,12 @@ static_assert(sizeof(PairShared<1>) % 128 == 0 && sizeof(PairShared<2>) % 128 ==
 
 // Clusters, compiled only where the kernel body is (sm_90+).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
 #endif
 
@@ -241,8 +247,8 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
   cluster_wait();  // phase 1
 #pragma unroll
   for (int i = 0; i < NB * 4; ++i) sums[i / 4][i % 4] += shared.other[warp][i][lane];
-  detail::store_block<T, NB>(sums, detail::LaneRows(p.n, p.silu, pair * kRanks + warp, g), t, p.m, p.n, p.silu,
-                            p.bias, p.residual, p.y);
+  detail::store_block<T, NB>(sums, detail::LaneRows(p.n, p.silu, pair * kRanks + warp, g), t, p.m, p.n, p.silu, p.bias,
+                             p.residual, p.y);
 #endif
 }
 

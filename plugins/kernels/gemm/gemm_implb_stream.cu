@@ -37,13 +37,13 @@ namespace {
 
 using detail::Elem;
 
-constexpr int kUnitCols = 1024;                    // columns per unit
-constexpr int kWarps = 8;                          // warps per CTA
-constexpr int kWarpCols = kUnitCols / kWarps;      // a warp's share: 128 columns
-constexpr int kGroups = kWarpCols / 32;            // K groups of 32 per warp and unit
-constexpr int kRowBytes = kWarpCols * 2;           // 256 bytes of a row per warp
-constexpr int kPieces = kRowBytes / 16;            // 16-byte pieces of a row piece
-constexpr int kRowsPerCopy = 32 / kPieces;         // row pieces one warp instruction copies: 2
+constexpr int kUnitCols = 1024;                // columns per unit
+constexpr int kWarps = 8;                      // warps per CTA
+constexpr int kWarpCols = kUnitCols / kWarps;  // a warp's share: 128 columns
+constexpr int kGroups = kWarpCols / 32;        // K groups of 32 per warp and unit
+constexpr int kRowBytes = kWarpCols * 2;       // 256 bytes of a row per warp
+constexpr int kPieces = kRowBytes / 16;        // 16-byte pieces of a row piece
+constexpr int kRowsPerCopy = 32 / kPieces;     // row pieces one warp instruction copies: 2
 static_assert(kRowsPerCopy * kPieces == 32 && 16 % kRowsPerCopy == 0, "whole rows per warp instruction");
 
 // Where 16-byte piece q (0..15) of row r of a warp's slot sits: rows 256 bytes apart and piece q moved to
@@ -59,11 +59,11 @@ struct StreamGemmParams {
   int m, n, k;
   int silu;
   int stages;
-  int lead;            // units whose weights the first half of the grid issues before the PDL wait
-  int lead_late;       // the same for the second half (implb_rows_lead_units)
-  int x_rows;          // activation rows per stage: M, or M + 1 with a zero row (stream_x_rows)
-  int steps;           // units per block: ceil(k / kUnitCols)
-  int num_blocks;      // 16-row blocks (silu: 8 gate + 8 up rows)
+  int lead;        // units whose weights the first half of the grid issues before the PDL wait
+  int lead_late;   // the same for the second half (implb_rows_lead_units)
+  int x_rows;      // activation rows per stage: M, or M + 1 with a zero row (stream_x_rows)
+  int steps;       // units per block: ceil(k / kUnitCols)
+  int num_blocks;  // 16-row blocks (silu: 8 gate + 8 up rows)
   int blocks_per_cta;
 };
 
@@ -182,10 +182,8 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
   for (int s = 0; s < first; ++s) issue_x(my_ring_u32 + s * stage_bytes, s % p.steps);
   detail::cp_async_commit();
   for (int s = lead; s < p.stages; ++s) {
-    if (s < total)
-      issue_next(my_ring_u32 + s * stage_bytes, true);
-    else
-      detail::cp_async_commit();
+    if (s < total) issue_next(my_ring_u32 + s * stage_bytes, true);
+    else detail::cp_async_commit();
   }
 
   for (int u = 0, stage = 0, step = 0, blk = 0; u < total; ++u) {
@@ -207,16 +205,14 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           const int mrow = nb * 8 + g;
-          b[j][nb] = mrow < p.m ? detail::lds16(slot + piece_offset(16 + mrow, 4 * j + t))
-                                : make_uint4(0, 0, 0, 0);
+          b[j][nb] = mrow < p.m ? detail::lds16(slot + piece_offset(16 + mrow, 4 * j + t)) : make_uint4(0, 0, 0, 0);
         }
       }
     }
     __syncwarp();  // the slot has been read: refill it with unit u + stages
     if (u + p.stages < total)
       issue_next(my_ring_u32 + stage * stage_bytes, true);  // unit u + stages, into the slot just read
-    else
-      detail::cp_async_commit();
+    else detail::cp_async_commit();
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
       if (col + 32 * j < p.k) {
@@ -248,16 +244,15 @@ cudaError_t launch_typed(StreamGemmParams params, const DeviceInfo& dev, int64_t
   if (err != cudaSuccess) return err;
   // Equal contiguous block ranges over the CTAs resident at once (two per SM at three stages).
   const int64_t resident =
-      int64_t(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), dev.device, smem, kWarps * 32)) *
-      dev.num_sms;
+      int64_t(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), dev.device, smem, kWarps * 32)) * dev.num_sms;
   params.blocks_per_cta = int((params.num_blocks + resident - 1) / resident);
   const int grid = (params.num_blocks + params.blocks_per_cta - 1) / params.blocks_per_cta;
   return detail::launch_kernel(kernel, unsigned(grid), unsigned(kWarps * 32), size_t(smem), launch, 1, params);
 }
 
 template <typename T>
-cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, int64_t smem, const detail::Launch& launch,
-                       int batch_blocks, int parities) {
+cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, int64_t smem,
+                       const detail::Launch& launch, int batch_blocks, int parities) {
   if (batch_blocks == 1)
     return parities == 1 ? launch_typed<T, 1, 1>(params, dev, smem, launch)
                          : launch_typed<T, 1, 2>(params, dev, smem, launch);

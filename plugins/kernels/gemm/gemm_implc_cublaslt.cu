@@ -42,20 +42,20 @@ struct lt_heuristic {
   int reserved[4];
 };
 
-constexpr int kComputeF32 = 68;          // CUBLAS_COMPUTE_32F
-constexpr int kCudaR32F = 0;             // CUDA_R_32F
-constexpr int kCudaR16F = 2;             // CUDA_R_16F
-constexpr int kCudaR16BF = 14;           // CUDA_R_16BF
-constexpr int kOpN = 0;                  // CUBLAS_OP_N
-constexpr int kOpT = 1;                  // CUBLAS_OP_T
-constexpr int kDescTransA = 3;           // CUBLASLT_MATMUL_DESC_TRANSA
-constexpr int kDescTransB = 4;           // CUBLASLT_MATMUL_DESC_TRANSB
-constexpr int kDescEpilogue = 7;         // CUBLASLT_MATMUL_DESC_EPILOGUE
-constexpr int kDescBiasPointer = 8;      // CUBLASLT_MATMUL_DESC_BIAS_POINTER
-constexpr uint32_t kEpilogueDefault = 1; // CUBLASLT_EPILOGUE_DEFAULT
-constexpr uint32_t kEpilogueBias = 4;    // CUBLASLT_EPILOGUE_BIAS
-constexpr int kPrefMaxWorkspace = 1;     // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES (uint64_t)
-constexpr int kPrefAlignA = 5;           // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES (uint32_t)
+constexpr int kComputeF32 = 68;           // CUBLAS_COMPUTE_32F
+constexpr int kCudaR32F = 0;              // CUDA_R_32F
+constexpr int kCudaR16F = 2;              // CUDA_R_16F
+constexpr int kCudaR16BF = 14;            // CUDA_R_16BF
+constexpr int kOpN = 0;                   // CUBLAS_OP_N
+constexpr int kOpT = 1;                   // CUBLAS_OP_T
+constexpr int kDescTransA = 3;            // CUBLASLT_MATMUL_DESC_TRANSA
+constexpr int kDescTransB = 4;            // CUBLASLT_MATMUL_DESC_TRANSB
+constexpr int kDescEpilogue = 7;          // CUBLASLT_MATMUL_DESC_EPILOGUE
+constexpr int kDescBiasPointer = 8;       // CUBLASLT_MATMUL_DESC_BIAS_POINTER
+constexpr uint32_t kEpilogueDefault = 1;  // CUBLASLT_EPILOGUE_DEFAULT
+constexpr uint32_t kEpilogueBias = 4;     // CUBLASLT_EPILOGUE_BIAS
+constexpr int kPrefMaxWorkspace = 1;      // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES (uint64_t)
+constexpr int kPrefAlignA = 5;            // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES (uint32_t)
 constexpr int kPrefAlignB = 6;
 constexpr int kPrefAlignC = 7;
 constexpr int kPrefAlignD = 8;
@@ -257,9 +257,8 @@ cudaError_t prepare_implc_cublaslt(const Problem& p) {
   void* d_ptr = silu ? reinterpret_cast<void*>(uintptr_t(256)) : p.y;
   LtState& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
-  return get_plan_locked(p, device, d_ptr, p.bias != nullptr, silu ? nullptr : p.residual)
-             ? cudaSuccess
-             : cudaErrorNotSupported;
+  return get_plan_locked(p, device, d_ptr, p.bias != nullptr, silu ? nullptr : p.residual) ? cudaSuccess
+                                                                                           : cudaErrorNotSupported;
 }
 
 size_t implc_workspace_bytes(int64_t max_m, int64_t n, Epilogue epilogue, Dtype /*dtype*/) {
@@ -303,9 +302,9 @@ cudaError_t launch_implc_cublaslt(const Problem& p, void* workspace, size_t work
         return cudaErrorNotSupported;
       }
     }
-    lt_status s = lt.matmul(st.handles[device], plan->desc, &alpha, p.w, plan->a, p.x, plan->b, &beta,
-                            c_ptr ? c_ptr : d_ptr, plan->c, d_ptr, plan->d, &plan->algo, workspace, kLtWorkspace,
-                            stream);
+    lt_status s =
+        lt.matmul(st.handles[device], plan->desc, &alpha, p.w, plan->a, p.x, plan->b, &beta, c_ptr ? c_ptr : d_ptr,
+                  plan->c, d_ptr, plan->d, &plan->algo, workspace, kLtWorkspace, stream);
     if (s != 0) {
       set_detail(status_text("matmul", s).c_str());
       return cudaErrorUnknown;

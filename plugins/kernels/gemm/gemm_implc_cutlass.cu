@@ -21,14 +21,15 @@ namespace gemm {
 namespace {
 
 template <typename Element>
-using CutlassGemm = cutlass::gemm::device::Gemm<
-    Element, cutlass::layout::RowMajor,     // A = X
-    Element, cutlass::layout::ColumnMajor,  // B = W^T
-    Element, cutlass::layout::RowMajor,     // C, D
-    float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
-    cutlass::gemm::GemmShape<64, 128, 32>, cutlass::gemm::GemmShape<32, 64, 32>, cutlass::gemm::GemmShape<16, 8, 16>,
-    cutlass::epilogue::thread::LinearCombination<Element, 8, float, float>,
-    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>, 4>;
+using CutlassGemm =
+    cutlass::gemm::device::Gemm<Element, cutlass::layout::RowMajor,     // A = X
+                                Element, cutlass::layout::ColumnMajor,  // B = W^T
+                                Element, cutlass::layout::RowMajor,     // C, D
+                                float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+                                cutlass::gemm::GemmShape<64, 128, 32>, cutlass::gemm::GemmShape<32, 64, 32>,
+                                cutlass::gemm::GemmShape<16, 8, 16>,
+                                cutlass::epilogue::thread::LinearCombination<Element, 8, float, float>,
+                                cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>, 4>;
 
 template <typename Element>
 cudaError_t run_typed(const Problem& p, void* d_ptr, const void* c_ptr, int64_t ldc, cudaStream_t stream) {
@@ -37,8 +38,8 @@ cudaError_t run_typed(const Problem& p, void* d_ptr, const void* c_ptr, int64_t 
   const Element* w = static_cast<const Element*>(p.w);
   Element* d = static_cast<Element*>(d_ptr);
   const Element* c = c_ptr ? static_cast<const Element*>(c_ptr) : d;
-  typename Gemm::Arguments args({int(p.m), int(p.n), int(p.k)}, {x, p.k}, {w, p.k}, {c, c_ptr ? ldc : p.n},
-                                {d, p.n}, {1.0f, c_ptr ? 1.0f : 0.0f});
+  typename Gemm::Arguments args({int(p.m), int(p.n), int(p.k)}, {x, p.k}, {w, p.k}, {c, c_ptr ? ldc : p.n}, {d, p.n},
+                                {1.0f, c_ptr ? 1.0f : 0.0f});
   Gemm gemm;
   cutlass::Status status = gemm.can_implement(args);
   if (status != cutlass::Status::kSuccess) {
