@@ -218,7 +218,7 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
 def time_variants(row, variants, quick):
     """Times each (name, calls) into row[name], with a <name>_note where timing could not run. All variants of a row
     are captured first and then replayed in turn, rep by rep, so that clock and temperature drift during the row
-    hits them alike (timed one after the other, the same kernel once measured 9% apart within a row: run 13). The
+    hits them alike (timed one after the other, the same kernel once measured 9% apart within a row). The
     median of the reps is reported. A library that cannot be graph-captured is timed in a loop (said in the note,
     which then starts with 'loop:')."""
     import statistics
