@@ -103,6 +103,9 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   const int hkv = blockIdx.y / a.row_blocks;
   const int rb = blockIdx.y - hkv * a.row_blocks;
   const int b = blockIdx.z;
+  // Only the 3-stage kernel combines in clusters (its receive area holds 7 partials; launch_split refuses the
+  // others), so the 2- and 4-stage kernels carry no cluster code.
+  const bool cluster = Stages == 3 && a.cluster_combine;
   // With programmatic dependent launch this CTA may run while the previous kernel in the stream is still writing
   // (the combine of the previous call, RoPE + cache append, the GEMM producing Q). Before the wait: L2 hints only,
   // which cannot change what any load returns. Everything that kernel may write -- Q, the new K/V rows, past_len,
@@ -120,7 +123,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     // The combine derives the same range and skips this split; with one split (no combine) the rows are empty:
     // they output 0, as a row with no visible key does. In a cluster the first split is empty only when all are
     // (kv_len 0): it writes the zeros; every CTA still takes part in the cluster's two barriers.
-    if (a.num_splits == 1 || (a.cluster_combine && split == 0)) {
+    if (a.num_splits == 1 || (cluster && split == 0)) {
       const int rows_total = a.group * a.seq, row0 = (blockIdx.y - hkv * a.row_blocks) * Tr::kRows;
       for (int i = threadIdx.x; i < (rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows) * D;
            i += Tr::kThreads) {
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
             Elem<T>::from_float(0.f);
       }
     }
-    if (a.cluster_combine) {
+    if (cluster) {
       cluster_sync();
       cluster_sync();
     }
@@ -367,7 +370,6 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // memory); after barrier B the first CTA adds them to its own and finishes the rows as with one split. No
   // workspace round trip and no combine kernel. Unified partials just add; synchronized ones rescale by their max.
   float* recv = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kRedAllBytes);  // slot i: split i + 1
-  const bool cluster = a.cluster_combine;
   const int n_splits = cluster ? active_splits(kv_len, range.chunk) : 1;
   if (cluster) {
     cluster_sync();  // A: the first CTA's receive area is free
