@@ -514,7 +514,7 @@ def run(args) -> int:
               "presets": sorted(configs),
               "method": f"{args.timing}: {TIMINGS[args.timing]} ({args.reps} repetitions for flushed, 10 replays "
                         f"of {GRAPH_ITERS} launches for graph); programmatic dependent launch "
-                        f"{'on' if gemm.set_pdl() else 'off'}; ImplB config by geometric-mean slowdown over M in "
+                        f"{'on' if gemm.pdl_supported() else 'off'}; ImplB config by geometric-mean slowdown over M in "
                         f"{list(SEARCH_MS)}"
                         + (" among the kw = 128 cp.async configs and the TMA ones (--quick)" if args.quick else "")}
     data, replaced = merge_profile(existing, header, entries, args.force)

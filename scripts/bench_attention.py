@@ -43,7 +43,7 @@ def parse_args(argv=None):
 def prefill_shapes():
     import torch
 
-    return (1, 2, 3, 4) if torch.cuda.get_device_capability()[0] == 9 else (1, 2, 3)
+    return (1, 2, 4) if torch.cuda.get_device_capability()[0] == 9 else (1, 2)
 
 
 class Ours:
@@ -218,7 +218,7 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
 def time_variants(row, variants, quick):
     """Times each (name, calls) into row[name], with a <name>_note where timing could not run. All variants of a row
     are captured first and then replayed in turn, rep by rep, so that clock and temperature drift during the row
-    hits them alike (timed one after the other, the same kernel once measured 9% apart within a row: run 13). The
+    hits them alike (timed one after the other, the same kernel once measured 9% apart within a row). The
     median of the reps is reported. A library that cannot be graph-captured is timed in a loop (said in the note,
     which then starts with 'loop:')."""
     import statistics
@@ -273,9 +273,9 @@ def bench_prefill(seq, quick, heads=32):
     variants = [("ours_unified_us", unified), ("ours_sync_us", synced),
                 ("cudnn_us", [sdpa("cudnn", q, k, v, causal=True) for q, k, v, _ in sets]),
                 ("flash_us", [sdpa("flash", q, k, v, causal=True) for q, k, v, _ in sets])]
-    # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps, 3: 1 with a rolled Q.K loop,
-    # 4: 128 rows on warpgroup MMAs, sm_90 only), both softmax variants: the data behind prefill_tile_config() in
-    # attention_heuristics.h and the sm_90 plan in attention_launch.cu.
+    # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps, 4: 128 rows on warpgroup
+    # MMAs, sm_90 only), both softmax variants: the data behind prefill_tile_config() in attention_heuristics.h and
+    # the sm_90 plan in attention_launch.cu.
     for config in prefill_shapes():
         for softmax, short in (("unified", "unified"), ("synchronized", "sync")):
             variants.append((f"ours_{short}_cfg{config}_us",

@@ -3,7 +3,8 @@ the dispatched GEMM, each implementation alone (ImplA GEMV, ImplB flat GEMM, Imp
 cuBLAS through torch.nn.functional.linear, for M in {1, 2, 4, 8, 16, 32, 64, 128, 256}; then the ablations
 (M padded to 8 / 16 / 64, double buffering on / off, one static implementation vs the dispatch) and fused
 epilogues against torch's unfused ops. Prints time, TB/s, TFLOP/s and ratios, checks the issue's bars, and
-writes results.json (with the command) and plots into --out.
+writes results.json (with the command) and plots into --out. The pad16 / pad64 columns need a library built with
+-DFDPP_BENCH_ABLATIONS=ON (they stay empty otherwise).
 
     PYTHONPATH=. python scripts/bench_gemm.py --out out/bench_gemm [--profile engines/profiles/h200.json] [--quick]
 
@@ -105,7 +106,6 @@ def main():
         print("warning: libcublasLt not found; ImplC cuBLASLt columns will be empty", file=sys.stderr)
 
     rows, plans, ablation, epilogue_rows, pdl_mixed = [], {}, [], [], []
-    gemm.set_pdl(True)  # the library default; the A/B below switches it off explicitly
     for name, (n, k) in shapes.items():
         entry, source = plan_for(n, k, args.dtype, profile, timer, device, args.timing, args.quick)
         plan = {key: entry[key] for key in ("m1", "m2", "implb", "implc")}
@@ -233,9 +233,8 @@ def bench_point(gemm, timer, bench, plan, name, n, k, m, copies):
 
     # CUTLASS 2.x is never close (notes); it is timed in a graph only where the plan dispatches to it.
     graphs = {key: capture(**kw) for key, kw in impls.items() if key != "cutlass" or plan["implc"] == "cutlass"}
-    gemm.set_pdl(False)  # launch attributes are fixed at capture: this graph replays without PDL
-    graphs["dispatched_no_pdl"] = capture(**impls["dispatched"])
-    gemm.set_pdl(True)
+    graphs["dispatched_no_pdl"] = safe_time(lambda: capture_graph(
+        [no_pdl_launcher(gemm, bench, "auto", m, copy=c, plan=plan) for c in range(copies)], GRAPH_ITERS))
     g = {key: None for key in graphs}
     g.update(timer.replay_many_us({key: graph for key, graph in graphs.items() if graph is not None},
                                   iters=GRAPH_ITERS))
@@ -264,13 +263,24 @@ def pdl_after_cublaslt(gemm, timer, bench, plan, name, copies):
     for m in (1, 8):
         fns = [bench.launcher("cublaslt" if c % 2 == 0 else "implb", m, None if c % 2 == 0 else plan["implb"], copy=c)
                for c in range(max(2, copies - copies % 2))]
-        rec = {"shape": name, "m": m}
-        for pdl in (True, False):
-            gemm.set_pdl(pdl)
-            rec["pdl_on_us" if pdl else "pdl_off_us"] = safe_time(lambda: timer.graph_us(fns))
-        gemm.set_pdl(True)
+        fns_off = [no_pdl_launcher(gemm, bench, "cublaslt" if c % 2 == 0 else "implb", m,
+                                   None if c % 2 == 0 else plan["implb"], copy=c)
+                   for c in range(max(2, copies - copies % 2))]
+        rec = {"shape": name, "m": m, "pdl_on_us": safe_time(lambda: timer.graph_us(fns)),
+               "pdl_off_us": safe_time(lambda: timer.graph_us(fns_off))}
         out.append(rec)
     return out
+
+
+def no_pdl_launcher(gemm, bench, impl, m, config=None, copy=0, plan=None):
+    """What bench.launcher(impl, m, config, copy=copy, plan=plan) launches, without programmatic dependent launch
+    (pdl=False in the GEMM's args; ShapeBench's launches keep the default, on). For graph capture: it converts the
+    plan on every call."""
+    x, w, y = bench.x[:m], bench.ws[copy], bench.y[:m]
+    args = gemm.make_args(x, w, out=y, pdl=False)
+    if impl == "auto":
+        return lambda: gemm.run(args, plan, workspace=bench.workspace)
+    return lambda: gemm.run_impl(args, impl, config, workspace=bench.workspace)
 
 
 def time_epilogue(torch, gemm, timer, bench, plan, name, ep, m, n, k):

@@ -49,7 +49,6 @@ def main():
     ms = [int(v) for v in args.ms.split(",")]
     if any(m < 1 or m > 16 for m in ms):
         raise FdppError("--ms: the 1024-column pipelines take 1 <= M <= 16")
-    gemm.set_pdl(True)
     timer = Timer()
     l2 = timer.l2_bytes
     rows = []

@@ -1,5 +1,5 @@
 // How fast can a chain of weight-streaming kernels read HBM, depending on how each kernel issues its loads?
-// The question behind ImplB's TMA pipeline (plugins/kernels/gemm_implb_bulk.cu, docs/notes-gemm.md, run 20).
+// The question behind ImplB's TMA pipeline (plugins/kernels/gemm/gemm_implb_bulk.cu; results in docs/notes-gemm.md).
 //
 // Each kernel reads one weight-sized buffer into shared memory through a ring of stages and touches every byte
 // once (no math). 60 launches over rotating buffers (together > 3x L2) run back to back in one CUDA graph,
@@ -10,9 +10,6 @@
 //   tma       one CTA per SM; stage = one 3-D tensor copy of 16 weight rows x 1024 columns
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/bench_stream_read scripts/bench_stream_read.cu && /tmp/bench_stream_read
-//
-// Tidied from the experiment code of H200 run 21; run in this form in run 32 (docs/notes-gemm.md has both, and
-// docs/results/h200-2026-11-29/run32-bench_stream_read.log this one's output).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
 """The attention planner's pure host heuristics, through the C ABI, without a GPU: the worked examples of
-plugins/kernels/attention_heuristics.h."""
+plugins/kernels/attention/attention_heuristics.h."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The heuristic dataflow's host code (plugins/kernels/gemm_heuristics.h) through the C ABI, on the CPU: the
+"""The heuristic dataflow's host code (plugins/kernels/gemm/gemm_heuristics.h) through the C ABI, on the CPU: the
 worked examples in the header's comments, config validation and the profiler's candidate list."""
 
 import pytest
@@ -208,3 +208,50 @@ def test_query_functions_reject_bad_codes_and_shapes():
         gemm().implb_candidates(4096, 7, 1, H200["num_sms"], H200["max_smem"], H200["cc_major"])
     with pytest.raises(FdppError, match="N must be"):
         gemm().implb_candidates(-5, 4096, 1, H200["num_sms"], H200["max_smem"], H200["cc_major"])
+
+
+def test_a_1024_column_config_serves_at_most_16_rows():
+    """The contract's limits.implb_1024_max_m: a plan that would send M = 17.. to a k_tile 1024 config is refused
+    (the launcher runs such a config as given or not at all)."""
+    bulk = {"k_tile": 1024, "stages": 3, "loader": "rows"}
+    assert gemm().select(16, plan(0, 16, **bulk)) == "implb"
+    assert gemm().select(17, plan(0, 16, **bulk)) == "cublaslt"
+    assert gemm().select(5, plan(4, 4, **bulk)) == "cublaslt"  # ImplB never reached: any config will do
+    for bad in (plan(0, 17, **bulk), plan(1, 64, **bulk), plan(100, 200, **bulk)):
+        with pytest.raises(FdppError, match="serves M <= 16"):
+            gemm().select(1, bad)
+
+
+def test_the_kernel_limits_come_from_the_contract():
+    from fdpp_rewrite.contracts import load_contract
+
+    limits = load_contract("FlatGemm").raw["limits"]
+    g = gemm()
+    assert (g.IMPLA_MAX_M, g.IMPLB_MAX_M, g.IMPLB_1024_MAX_M) == (
+        limits["impla_max_m"], limits["implb_max_m"], limits["implb_1024_max_m"])
+    wide = plan(100, 1000)
+    assert g.select(limits["impla_max_m"], wide) == "impla" and g.select(limits["impla_max_m"] + 1, wide) == "implb"
+    assert g.select(limits["implb_max_m"], wide) == "implb" and g.select(limits["implb_max_m"] + 1, wide) == "cublaslt"
+    pair = {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1, "loader": "pair"}
+    g.check_implb_config(pair, m=limits["implb_1024_max_m"], k=4096, max_smem=H200["max_smem"], cc_major=9)
+    with pytest.raises(FdppError, match="M <= 16"):
+        g.check_implb_config(pair, m=limits["implb_1024_max_m"] + 1, k=4096, max_smem=H200["max_smem"], cc_major=9)
+
+
+def test_the_contract_names_every_loader_limit_the_code_enforces():
+    """The FlatGemm contract says what each implb_loader serves; the pair loader once read M <= 8 there while the
+    code took 16."""
+    from fdpp_rewrite.contracts import load_contract
+
+    doc = load_contract("FlatGemm").attributes["implb_loader"]["doc"]
+    assert "M <= 8" not in doc and "implb_1024_max_m" in doc
+
+
+def test_row_blocks_is_the_rule_or_one():
+    config = {"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1}
+    for row_blocks in (0, 1):
+        gemm().check_implb_config({**config, "row_blocks": row_blocks}, 9, 4096, H200["max_smem"], 9)
+    with pytest.raises(FdppError, match="row_blocks must be 0"):
+        gemm().check_implb_config({**config, "row_blocks": 2}, 9, 4096, H200["max_smem"], 9)
+    assert "row_blocks" not in gemm().ImplBConfig.from_dict(config).as_dict()  # the rule: not written to profiles
+    assert gemm().ImplBConfig.from_dict({**config, "row_blocks": 1}).as_dict()["row_blocks"] == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
+from fdpp_rewrite.contracts import load_contract
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.gpu import lib as fdpp_lib
 
@@ -21,11 +22,11 @@ MASK_MODES = {"past_len": 0, "bias": 1, "none": 2}
 SOFTMAX_MODES = {"unified": 0, "synchronized": 1}
 KERNELS = {"auto": 0, "decode": 1, "prefill": 2, "rowwise": 3}
 KERNEL_NAMES = {v: k for k, v in KERNELS.items()}
-SUPPORTED_HEAD_DIMS = (64, 128)
-# Prefill tile shapes: 0 = the plan's choice; 1 = 128 query rows x 32-key steps; 2 = 64 query rows x 64-key steps;
-# 3 = as 1 with the Q.K loop over head_dim rolled (fewer registers); 4 = 128 query rows on Hopper's warpgroup MMAs
-# (sm_90 only).
-PREFILL_CONFIGS = (0, 1, 2, 3, 4)
+_CONTRACT = load_contract("AsyncSoftmaxAttention")
+SUPPORTED_HEAD_DIMS = tuple(_CONTRACT.attributes["head_dim"]["choices"])  # what the kernels are built for
+# Prefill tile shapes: 0 = the plan's choice (4 where the GPU has it); 1 = 128 query rows x 32-key steps;
+# 2 = 64 query rows x 64-key steps; 4 = 128 query rows on Hopper's warpgroup MMAs (sm_90 only).
+PREFILL_CONFIGS = (0, 1, 2, 4)
 # How decode combines its splits: the plan's choice; a second kernel through the workspace; inside a thread block
 # cluster of the splits (sm_90, 2 to 8 splits).
 DECODE_COMBINES = {"auto": 0, "kernel": 1, "cluster": 2}
@@ -47,7 +48,7 @@ class AttentionArgs(ctypes.Structure):
         ("output", _ptr), ("o_stride_b", _i64), ("o_stride_h", _i64), ("o_stride_s", _i64),
         ("past_len", _ptr),
         ("bias", _ptr), ("bias_stride_b", _i64), ("bias_stride_s", _i64), ("bias_stride_l", _i64),
-        ("counters", _ptr), ("prefill_config", _i32), ("decode_combine", _i32),
+        ("counters", _ptr), ("prefill_config", _i32), ("decode_combine", _i32), ("pdl", _i32),
     ]
 
 
@@ -170,7 +171,7 @@ def read_library_counters(reset: bool = False) -> tuple[int, int]:
 
 
 def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard_hi, mask_mode, softmax, kernel,
-          num_splits, max_kv_len, counters, prefill_config=0, decode_combine="auto") -> AttentionArgs:
+          num_splits, max_kv_len, counters, prefill_config=0, decode_combine="auto", pdl=True) -> AttentionArgs:
     device = query.device
     if device.type != "cuda":
         raise FdppError(f"attention runs on a CUDA GPU; query is on {device}")
@@ -241,6 +242,7 @@ def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard
         raise FdppError(f"attention: unknown decode_combine {decode_combine!r} (choose from "
                         f"{', '.join(DECODE_COMBINES)})")
     args.decode_combine = DECODE_COMBINES[decode_combine]
+    args.pdl = 0 if pdl else 1  # fdpp_pdl: AUTO (on where the GPU runs the sm_90a code), OFF
     args.scale = float(dim ** -0.5 if scale is None else scale)
     args.phi, args.guard_lo, args.guard_hi = float(phi), float(guard_lo), float(guard_hi)
     args.query, (args.q_stride_b, args.q_stride_h, args.q_stride_s) = query.data_ptr(), query.stride()[:3]
@@ -290,9 +292,10 @@ def decode_combines_in_cluster(query, key, value, past_len=None, bias=None, **kw
 
 
 def _defaults(kwargs: dict) -> dict:
-    options = dict(scale=None, phi=0.0, guard_lo=-60.0, guard_hi=10.0, mask_mode="past_len", softmax="unified",
-                   kernel="auto", num_splits=0, max_kv_len=None, counters=None, prefill_config=0,
-                   decode_combine="auto")
+    defaults = _CONTRACT.defaults()
+    options = dict(scale=None, phi=defaults["phi"], guard_lo=defaults["guard_lo"], guard_hi=defaults["guard_hi"],
+                   mask_mode=defaults["mask_mode"], softmax="unified", kernel="auto", num_splits=0, max_kv_len=None,
+                   counters=None, prefill_config=0, decode_combine="auto", pdl=True)
     unknown = set(kwargs) - set(options)
     if unknown:
         raise FdppError(f"attention: unknown option(s) {', '.join(sorted(unknown))}")
@@ -308,8 +311,11 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
     softmax ("unified" | "synchronized"), kernel ("auto" | "decode" | "prefill" | "rowwise"), num_splits (decode;
     0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
     or exact when past_len is on the CPU), counters (a Counters to add fallback counts to), prefill_config
-    (0 = the plan's tile shape; 1 to 4 force one, see PREFILL_CONFIGS; 4 needs an sm_90 GPU), decode_combine
-    ("auto" | "kernel" | "cluster", see DECODE_COMBINES; "cluster" needs an sm_90 GPU and 2 to 8 splits).
+    (0 = the plan's tile shape; 1, 2 or 4 force one, see PREFILL_CONFIGS; 4 needs an sm_90 GPU), decode_combine
+    ("auto" | "kernel" | "cluster", see DECODE_COMBINES; "cluster" needs an sm_90 GPU and 2 to 8 splits), pdl
+    (programmatic dependent launch of the decode kernels where the GPU supports it; False for a timing baseline
+    or when key/value are written by a kernel that may still run). Defaults of phi, the guard and mask_mode:
+    the op contract's.
     """
     torch = _torch()
     out = torch.empty_like(query) if out is None else out

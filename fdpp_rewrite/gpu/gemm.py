@@ -13,14 +13,19 @@ import glob
 import os
 import sys
 
+from fdpp_rewrite.contracts import load_contract
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.gpu import lib as _lib
 
 IMPLS = {"auto": 0, "impla": 1, "implb": 2, "cublaslt": 3, "cutlass": 4}
 IMPL_NAMES = {v: k for k, v in IMPLS.items()}
 EPILOGUES = {"none": 0, "silu_mul": 1}
-IMPLB_MAX_M = 64
-IMPLA_MAX_M = 8
+PDL = {True: 0, False: 1}  # fdpp_pdl: AUTO (on where the GPU runs the sm_90a code), OFF
+# The most rows each implementation takes: the FlatGemm contract's limits, which the C++ is generated from.
+_LIMITS = load_contract("FlatGemm").raw["limits"]
+IMPLA_MAX_M = int(_LIMITS["impla_max_m"])
+IMPLB_MAX_M = int(_LIMITS["implb_max_m"])
+IMPLB_1024_MAX_M = int(_LIMITS["implb_1024_max_m"])
 
 
 # How a k_tile 1024 config streams the weight (the C ABI's loader codes): "tma", the tensor memory accelerator
@@ -33,13 +38,18 @@ BULK_MIN_K_TILE = 1024
 
 
 class ImplBConfig(ctypes.Structure):
+    """Mirror of fdpp_gemm_implb_config. row_blocks (16-row weight blocks per warp below k_tile 1024): 0, the
+    rule, unless a measurement asks for 1; it appears in dicts only when set."""
+
     _fields_ = [("n_tile", ctypes.c_int32), ("k_tile", ctypes.c_int32), ("stages", ctypes.c_int32),
-                ("split_k", ctypes.c_int32), ("loader", ctypes.c_int32)]
+                ("split_k", ctypes.c_int32), ("loader", ctypes.c_int32), ("row_blocks", ctypes.c_int32)]
 
     def as_dict(self) -> dict:
         d = {"n_tile": self.n_tile, "k_tile": self.k_tile, "stages": self.stages, "split_k": self.split_k}
         if self.k_tile >= BULK_MIN_K_TILE:
             d["loader"] = LOADER_NAMES.get(self.loader, str(self.loader))
+        if self.row_blocks:
+            d["row_blocks"] = self.row_blocks
         return d
 
     @classmethod
@@ -48,7 +58,8 @@ class ImplBConfig(ctypes.Structure):
         if loader not in LOADERS:
             raise FdppError(f"ImplB config {d!r}: loader must be one of {', '.join(LOADERS)}")
         try:
-            return cls(int(d["n_tile"]), int(d["k_tile"]), int(d["stages"]), int(d["split_k"]), LOADERS[loader])
+            return cls(int(d["n_tile"]), int(d["k_tile"]), int(d["stages"]), int(d["split_k"]), LOADERS[loader],
+                       int(d.get("row_blocks", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise FdppError(f"ImplB config {d!r} needs integer n_tile, k_tile, stages and split_k") from exc
 
@@ -80,7 +91,8 @@ class Plan(ctypes.Structure):
 class Args(ctypes.Structure):
     _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("residual", ctypes.c_void_p), ("y", ctypes.c_void_p), ("m", ctypes.c_int64), ("n", ctypes.c_int64),
-                ("k", ctypes.c_int64), ("dtype", ctypes.c_int32), ("epilogue", ctypes.c_int32)]
+                ("k", ctypes.c_int64), ("dtype", ctypes.c_int32), ("epilogue", ctypes.c_int32),
+                ("pdl", ctypes.c_int32)]
 
 
 _P = ctypes.POINTER
@@ -101,6 +113,7 @@ def library() -> ctypes.CDLL:
         "fdpp_gemm_run_impl": [_P(Args), i32, _P(ImplBConfig), i32, i32, vp, sz, vp],
         "fdpp_gemm_prepare": [_P(Args), _P(Plan)],
         "fdpp_gemm_device_info": [_P(i32), _P(i32), _P(i32), _P(i64)],
+        "fdpp_gemm_load_cublaslt": [ctypes.c_char_p],
     }
     for name, argtypes in signatures.items():
         fn = getattr(cdll, name, None)
@@ -108,24 +121,30 @@ def library() -> ctypes.CDLL:
             raise FdppError(f"{_lib.library_path()} has no {name}; rebuild the library from this checkout")
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
-    cdll.fdpp_gemm_set_pdl.argtypes = [ctypes.c_int32]
-    cdll.fdpp_gemm_set_pdl.restype = ctypes.c_int32
     cdll.fdpp_gemm_cublaslt_available.restype = ctypes.c_int32
     cdll.fdpp_gemm_cutlass_available.restype = ctypes.c_int32
     return cdll
 
 
+@functools.lru_cache(maxsize=1)
 def _locate_cublaslt() -> None:
-    """Point FDPP_CUBLASLT_LIBRARY at the libcublasLt that pip's nvidia-cublas (torch's dependency) installed,
-    unless the user already chose one. Must run before the library first touches cuBLASLt."""
-    if os.environ.get("FDPP_CUBLASLT_LIBRARY"):
-        return
+    """Load libcublasLt into the library before its first cuBLASLt GEMM: the one $FDPP_CUBLASLT_LIBRARY names,
+    else the one pip's nvidia-cublas (torch's dependency) installed, else whatever the dynamic linker finds. A
+    library that cannot be loaded is not an error here: cublaslt_available() is then False, and a GEMM that needs
+    cuBLASLt says why."""
+    path = None if os.environ.get("FDPP_CUBLASLT_LIBRARY") else _pip_cublaslt()
+    library().fdpp_gemm_load_cublaslt(path.encode() if path else None)
+
+
+def _pip_cublaslt():
+    """The libcublasLt a pip package installed (nvidia-cublas, or torch's own), or None."""
     for base in sys.path:
-        for pattern in ("nvidia/cublas/lib/libcublasLt.so*", "nvidia/cu*/lib/libcublasLt.so*", "torch/lib/libcublasLt.so*"):
+        for pattern in ("nvidia/cublas/lib/libcublasLt.so*", "nvidia/cu*/lib/libcublasLt.so*",
+                        "torch/lib/libcublasLt.so*"):
             hits = sorted(glob.glob(os.path.join(base, pattern)))
             if hits:
-                os.environ["FDPP_CUBLASLT_LIBRARY"] = hits[-1]
-                return
+                return hits[-1]
+    return None
 
 
 def cublaslt_available() -> bool:
@@ -133,10 +152,10 @@ def cublaslt_available() -> bool:
     return bool(library().fdpp_gemm_cublaslt_available())
 
 
-def set_pdl(enabled: bool = None) -> bool:
-    """Programmatic dependent launch of ImplA/ImplB (sm_90; speed only; on by default, FDPP_GEMM_PDL=0 turns
-    it off). Sets it when enabled is not None; returns the previous setting."""
-    return bool(library().fdpp_gemm_set_pdl(-1 if enabled is None else int(bool(enabled))))
+def pdl_supported() -> bool:
+    """Whether ImplA/ImplB launch with programmatic dependent launch here by default (pdl=True): on a GPU that
+    runs the library's sm_90a code (compute capability 9.x)."""
+    return device_info()["cc_major"] == 9
 
 
 def cutlass_available() -> bool:
@@ -206,8 +225,10 @@ def _dtype_name(t) -> str:
     return names[t.dtype]
 
 
-def make_args(x, w, bias=None, residual=None, out=None, epilogue: str = "none") -> Args:
-    """C ABI arguments for Y = epilogue(X W^T + bias) + residual. x [..., K], w [N, K]; out [..., n_out]."""
+def make_args(x, w, bias=None, residual=None, out=None, epilogue: str = "none", pdl: bool = True) -> Args:
+    """C ABI arguments for Y = epilogue(X W^T + bias) + residual. x [..., K], w [N, K]; out [..., n_out].
+    pdl: programmatic dependent launch of ImplA/ImplB where the GPU supports it (speed only, as long as w is not
+    written by a kernel still running when the GEMM starts: plugins/kernels/gemm/gemm.h)."""
     if epilogue not in EPILOGUES:
         raise FdppError(f"unknown epilogue {epilogue!r}; use one of {sorted(EPILOGUES)}")
     dtype = _dtype_name(x)
@@ -231,13 +252,20 @@ def make_args(x, w, bias=None, residual=None, out=None, epilogue: str = "none") 
         raise FdppError(f"bias must have shape ({n},)")
     return Args(x.data_ptr(), w.data_ptr(), bias.data_ptr() if bias is not None else None,
                 residual.data_ptr() if residual is not None else None, out.data_ptr(), m, n, k,
-                _lib.DTYPE_CODES[dtype], EPILOGUES[epilogue])
+                _lib.DTYPE_CODES[dtype], EPILOGUES[epilogue], PDL[bool(pdl)])
 
 
-def run(args: Args, plan: dict, workspace=None, stream=None) -> None:
+def _set_pdl(args: Args, pdl) -> None:
+    if pdl is not None:
+        args.pdl = PDL[bool(pdl)]
+
+
+def run(args: Args, plan: dict, workspace=None, stream=None, pdl: bool = None) -> None:
     """Launch through the plan on the current (or given) torch stream. workspace: a uint8 CUDA tensor of at
-    least workspace_bytes(...) (None only when the plan never reaches ImplC for this M)."""
+    least workspace_bytes(...) (None only when the plan never reaches ImplC for this M). pdl: overrides the
+    args' setting (make_args)."""
     _locate_cublaslt()
+    _set_pdl(args, pdl)
     p = Plan.from_dict(plan)
     ws_ptr, ws_bytes = (workspace.data_ptr(), workspace.numel()) if workspace is not None else (None, 0)
     _lib.check(library().fdpp_gemm_run(ctypes.byref(args), ctypes.byref(p), ws_ptr, ws_bytes,
@@ -245,11 +273,13 @@ def run(args: Args, plan: dict, workspace=None, stream=None) -> None:
 
 
 def run_impl(args: Args, impl: str, implb_config: dict = None, pad_m: int = 8, impla_split_k: int = 0,
-             workspace=None, stream=None) -> None:
-    """Launch one implementation ('impla', 'implb', 'cublaslt', 'cutlass') regardless of any plan."""
+             workspace=None, stream=None, pdl: bool = None) -> None:
+    """Launch one implementation ('impla', 'implb', 'cublaslt', 'cutlass') regardless of any plan. pad_m 16 and
+    64 (the padding ablation) need a library built with FDPP_BENCH_ABLATIONS=ON."""
     if impl not in IMPLS or impl == "auto":
         raise FdppError(f"unknown implementation {impl!r}; use impla, implb, cublaslt or cutlass")
     _locate_cublaslt()
+    _set_pdl(args, pdl)
     cfg = ctypes.byref(ImplBConfig.from_dict(implb_config)) if implb_config is not None else None
     ws_ptr, ws_bytes = (workspace.data_ptr(), workspace.numel()) if workspace is not None else (None, 0)
     _lib.check(library().fdpp_gemm_run_impl(ctypes.byref(args), IMPLS[impl], cfg, pad_m, impla_split_k, ws_ptr,
@@ -264,16 +294,16 @@ def prepare(args: Args, plan: dict = None) -> None:
 
 
 def linear(x, w, bias=None, residual=None, epilogue: str = "none", plan: dict = None, impl: str = "auto",
-           implb_config: dict = None, out=None, workspace=None):
+           implb_config: dict = None, out=None, workspace=None, pdl: bool = True):
     """Y = epilogue(x w^T + bias) + residual with fdpp's GEMM; allocates out/workspace when not given (so not
-    for use inside a CUDA-graph capture unless both are passed)."""
+    for use inside a CUDA-graph capture unless both are passed). pdl: as in make_args."""
     import torch
 
     n = w.shape[0]
     n_out = n // 2 if epilogue == "silu_mul" else n
     if out is None:
         out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
-    args = make_args(x, w, bias, residual, out, epilogue)
+    args = make_args(x, w, bias, residual, out, epilogue, pdl=pdl)
     if impl == "auto":
         plan = plan or default_plan(n, w.shape[1], epilogue)
         if workspace is None:

@@ -83,8 +83,8 @@ class Timer:
     def replay_many_us(self, graphs: dict, iters: int = 60, replays: int = 10) -> dict:
         """{name: microseconds per launch} for CUDA graphs of `iters` launches each (capture_graph), replayed in
         interleaved order: each round replays every graph once, L2 flushed before each; the median over the
-        rounds counts. Timed one after another instead, the same cuBLASLt call came out 2.4% apart in one run (H200
-        run 128, qkv M = 64: 28.04 us timed first, 27.39 three graphs later)."""
+        rounds counts. Timed one after another instead, the same call drifts with the clocks: on the H200 one
+        cuBLASLt GEMM (qkv, M = 64) took 28.04 us timed first and 27.39 three graphs later, 2.4% apart."""
         torch = self.torch
         for graph in graphs.values():
             graph.replay()

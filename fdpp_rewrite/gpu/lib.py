@@ -9,7 +9,7 @@ from pathlib import Path
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.resources import plugin_library_path
 
-EXPECTED_ABI_VERSION = 2
+EXPECTED_ABI_VERSION = 3  # = fdpp_abi_version(); CHANGELOG.md says what each version changed
 STATUS_NAMES = {1: "invalid argument", 2: "unsupported", 3: "CUDA error", 4: "internal error"}
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 
@@ -27,8 +27,6 @@ def load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.fdpp_abi_version.restype = ctypes.c_int
     lib.fdpp_last_error.restype = ctypes.c_char_p
-    lib.fdpp_axpy_f32.argtypes = [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    lib.fdpp_axpy_f32.restype = ctypes.c_int
     found = lib.fdpp_abi_version()
     if found != EXPECTED_ABI_VERSION:
         raise FdppError(f"{path} has C ABI version {found}, this package expects {EXPECTED_ABI_VERSION}; "

@@ -2,74 +2,32 @@
 // fdpp::attention_forward. The key/value inputs are the caches; an engine aliases them to the updated caches.
 #include "AsyncSoftmaxAttentionPlugin/AsyncSoftmaxAttentionPlugin.h"
 
-#include <cmath>
-#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
 
-#include "FlatGemmPlugin/pluginRegistry.h"
+#include "common/fields.h"
+#include "common/logger.h"
+#include "common/registry.h"
 
 namespace fdpp {
 namespace {
 
-constexpr const char* kPluginName = "AsyncSoftmaxAttention";  // = the ONNX op type in domain "fdpp"
-constexpr const char* kPluginVersion = "1";                   // = contract.json "version"
+constexpr const char* kPluginName = contract::kAttentionOp;                // = the ONNX op type in domain "fdpp"
+constexpr const char* kPluginVersion = contract::kAttentionVersionString;  // = contract.json "version"
 constexpr const char* kPluginNamespace = "";
 
 using nvinfer1::DataType;
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
-using Severity = nvinfer1::ILogger::Severity;
 
-void log_error(const std::string& message) noexcept {
-  try {
-    trtLog(Severity::kERROR, (std::string("AsyncSoftmaxAttention: ") + message).c_str());
-  } catch (...) {
-    trtLog(Severity::kERROR, "AsyncSoftmaxAttention: error (message lost: out of memory)");
-  }
-}
-
-float read_float(const PluginField& f, float lo, float hi) {
-  if (f.data == nullptr || f.length < 1) throw std::invalid_argument(std::string("attribute ") + f.name + " is empty");
-  double v;
-  switch (f.type) {
-    case PluginFieldType::kFLOAT32: v = *static_cast<const float*>(f.data); break;
-    case PluginFieldType::kFLOAT64: v = *static_cast<const double*>(f.data); break;
-    default: throw std::invalid_argument(std::string("attribute ") + f.name + " must be a float");
-  }
-  if (!std::isfinite(v) || v < lo || v > hi)
-    throw std::invalid_argument(std::string("attribute ") + f.name + " = " + std::to_string(v) + " is outside [" +
-                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return static_cast<float>(v);
-}
-
-int32_t read_int(const PluginField& f, int64_t lo, int64_t hi) {
-  if (f.data == nullptr || f.length < 1) throw std::invalid_argument(std::string("attribute ") + f.name + " is empty");
-  int64_t v;
-  switch (f.type) {
-    case PluginFieldType::kINT32: v = *static_cast<const int32_t*>(f.data); break;
-    case PluginFieldType::kINT64: v = *static_cast<const int64_t*>(f.data); break;
-    default: throw std::invalid_argument(std::string("attribute ") + f.name + " must be an integer");
-  }
-  if (v < lo || v > hi)
-    throw std::invalid_argument(std::string("attribute ") + f.name + " = " + std::to_string(v) + " is outside [" +
-                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return static_cast<int32_t>(v);
-}
-
-std::string read_string(const PluginField& f) {
-  if (f.type != PluginFieldType::kCHAR) throw std::invalid_argument(std::string("attribute ") + f.name + " must be a string");
-  if (f.data == nullptr || f.length < 0) return std::string();
-  const char* chars = static_cast<const char*>(f.data);
-  return std::string(chars, strnlen(chars, static_cast<size_t>(f.length)));
-}
+void log_error(const std::string& message) noexcept { log_plugin_error(kPluginName, message); }
 
 bool is_supported_type(DataType t) { return t == DataType::kHALF || t == DataType::kBF16; }
 
 }  // namespace
 
-// ---- attributes (names and ranges: contract.json) -------------------------------------------------------------
+// ---- attributes (names, ranges and defaults: contract.json, through fdpp_contract_constants.h) ----------------
 AttentionAttributes AttentionAttributes::parse(const nvinfer1::PluginFieldCollection* fc) {
   AttentionAttributes a;
   bool have_scale = false, have_heads = false, have_kv_heads = false, have_dim = false;
@@ -77,23 +35,26 @@ AttentionAttributes AttentionAttributes::parse(const nvinfer1::PluginFieldCollec
     const PluginField& f = fc->fields[i];
     const std::string name = f.name ? f.name : "";
     if (name == "scale") {
-      a.scale = read_float(f, 1e-6f, 1000.f), have_scale = true;
+      a.scale = read_float(f, contract::kAttentionScaleMin, contract::kAttentionScaleMax), have_scale = true;
     } else if (name == "phi") {
-      a.phi = read_float(f, -10000.f, 10000.f);
+      a.phi = read_float(f, contract::kAttentionPhiMin, contract::kAttentionPhiMax);
     } else if (name == "guard_lo") {
-      a.guard_lo = read_float(f, -80.f, 0.f);
+      a.guard_lo = read_float(f, contract::kAttentionGuardLoMin, contract::kAttentionGuardLoMax);
     } else if (name == "guard_hi") {
-      a.guard_hi = read_float(f, 0.f, 60.f);
+      a.guard_hi = read_float(f, contract::kAttentionGuardHiMin, contract::kAttentionGuardHiMax);
     } else if (name == "mask_mode") {
       a.mask_mode = read_string(f);
       if (a.mask_mode != "past_len" && a.mask_mode != "bias" && a.mask_mode != "none")
         throw std::invalid_argument("mask_mode '" + a.mask_mode + "' is not past_len, bias or none");
     } else if (name == "num_heads") {
-      a.num_heads = read_int(f, 1, 1024), have_heads = true;
+      a.num_heads = static_cast<int32_t>(read_int(f, contract::kAttentionHeadsMin, contract::kAttentionHeadsMax));
+      have_heads = true;
     } else if (name == "num_kv_heads") {
-      a.num_kv_heads = read_int(f, 1, 1024), have_kv_heads = true;
+      a.num_kv_heads =
+          static_cast<int32_t>(read_int(f, contract::kAttentionKvHeadsMin, contract::kAttentionKvHeadsMax));
+      have_kv_heads = true;
     } else if (name == "head_dim") {
-      a.head_dim = read_int(f, 1, 512), have_dim = true;
+      a.head_dim = static_cast<int32_t>(read_int_choice(f, contract::kAttentionHeadDims)), have_dim = true;
     } else if (name == "plugin_version" || name == "plugin_namespace") {
       // routing fields the ONNX parser may pass along
     } else {
@@ -104,9 +65,6 @@ AttentionAttributes AttentionAttributes::parse(const nvinfer1::PluginFieldCollec
     throw std::invalid_argument("attributes scale, num_heads, num_kv_heads and head_dim are required");
   if (!(a.guard_lo < a.guard_hi)) throw std::invalid_argument("guard_lo must be below guard_hi");
   if (a.num_heads % a.num_kv_heads != 0) throw std::invalid_argument("num_heads must be a multiple of num_kv_heads");
-  if (a.head_dim != 64 && a.head_dim != 128)
-    throw std::invalid_argument("head_dim " + std::to_string(a.head_dim) +
-                                " has no kernel in this build (64 and 128 do)");
   return a;
 }
 
@@ -195,6 +153,10 @@ bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_
     p->bias_ss = size[2] == 1 ? 0 : size[3];
     p->bias_sb = size[0] == 1 ? 0 : size[1] * size[2] * size[3];
   }
+  if (const ParamsCheck c = check_attention_params(*p, /*with_tensors=*/false)) {
+    log_error(c.message);
+    return false;
+  }
   return true;
 }
 
@@ -257,7 +219,8 @@ size_t AsyncSoftmaxAttentionPlugin::getWorkspaceSize(const nvinfer1::DynamicPlug
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs,
-                                                   const nvinfer1::PluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
+                                                   const nvinfer1::PluginTensorDesc* /*out*/,
+                                                   int32_t nbOutputs) noexcept {
   try {
     if (nbOutputs != 1) return -1;
     nvinfer1::Dims dims[4];
@@ -270,8 +233,9 @@ int32_t AsyncSoftmaxAttentionPlugin::onShapeChange(const nvinfer1::PluginTensorD
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
-                                             const nvinfer1::PluginTensorDesc* /*outputDesc*/, const void* const* inputs,
-                                             void* const* outputs, void* workspace, cudaStream_t stream) noexcept {
+                                             const nvinfer1::PluginTensorDesc* /*outputDesc*/,
+                                             const void* const* inputs, void* const* outputs, void* workspace,
+                                             cudaStream_t stream) noexcept {
   try {
     nvinfer1::Dims dims[4];
     const int32_t n = attrs_.num_inputs();
@@ -281,6 +245,10 @@ int32_t AsyncSoftmaxAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* i
     p.q = inputs[0], p.k = inputs[1], p.v = inputs[2], p.out = outputs[0];
     if (p.mask_mode == MaskMode::kPastLen) p.past_len = static_cast<const int64_t*>(inputs[3]);
     if (p.mask_mode == MaskMode::kBias) p.bias = inputs[3];
+    if (const ParamsCheck c = check_attention_params(p, /*with_tensors=*/true)) {
+      log_error("enqueue: " + c.message);
+      return -1;
+    }
     // TensorRT reserved getWorkspaceSize() (the bound over every shape in the profile); this shape needs at most it.
     const size_t need = attention_workspace_bytes(p);
     const cudaError_t err = attention_forward(p, workspace, need, stream);
@@ -298,7 +266,8 @@ int32_t AsyncSoftmaxAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* i
   }
 }
 
-nvinfer1::IPluginV3* AsyncSoftmaxAttentionPlugin::attachToContext(nvinfer1::IPluginResourceContext* /*context*/) noexcept {
+nvinfer1::IPluginV3* AsyncSoftmaxAttentionPlugin::attachToContext(
+    nvinfer1::IPluginResourceContext* /*context*/) noexcept {
   return clone();
 }
 

@@ -1,5 +1,5 @@
 // TensorRT IPluginV3 adapter of fdpp::AsyncSoftmaxAttention (contract: plugins/AsyncSoftmaxAttentionPlugin/
-// contract.json; kernels: plugins/kernels/attention_params.h).
+// contract.json; kernels: plugins/kernels/attention/attention_params.h).
 //
 // Inputs: query [B, Hq, S, D], key and value [B, Hkv, L, D] (the caches, in place), then by mask_mode:
 // "past_len" past_len [B] int64, "bias" an additive bias broadcastable to [B, 1, S, L], "none" nothing.
@@ -12,13 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention_params.h"
+#include "fdpp_contract_constants.h"
+#include "kernels/attention/attention_params.h"
 
 namespace fdpp {
 
 struct AttentionAttributes {
-  float scale = 0.f, phi = 0.f, guard_lo = -60.f, guard_hi = 10.f;
-  std::string mask_mode = "past_len";
+  float scale = 0.f, phi = contract::kAttentionPhiDefault;
+  float guard_lo = contract::kAttentionGuardLoDefault, guard_hi = contract::kAttentionGuardHiDefault;
+  std::string mask_mode = contract::kAttentionMaskModeDefault;
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
 
   // Reads a field collection (any order; unknown fields rejected); throws std::invalid_argument naming the field.
@@ -62,7 +64,8 @@ class AsyncSoftmaxAttentionPlugin : public nvinfer1::IPluginV3,
   int32_t onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs, const nvinfer1::PluginTensorDesc* out,
                         int32_t nbOutputs) noexcept override;
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
-                  const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
+                  const void* const* inputs, void* const* outputs, void* workspace,
+                  cudaStream_t stream) noexcept override;
   nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
   const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
@@ -91,8 +94,5 @@ class AsyncSoftmaxAttentionPluginCreator : public nvinfer1::IPluginCreatorV3One 
   std::vector<nvinfer1::PluginField> fields_;
   nvinfer1::PluginFieldCollection collection_{};
 };
-
-// The creator getCreators() lists (plugins/FlatGemmPlugin/pluginRegistry.cpp); static storage, never freed.
-nvinfer1::IPluginCreatorInterface* attentionPluginCreator();
 
 }  // namespace fdpp

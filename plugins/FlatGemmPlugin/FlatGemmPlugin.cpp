@@ -1,57 +1,26 @@
 // TensorRT IPluginV3 adapter of fdpp::FlatGemm: translates tensors and attributes, calls fdpp::gemm::run_gemm.
 #include "FlatGemmPlugin/FlatGemmPlugin.h"
 
-#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
 
-#include "FlatGemmPlugin/pluginRegistry.h"
+#include "common/fields.h"
+#include "common/logger.h"
+#include "common/registry.h"
+#include "fdpp_contract_constants.h"
 
 namespace fdpp {
 namespace {
 
-constexpr const char* kPluginName = "FlatGemm";     // = the ONNX op type in domain "fdpp"
-constexpr const char* kPluginVersion = "4";         // = contract.json "version" (and its plugin_version)
-constexpr const char* kPluginNamespace = "";        // the ONNX parser's default plugin_namespace
+constexpr const char* kPluginName = contract::kFlatGemmOp;                // = the ONNX op type in domain "fdpp"
+constexpr const char* kPluginVersion = contract::kFlatGemmVersionString;  // = the node's plugin_version
+constexpr const char* kPluginNamespace = "";                              // the ONNX parser's default plugin_namespace
 
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
-using Severity = nvinfer1::ILogger::Severity;
 
-void log_error(const std::string& message) noexcept {
-  try {
-    trtLog(Severity::kERROR, (std::string("FlatGemm: ") + message).c_str());
-  } catch (...) {
-    trtLog(Severity::kERROR, "FlatGemm: error (message lost: out of memory)");
-  }
-}
-
-int64_t read_int(const PluginField& f) {
-  if (f.data == nullptr || f.length < 1) throw std::invalid_argument(std::string("attribute ") + f.name + " is empty");
-  switch (f.type) {
-    case PluginFieldType::kINT32: return *static_cast<const int32_t*>(f.data);
-    case PluginFieldType::kINT64: return *static_cast<const int64_t*>(f.data);
-    case PluginFieldType::kINT16: return *static_cast<const int16_t*>(f.data);
-    case PluginFieldType::kINT8: return *static_cast<const int8_t*>(f.data);
-    default: throw std::invalid_argument(std::string("attribute ") + f.name + " must be an integer");
-  }
-}
-
-std::string read_string(const PluginField& f) {
-  if (f.type != PluginFieldType::kCHAR) throw std::invalid_argument(std::string("attribute ") + f.name + " must be a string");
-  if (f.data == nullptr || f.length < 0) return std::string();
-  const char* chars = static_cast<const char*>(f.data);
-  return std::string(chars, strnlen(chars, static_cast<size_t>(f.length)));
-}
-
-int32_t checked_int32(const PluginField& f, int64_t lo, int64_t hi) {
-  const int64_t v = read_int(f);
-  if (v < lo || v > hi)
-    throw std::invalid_argument(std::string("attribute ") + f.name + " = " + std::to_string(v) + " is outside [" +
-                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return static_cast<int32_t>(v);
-}
+void log_error(const std::string& message) noexcept { log_plugin_error(kPluginName, message); }
 
 int64_t leading_product(const nvinfer1::Dims& d) {
   int64_t m = 1;
@@ -67,13 +36,36 @@ gemm::Dtype to_dtype(nvinfer1::DataType t) {
   return t == nvinfer1::DataType::kBF16 ? gemm::Dtype::kBFloat16 : gemm::Dtype::kFloat16;
 }
 
+// implb_loader spellings (the contract's choices) and the kernels' codes.
+int32_t loader_code(const std::string& loader) {
+  if (loader == "tma") return gemm::kLoaderTma;
+  if (loader == "rows") return gemm::kLoaderRows;
+  if (loader == "rows1") return gemm::kLoaderRows1;
+  if (loader == "pair") return gemm::kLoaderPair;
+  throw std::invalid_argument("implb_loader '" + loader + "' is not tma, rows, rows1 or pair");
+}
+
+const char* loader_name(int32_t code) {
+  return code == gemm::kLoaderRows    ? "rows"
+         : code == gemm::kLoaderRows1 ? "rows1"
+         : code == gemm::kLoaderPair  ? "pair"
+                                      : "tma";
+}
+
+int32_t implc_code(const std::string& implc) {
+  if (implc == "cutlass") return static_cast<int32_t>(gemm::Impl::kCutlass);
+  if (implc == "cublaslt" || implc == "cublas") return static_cast<int32_t>(gemm::Impl::kCublasLt);
+  throw std::invalid_argument("implc '" + implc + "' is not cutlass, cublaslt or cublas");
+}
+
 }  // namespace
 
 FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollection* fc) {
-  FlatGemmAttributes a;
-  // Contract defaults for the optional fields (contract.json "default").
-  a.plan.implb = gemm::ImplBConfig{64, 64, 2, 1};
-  a.plan.implc = static_cast<int32_t>(gemm::Impl::kCublasLt);
+  FlatGemmAttributes a;  // the contract's defaults for the optional fields
+  a.plan.implb = gemm::ImplBConfig{contract::kFlatGemmNTileDefault, contract::kFlatGemmKTileDefault,
+                                   contract::kFlatGemmStagesDefault, contract::kFlatGemmSplitKDefault,
+                                   loader_code(contract::kFlatGemmLoaderDefault)};
+  a.plan.implc = implc_code(a.implc);
   bool have_m1 = false, have_m2 = false;
   for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i) {
     const PluginField& f = fc->fields[i];
@@ -83,38 +75,27 @@ FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollecti
       if (a.epilogue != "none" && a.epilogue != "silu_mul" && a.epilogue != "residual")
         throw std::invalid_argument("epilogue '" + a.epilogue + "' is not none, silu_mul or residual");
     } else if (name == "has_bias") {
-      a.has_bias = checked_int32(f, 0, 1);
-    } else if (name == "m1") {
-      a.plan.m1 = checked_int32(f, 0, 1 << 20);
-      have_m1 = true;
-    } else if (name == "m2") {
-      a.plan.m2 = checked_int32(f, 0, 1 << 20);
-      have_m2 = true;
+      a.has_bias = static_cast<int32_t>(read_int(f, 0, 1));
+    } else if (name == "m1" || name == "m2") {
+      const auto m =
+          static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
+      (name == "m1" ? a.plan.m1 : a.plan.m2) = m;
+      (name == "m1" ? have_m1 : have_m2) = true;
     } else if (name == "implb_n_tile") {
-      a.plan.implb.n_tile = checked_int32(f, 1, 256);
+      a.plan.implb.n_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmNTiles));
     } else if (name == "implb_k_tile") {
-      a.plan.implb.k_tile = checked_int32(f, 1, 1024);
+      a.plan.implb.k_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmKTiles));
     } else if (name == "implb_stages") {
-      a.plan.implb.stages = checked_int32(f, 1, gemm::kMaxStages);
+      a.plan.implb.stages =
+          static_cast<int32_t>(read_int(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax));
     } else if (name == "implb_split_k") {
-      a.plan.implb.split_k = checked_int32(f, 1, gemm::kMaxSplitK);
+      a.plan.implb.split_k =
+          static_cast<int32_t>(read_int(f, contract::kFlatGemmSplitKMin, contract::kFlatGemmSplitKMax));
     } else if (name == "implb_loader") {
-      const std::string loader = read_string(f);
-      if (loader != "tma" && loader != "rows" && loader != "rows1" && loader != "pair")
-        throw std::invalid_argument("implb_loader '" + loader + "' is not tma, rows, rows1 or pair");
-      a.plan.implb.loader = loader == "rows"    ? gemm::kLoaderRows
-                            : loader == "rows1" ? gemm::kLoaderRows1
-                            : loader == "pair"  ? gemm::kLoaderPair
-                                                : gemm::kLoaderTma;
+      a.plan.implb.loader = loader_code(read_string(f));
     } else if (name == "implc") {
       a.implc = read_string(f);
-      if (a.implc == "cutlass") {
-        a.plan.implc = static_cast<int32_t>(gemm::Impl::kCutlass);
-      } else if (a.implc == "cublaslt" || a.implc == "cublas") {
-        a.plan.implc = static_cast<int32_t>(gemm::Impl::kCublasLt);
-      } else {
-        throw std::invalid_argument("implc '" + a.implc + "' is not cutlass, cublaslt or cublas");
-      }
+      a.plan.implc = implc_code(a.implc);
     } else if (name == "profile") {
       a.profile = read_string(f);
     } else if (name == "plugin_version" || name == "plugin_namespace") {
@@ -163,7 +144,7 @@ const char* FlatGemmPlugin::getPluginNamespace() const noexcept { return kPlugin
 int32_t FlatGemmPlugin::getNbOutputs() const noexcept { return 1; }
 
 int32_t FlatGemmPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
-                                        const nvinfer1::DynamicPluginTensorDesc* out, int32_t nbOutputs) noexcept {
+                                        const nvinfer1::DynamicPluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
   try {
     if (nbInputs != attrs_.num_inputs() || nbOutputs != 1) {
       log_error("expected " + std::to_string(attrs_.num_inputs()) + " inputs (x, weight" +
@@ -281,9 +262,9 @@ int32_t FlatGemmPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int3
   }
 }
 
-int32_t FlatGemmPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* /*outputDesc*/,
-                                const void* const* inputs, void* const* outputs, void* workspace,
-                                cudaStream_t stream) noexcept {
+int32_t FlatGemmPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
+                                const nvinfer1::PluginTensorDesc* /*outputDesc*/, const void* const* inputs,
+                                void* const* outputs, void* workspace, cudaStream_t stream) noexcept {
   try {
     gemm::Problem p;
     p.m = leading_product(inputDesc[0].dims);
@@ -325,20 +306,16 @@ nvinfer1::IPluginV3* FlatGemmPlugin::attachToContext(nvinfer1::IPluginResourceCo
 
 const nvinfer1::PluginFieldCollection* FlatGemmPlugin::getFieldsToSerialize() noexcept {
   try {
-    ints_ = {attrs_.has_bias, attrs_.plan.m1, attrs_.plan.m2, attrs_.plan.implb.n_tile, attrs_.plan.implb.k_tile,
-             attrs_.plan.implb.stages, attrs_.plan.implb.split_k};
+    ints_ = {attrs_.has_bias,          attrs_.plan.m1,           attrs_.plan.m2,           attrs_.plan.implb.n_tile,
+             attrs_.plan.implb.k_tile, attrs_.plan.implb.stages, attrs_.plan.implb.split_k};
     fields_.clear();
     auto text = [&](const char* name, const std::string& value) {
       fields_.emplace_back(name, value.c_str(), PluginFieldType::kCHAR, static_cast<int32_t>(value.size() + 1));
     };
-    const char* int_names[] = {"has_bias", "m1", "m2", "implb_n_tile", "implb_k_tile", "implb_stages",
-                               "implb_split_k"};
+    const char* int_names[] = {"has_bias", "m1", "m2", "implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k"};
     text("epilogue", attrs_.epilogue);
     for (size_t i = 0; i < ints_.size(); ++i) fields_.emplace_back(int_names[i], &ints_[i], PluginFieldType::kINT32, 1);
-    loader_ = attrs_.plan.implb.loader == gemm::kLoaderRows    ? "rows"
-              : attrs_.plan.implb.loader == gemm::kLoaderRows1 ? "rows1"
-              : attrs_.plan.implb.loader == gemm::kLoaderPair  ? "pair"
-                                                                : "tma";
+    loader_ = loader_name(attrs_.plan.implb.loader);
     text("implb_loader", loader_);
     text("implc", attrs_.implc);
     text("profile", attrs_.profile);

@@ -4,7 +4,8 @@
 // Output: y [..., N], or [..., N/2] for epilogue "silu_mul". float16 or bfloat16, linear layout.
 // Attributes: epilogue, has_bias, m1, m2, implb_n_tile, implb_k_tile, implb_stages, implb_split_k,
 // implb_loader (version 2; "rows1" in 3, "pair" in 4), implc, profile, plugin_version (version 3: the ONNX parser
-// finds the creator by it). enqueue() dispatches by the run-time M = product of x's leading dims: a table lookup, no timing.
+// finds the creator by it). enqueue() dispatches by the run-time M = product of x's leading dims: a table lookup, no
+// timing.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -12,16 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "fdpp_contract_constants.h"
+#include "kernels/gemm/gemm.h"
 
 namespace fdpp {
 
 struct FlatGemmAttributes {
-  std::string epilogue = "none";  // "none" | "silu_mul" | "residual"
-  int32_t has_bias = 0;
+  std::string epilogue = contract::kFlatGemmEpilogueDefault;  // "none" | "silu_mul" | "residual"
+  int32_t has_bias = contract::kFlatGemmHasBiasDefault;
   gemm::Plan plan{};
-  std::string implc = "cublaslt";  // as written in the node ("cutlass" | "cublaslt" | "cublas" = cuBLASLt)
-  std::string profile = "unprofiled-default";
+  std::string implc = contract::kFlatGemmImplcDefault;  // as in the node ("cutlass" | "cublaslt" | "cublas" = cuBLASLt)
+  std::string profile = contract::kFlatGemmProfileDefault;
 
   // Reads a field collection (any order, unknown fields rejected); throws std::invalid_argument with a
   // one-line message naming the bad field.
@@ -64,7 +66,8 @@ class FlatGemmPlugin : public nvinfer1::IPluginV3,
   int32_t onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs, const nvinfer1::PluginTensorDesc* out,
                         int32_t nbOutputs) noexcept override;
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
-                  const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
+                  const void* const* inputs, void* const* outputs, void* workspace,
+                  cudaStream_t stream) noexcept override;
   nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
   const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 

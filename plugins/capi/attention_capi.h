@@ -1,6 +1,6 @@
 // C ABI of fdpp::AsyncSoftmaxAttention (FlashDecoding++'s asynchronized softmax with a unified max) and its
 // companion RoPE + KV-cache append. Conventions: plugins/capi/fdpp_capi.h. Semantics and attributes:
-// plugins/AsyncSoftmaxAttentionPlugin/contract.json; kernels: plugins/kernels/attention_params.h.
+// plugins/AsyncSoftmaxAttentionPlugin/contract.json; kernels: plugins/kernels/attention/attention_params.h.
 #pragma once
 
 #include "capi/fdpp_capi.h"
@@ -8,9 +8,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-// Bump when fdpp_attention_args or fdpp_rope_append_args change (checked against sizeof by the Python side).
-#define FDPP_ATTENTION_ABI 4  // 4: fdpp_rope_append_args.rope_dim, inv_freq
 
 typedef enum fdpp_mask_mode { FDPP_MASK_PAST_LEN = 0, FDPP_MASK_BIAS = 1, FDPP_MASK_NONE = 2 } fdpp_mask_mode;
 typedef enum fdpp_softmax_mode { FDPP_SOFTMAX_UNIFIED = 0, FDPP_SOFTMAX_SYNCHRONIZED = 1 } fdpp_softmax_mode;
@@ -21,14 +18,16 @@ typedef enum fdpp_attention_kernel {
   FDPP_ATTN_ROWWISE = 3   // force the float32 row-per-CTA online-softmax kernel (exact; slow)
 } fdpp_attention_kernel;
 typedef enum fdpp_decode_combine {
-  FDPP_COMBINE_AUTO = 0,     // the plan's choice: in a cluster where the GPU and split count allow it
-  FDPP_COMBINE_KERNEL = 1,   // a second kernel adds the splits' partials from the workspace
-  FDPP_COMBINE_CLUSTER = 2   // the splits of a row block form a thread block cluster (sm_90, 2-8 splits)
+  FDPP_COMBINE_AUTO = 0,    // the plan's choice: in a cluster where the GPU and split count allow it
+  FDPP_COMBINE_KERNEL = 1,  // a second kernel adds the splits' partials from the workspace
+  FDPP_COMBINE_CLUSTER = 2  // the splits of a row block form a thread block cluster (sm_90, 2-8 splits)
 } fdpp_decode_combine;
 
 // query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size), output [B, Hq, S, D];
 // strides in elements (the last dimension contiguous). Device pointers 16-byte aligned, strides multiples of
 // 16 bytes. head_dim 64 or 128; dtype float16, bfloat16 (or float32: the rowwise kernel).
+// A table, one tensor (pointer and strides) per line:
+// clang-format off
 typedef struct fdpp_attention_args {
   int32_t dtype;         // fdpp_dtype
   int32_t batch, num_heads, num_kv_heads, seq, head_dim;
@@ -46,12 +45,15 @@ typedef struct fdpp_attention_args {
   const int64_t* past_len;  // [B] int64, mask_mode past_len: key j visible to query i iff j <= past_len[b] + i
   const void* bias;   int64_t bias_stride_b, bias_stride_s, bias_stride_l;  // mask_mode bias; 0 = broadcast
   unsigned long long* counters;  // device [2]: fallback rows, clamped rows (accumulated); NULL: the library's own
-  int32_t prefill_config;  // prefill tile shape: 0 = the plan's choice, 1 = 128 query rows x 32-key steps,
-                           // 2 = 64 query rows x 64-key steps, 3 = as 1 with a rolled Q.K loop (fewer
-                           // registers), 4 = 128 rows on warpgroup MMAs (sm_90 only; elsewhere
-                           // FDPP_ERR_UNSUPPORTED); benchmarks and tests force one
+  int32_t prefill_config;  // prefill tile shape: 0 = the plan's choice (4 where the GPU and library have it, else
+                           // 1 or 2 by prefill_tile_config), 1 = 128 query rows x 32-key steps, 2 = 64 query
+                           // rows x 64-key steps, 4 = 128 rows on warpgroup MMAs (sm_90 with the library's 90a
+                           // code; elsewhere FDPP_ERR_UNSUPPORTED); benchmarks and tests force one
   int32_t decode_combine;  // fdpp_decode_combine; CLUSTER where the plan cannot take it: FDPP_ERR_UNSUPPORTED
+  int32_t pdl;             // fdpp_pdl for the decode kernels: AUTO (0) unless K/V are written by a kernel that may
+                           // still run when attention starts
 } fdpp_attention_args;
+// clang-format on
 
 // sizeof(fdpp_attention_args) and sizeof(fdpp_rope_append_args), for bindings to check their mirror structs.
 FDPP_API int fdpp_attention_args_size(void);
@@ -103,6 +105,8 @@ FDPP_API fdpp_status fdpp_attention_read_counters(unsigned long long* host_fallb
 // position falls outside the cache are not written and are counted in counters[1]. The first rope_dim channels of
 // each head rotate (pairs (i, i + rope_dim/2), or (2i, 2i+1) when interleaved), the rest pass through; e.g.
 // chatglm2: head_dim 128, rope_dim 64, interleaved; OPT: rope_dim 0 (append only, q copied to q_out).
+// A table, one tensor (pointer and strides) per line:
+// clang-format off
 typedef struct fdpp_rope_append_args {
   int32_t dtype;
   int32_t batch, num_heads, num_kv_heads, seq, head_dim, kv_capacity;
@@ -119,6 +123,7 @@ typedef struct fdpp_rope_append_args {
   const float* inv_freq;   // device float32 [rope_dim / 2]: angle per position of pair i (the model's rotary table,
                            // rope scaling included); NULL: rope_theta^(-2i / rope_dim)
 } fdpp_rope_append_args;
+// clang-format on
 
 FDPP_API fdpp_status fdpp_rope_append(const fdpp_rope_append_args* args, void* stream);
 

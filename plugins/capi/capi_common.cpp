@@ -1,10 +1,9 @@
 #include <string>
 
 #include "capi/capi_errors.h"
-#include "kernels/axpy.h"
 
 namespace {
-constexpr int kAbiVersion = 2;  // 2: fdpp_gemm_implb_config.loader
+constexpr int kAbiVersion = 3;  // CHANGELOG.md lists what each version changed
 thread_local std::string t_last_error;
 }  // namespace
 
@@ -31,15 +30,5 @@ extern "C" {
 int fdpp_abi_version(void) { return kAbiVersion; }
 
 const char* fdpp_last_error(void) { return t_last_error.c_str(); }
-
-fdpp_status fdpp_axpy_f32(float a, const float* x, float* y, int64_t n, void* stream) {
-  return fdpp::guarded("fdpp_axpy_f32", [&] {
-    if (n < 0) return fdpp::set_error(FDPP_ERR_INVALID_ARGUMENT, "fdpp_axpy_f32: n must be >= 0");
-    if (n > 0 && (x == nullptr || y == nullptr))
-      return fdpp::set_error(FDPP_ERR_INVALID_ARGUMENT, "fdpp_axpy_f32: x and y must be device pointers");
-    return fdpp::from_cuda(fdpp::launch_axpy_f32(a, x, y, n, static_cast<cudaStream_t>(stream)),
-                           "fdpp_axpy_f32");
-  });
-}
 
 }  // extern "C"

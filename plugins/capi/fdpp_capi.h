@@ -27,11 +27,13 @@ typedef enum fdpp_status {
 // Element types, shared by every op.
 typedef enum fdpp_dtype { FDPP_FLOAT16 = 0, FDPP_BFLOAT16 = 1, FDPP_FLOAT32 = 2 } fdpp_dtype;
 
-FDPP_API int fdpp_abi_version(void);         // bumped on any change to a signature in this folder
-FDPP_API const char* fdpp_last_error(void);  // message of the last failure on the calling thread ("" if none)
+// Programmatic dependent launch of a kernel after the one before it on the stream (the ops' args carry it):
+// AUTO where the GPU runs the library's sm_90a code (compute capability 9.x), the default; OFF never (a timing
+// baseline, or a producer that writes an input the kernel reads before its wait, see the op's header).
+typedef enum fdpp_pdl { FDPP_PDL_AUTO = 0, FDPP_PDL_OFF = 1 } fdpp_pdl;
 
-// The trivial kernel that proves build -> C ABI -> Python end to end: y[i] = a * x[i] + y[i] in float32.
-FDPP_API fdpp_status fdpp_axpy_f32(float a, const float* x, float* y, int64_t n, void* stream);
+FDPP_API int fdpp_abi_version(void);         // bumped on any change to a signature or struct in this folder
+FDPP_API const char* fdpp_last_error(void);  // message of the last failure on the calling thread ("" if none)
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -4,18 +4,18 @@
 #include <string>
 
 #include "capi/capi_errors.h"
-#include "kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 namespace {
 
 namespace g = fdpp::gemm;
 
 g::ImplBConfig to_config(const fdpp_gemm_implb_config& c) {
-  return g::ImplBConfig{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader};
+  return g::ImplBConfig{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader, c.row_blocks};
 }
 
 fdpp_gemm_implb_config from_config(const g::ImplBConfig& c) {
-  return fdpp_gemm_implb_config{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader};
+  return fdpp_gemm_implb_config{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader, c.row_blocks};
 }
 
 g::Plan to_plan(const fdpp_gemm_plan& p) { return g::Plan{p.m1, p.m2, to_config(p.implb), p.implc}; }
@@ -36,7 +36,8 @@ const char* codes_problem(int32_t epilogue, int32_t dtype) {
 fdpp_status to_problem(const char* fn, const fdpp_gemm_args* args, g::Problem* out) {
   if (args == nullptr) return invalid(fn, "args is NULL");
   if (args->dtype == FDPP_FLOAT32)
-    return fdpp::set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": float32 GEMM is not implemented; use float16 or bfloat16");
+    return fdpp::set_error(FDPP_ERR_UNSUPPORTED,
+                           std::string(fn) + ": float32 GEMM is not implemented; use float16 or bfloat16");
   g::Problem p;
   p.x = args->x;
   p.w = args->w;
@@ -48,6 +49,9 @@ fdpp_status to_problem(const char* fn, const fdpp_gemm_args* args, g::Problem* o
   p.k = args->k;
   p.dtype = static_cast<g::Dtype>(args->dtype);
   p.epilogue = static_cast<g::Epilogue>(args->epilogue);
+  if (args->pdl != FDPP_PDL_AUTO && args->pdl != FDPP_PDL_OFF)
+    return invalid(fn, "pdl must be FDPP_PDL_AUTO (0) or FDPP_PDL_OFF (1)");
+  p.pdl = args->pdl == FDPP_PDL_AUTO;
   if (const char* why = g::problem_problem(p)) return invalid(fn, why);
   *out = p;
   return FDPP_OK;
@@ -94,7 +98,8 @@ fdpp_status fdpp_gemm_default_plan(int64_t n, int64_t k, int32_t epilogue, int32
 
 fdpp_status fdpp_gemm_select(int64_t m, const fdpp_gemm_plan* plan, int32_t* impl_out) {
   return fdpp::guarded("fdpp_gemm_select", [&] {
-    if (plan == nullptr || impl_out == nullptr) return invalid("fdpp_gemm_select", "plan and impl_out must not be NULL");
+    if (plan == nullptr || impl_out == nullptr)
+      return invalid("fdpp_gemm_select", "plan and impl_out must not be NULL");
     if (m < 1) return invalid("fdpp_gemm_select", "M must be >= 1");
     const g::Plan p = to_plan(*plan);
     if (const char* why = g::plan_problem(p)) return invalid("fdpp_gemm_select", why);
@@ -199,10 +204,8 @@ fdpp_status fdpp_gemm_run_impl(const fdpp_gemm_args* args, int32_t impl, const f
       }
       case FDPP_GEMM_IMPLC_CUBLASLT:
         return from_launch(fn, g::launch_implc_cublaslt(p, workspace, workspace_bytes, st));
-      case FDPP_GEMM_IMPLC_CUTLASS:
-        return from_launch(fn, g::launch_implc_cutlass(p, workspace, workspace_bytes, st));
-      default:
-        return invalid(fn, "impl must be 1 (ImplA), 2 (ImplB), 3 (cuBLASLt) or 4 (CUTLASS)");
+      case FDPP_GEMM_IMPLC_CUTLASS: return from_launch(fn, g::launch_implc_cutlass(p, workspace, workspace_bytes, st));
+      default: return invalid(fn, "impl must be 1 (ImplA), 2 (ImplB), 3 (cuBLASLt) or 4 (CUTLASS)");
     }
   });
 }
@@ -234,14 +237,9 @@ fdpp_status fdpp_gemm_device_info(int32_t* num_sms, int32_t* cc_major, int32_t* 
   });
 }
 
-int32_t fdpp_gemm_set_pdl(int32_t enable) {
-  try {
-    const int32_t before = fdpp::gemm::pdl_enabled() ? 1 : 0;
-    if (enable >= 0) fdpp::gemm::set_pdl_enabled(enable != 0);
-    return before;
-  } catch (...) {
-    return 0;
-  }
+fdpp_status fdpp_gemm_load_cublaslt(const char* path) {
+  return fdpp::guarded("fdpp_gemm_load_cublaslt",
+                       [&] { return from_launch("fdpp_gemm_load_cublaslt", fdpp::gemm::load_cublaslt(path)); });
 }
 
 int32_t fdpp_gemm_cublaslt_available(void) {

@@ -13,7 +13,7 @@ typedef enum fdpp_gemm_impl {
   FDPP_GEMM_AUTO = 0,            // by the plan: ImplA if M <= m1, ImplB if M <= m2, else plan.implc
   FDPP_GEMM_IMPLA = 1,           // GEMV on CUDA cores, M <= 8
   FDPP_GEMM_IMPLB = 2,           // flat GEMM on tensor cores (batch padded to 8), M <= 64
-  FDPP_GEMM_IMPLC_CUBLASLT = 3,  // cuBLASLt (dlopen'ed; FDPP_CUBLASLT_LIBRARY names the .so)
+  FDPP_GEMM_IMPLC_CUBLASLT = 3,  // cuBLASLt (dlopen'ed: fdpp_gemm_load_cublaslt, or FDPP_CUBLASLT_LIBRARY)
   FDPP_GEMM_IMPLC_CUTLASS = 4    // CUTLASS 2.x tensor-op GEMM, 64x128 tiles
 } fdpp_gemm_impl;
 
@@ -22,13 +22,15 @@ typedef enum fdpp_gemm_epilogue {
   FDPP_GEMM_EPILOGUE_SILU_MUL = 1  // W = [gate rows; up rows] ([2I, K]); Y [M, I] = silu(gate) * up
 } fdpp_gemm_epilogue;
 
-// ImplB tile configuration (see plugins/kernels/gemm_heuristics.h for the meaning and valid values).
+// ImplB tile configuration (see plugins/kernels/gemm/gemm_heuristics.h for the meaning and valid values).
 typedef struct fdpp_gemm_implb_config {
-  int32_t n_tile;   // 16, 32, 64
-  int32_t k_tile;   // k_tile / (4 / (n_tile / 16)) in {32, 64, 128, 256}, or 1024 (16-row x 1024 pipelines)
-  int32_t stages;   // 1..8 (1 = no overlap of loads and math)
-  int32_t split_k;  // 1..8 CTAs of a cluster along K (> 1 needs sm_90)
-  int32_t loader;   // k_tile 1024 configs: 0 = TMA (sm_90), 1 = row-streaming cp.async; ignored below
+  int32_t n_tile;      // 16, 32, 64
+  int32_t k_tile;      // k_tile / (4 / (n_tile / 16)) in {32, 64, 128, 256}, or 1024 (16-row x 1024 pipelines)
+  int32_t stages;      // 1..8 (1 = no overlap of loads and math)
+  int32_t split_k;     // 1..8 CTAs of a cluster along K (> 1 needs sm_90)
+  int32_t loader;      // k_tile 1024 configs: 0 = TMA (sm_90), 1 = rows, 2 = rows1, 3 = pair (sm_90); ignored below
+  int32_t row_blocks;  // 16-row weight blocks per warp below k_tile 1024: 0 = the rule (2 from M = 9 where it
+                       // fits), 1 = one
 } fdpp_gemm_implb_config;
 
 // One (N, K, dtype)'s dispatch table, as profiled.
@@ -47,9 +49,11 @@ typedef struct fdpp_gemm_args {
   void* y;               // [m, n_out]
   int64_t m;
   int64_t n;
-  int64_t k;             // multiple of 8
-  int32_t dtype;         // FDPP_FLOAT16 or FDPP_BFLOAT16
-  int32_t epilogue;      // fdpp_gemm_epilogue
+  int64_t k;         // multiple of 8
+  int32_t dtype;     // FDPP_FLOAT16 or FDPP_BFLOAT16
+  int32_t epilogue;  // fdpp_gemm_epilogue
+  int32_t pdl;       // fdpp_pdl for ImplA/ImplB: AUTO (0) unless W is written on the GPU by a kernel that may
+                     // still run when the GEMM starts (plugins/kernels/gemm/gemm.h, Problem::pdl)
 } fdpp_gemm_args;
 
 // The plan used when a shape has no profile, for this device (num_sms, cc_major > 0) or the given ones.
@@ -79,7 +83,8 @@ FDPP_API fdpp_status fdpp_gemm_run(const fdpp_gemm_args* args, const fdpp_gemm_p
                                    size_t workspace_bytes, void* stream);
 
 // One implementation by id (profiling, tests, ablations). implb_config: NULL for the default config; pad_m:
-// 0 or 8 (the paper), 16 or 64 (ablation). impla_split_k: 0 for the heuristic.
+// 0 or 8 (the paper); 16 or 64, the padding ablation, only in a library built with FDPP_BENCH_ABLATIONS=ON
+// (else FDPP_ERR_UNSUPPORTED). impla_split_k: 0 for the heuristic.
 FDPP_API fdpp_status fdpp_gemm_run_impl(const fdpp_gemm_args* args, int32_t impl,
                                         const fdpp_gemm_implb_config* implb_config, int32_t pad_m,
                                         int32_t impla_split_k, void* workspace, size_t workspace_bytes, void* stream);
@@ -92,11 +97,12 @@ FDPP_API fdpp_status fdpp_gemm_prepare(const fdpp_gemm_args* args, const fdpp_ge
 FDPP_API fdpp_status fdpp_gemm_device_info(int32_t* num_sms, int32_t* cc_major, int32_t* cc_minor,
                                            int64_t* max_smem_optin);
 
-// Programmatic dependent launch of ImplA/ImplB on sm_90+ (default on; FDPP_GEMM_PDL=0 turns it off): enable
-// 1/0, or -1 to only query. Returns the setting in force before the call (1/0).
-FDPP_API int32_t fdpp_gemm_set_pdl(int32_t enable);
+// Loads libcublasLt from `path` (NULL: $FDPP_CUBLASLT_LIBRARY, else the dynamic linker's search) unless one is
+// loaded already; call it before the first cuBLASLt GEMM. FDPP_ERR_UNSUPPORTED when it cannot be loaded.
+FDPP_API fdpp_status fdpp_gemm_load_cublaslt(const char* path);
 
-// 1 if ImplC through cuBLASLt / CUTLASS is usable in this process, else 0.
+// 1 if ImplC through cuBLASLt / CUTLASS is usable in this process, else 0 (the first loads libcublasLt as
+// fdpp_gemm_load_cublaslt(NULL) does, if nothing is loaded yet).
 FDPP_API int32_t fdpp_gemm_cublaslt_available(void);
 FDPP_API int32_t fdpp_gemm_cutlass_available(void);
 

@@ -3,8 +3,6 @@ reference, with a tolerance relative to cuBLAS's own fp16/bf16 error: |ours - re
 the output) plus a hair. Odd M, N and K that are not multiples of any tile, every epilogue, both dtypes; the
 output is poisoned with NaN first so an unwritten element fails."""
 
-import os
-
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -208,9 +206,25 @@ def test_implb_pair_whole_units(n, k, stages, m, epilogue, dtype):
     _check(out, ref, peer)
 
 
+def _ablations_built() -> bool:
+    """Whether the library has the padding ablation (built with FDPP_BENCH_ABLATIONS=ON)."""
+    from fdpp_rewrite.errors import FdppError
+
+    x, w, _, _ = _inputs(1, 64, 64, "float16", "none")
+    try:
+        _run("implb", x, w, None, None, "none", pad_m=16)
+    except FdppError as exc:
+        if "FDPP_BENCH_ABLATIONS" in str(exc):
+            return False
+        raise
+    return True
+
+
 @pytest.mark.parametrize("pad_m", [16, 64])
 @pytest.mark.parametrize("m", [1, 9, 17])
 def test_implb_padding_ablation_is_exact_math(pad_m, m):
+    if not _ablations_built():
+        pytest.skip("the padding ablation is a benchmark build option (cmake -DFDPP_BENCH_ABLATIONS=ON)")
     x, w, bias, residual = _inputs(m, 1000, 1032, "float16", "none")
     out = _run("implb", x, w, None, None, "none", config={"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1},
                pad_m=pad_m)
@@ -350,44 +364,37 @@ def test_programmatic_dependent_launch_chain(first, second, m):
         mid = torch.empty(m, n1, device="cuda", dtype=torch.float16)
         a1, a2 = gemm.make_args(x, w1, out=mid), gemm.make_args(mid, w2, out=out)
 
-    def launch(args, impl):
+    def launch(args, impl, pdl):
         if impl in lean:
-            gemm.run_impl(args, "implb", implb_config=lean[impl], workspace=ws)
+            gemm.run_impl(args, "implb", implb_config=lean[impl], workspace=ws, pdl=pdl)
         else:
-            gemm.run_impl(args, impl, workspace=ws)
+            gemm.run_impl(args, impl, workspace=ws, pdl=pdl)
 
-    def chain():
+    def chain(pdl=True):
         mid.fill_(float("nan"))
-        launch(a1, first)
-        launch(a2, second)
+        launch(a1, first, pdl)
+        launch(a2, second, pdl)
 
-    if os.environ.get("FDPP_GEMM_PDL") != "0" and gemm.device_info()["cc_major"] == 9:
-        assert gemm.set_pdl(), "PDL should be on by default on sm_90+ (or a PDL launch was refused)"
-    previous = gemm.set_pdl(False)
-    try:
+    chain(pdl=False)
+    torch.cuda.synchronize()
+    expected = out.clone()
+    assert not torch.isnan(expected).any()
+    for _ in range(20):
+        out.fill_(float("nan"))
         chain()
-        torch.cuda.synchronize()
-        expected = out.clone()
-        assert not torch.isnan(expected).any()
-        gemm.set_pdl(True)
-        for _ in range(20):
-            out.fill_(float("nan"))
-            chain()
-        torch.cuda.synchronize()
-        assert torch.equal(out, expected), "with PDL the second GEMM saw a different (stale) X"
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(5):
-                chain()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected), "with PDL the second GEMM saw a different (stale) X"
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
         for _ in range(5):
-            out.fill_(float("nan"))
-            graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, expected), "replayed graph with PDL differs from the plain launch"
-    finally:
-        gemm.set_pdl(previous)
+            chain()
+    for _ in range(5):
+        out.fill_(float("nan"))
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected), "replayed graph with PDL differs from the plain launch"
 
 
 def test_unsupported_inputs_fail_clearly():
@@ -415,3 +422,53 @@ def test_unsupported_inputs_fail_clearly():
         gemm.linear(x2, w2, impl="implb", implb_config={"n_tile": 48, "k_tile": 64, "stages": 2, "split_k": 1})
     with pytest.raises(FdppError, match="float16"):
         gemm.linear(x.float(), w2.float())
+
+
+@pytest.mark.parametrize("m", [9, 24])
+def test_one_row_block_per_warp_computes_the_same(m):
+    """row_blocks = 1 (one 16-row weight block per warp, what the rule's second block is measured against) is the
+    same math as the rule's choice."""
+    x, w, bias, residual = _inputs(m, 1000, 1032, "float16", "none")
+    config = {"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1}
+    rule = _run("implb", x, w, None, None, "none", config=config)
+    one = _run("implb", x, w, None, None, "none", config=dict(config, row_blocks=1))
+    ref, peer = _reference(x, w, None, None, False, "float16")
+    _check(rule, ref, peer)
+    _check(one, ref, peer)
+
+
+def test_a_1024_column_config_past_16_rows_is_refused_not_replaced():
+    """A launcher that cannot run the config it was given says so; it never runs another config instead."""
+    from fdpp_rewrite.errors import FdppError
+
+    x, w, _, _ = _inputs(17, 256, 2048, "float16", "none")
+    rows = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows"}
+    with pytest.raises(FdppError, match="M <= 16"):
+        _run("implb", x, w, None, None, "none", config=rows)
+
+
+def test_a_plan_for_cublaslt_without_cublaslt_is_an_error():
+    """No silent switch to CUTLASS: where libcublasLt cannot be loaded, a cuBLASLt plan fails naming what to do
+    (a fresh process: the first library loaded stays)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from fdpp_rewrite.errors import FdppError\n"
+        "from fdpp_rewrite.gpu import gemm\n"
+        "assert gemm.library().fdpp_gemm_load_cublaslt(b'/nonexistent/libcublasLt.so') == 2\n"
+        "gemm._locate_cublaslt = lambda: None  # keep the binding from loading pip's copy next\n"
+        "x = torch.randn(100, 256, device='cuda', dtype=torch.float16)\n"
+        "w = torch.randn(512, 256, device='cuda', dtype=torch.float16)\n"
+        "plan = {'m1': 0, 'm2': 8, 'implb': {'n_tile': 16, 'k_tile': 256, 'stages': 3, 'split_k': 1},\n"
+        "        'implc': 'cublaslt'}\n"
+        "try:\n"
+        "    gemm.linear(x, w, plan=plan)\n"
+        "except FdppError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {key: value for key, value in __import__("os").environ.items() if key != "FDPP_CUBLASLT_LIBRARY"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "unsupported" in proc.stdout and "libcublasLt could not be loaded" in proc.stdout, proc.stdout

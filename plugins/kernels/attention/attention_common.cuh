@@ -1,0 +1,121 @@
+// What every attention kernel reads: the launch arguments in kernel form (log2 units, workspace pointers) and the
+// per-sequence key range rules. Built on the host by make_args() (attention_launch.cu) from AttentionParams.
+#pragma once
+
+#include <stdint.h>
+
+#include "kernels/attention/attention_mma.cuh"
+#include "kernels/attention/attention_params.h"
+
+namespace fdpp {
+namespace attn {
+
+struct AttnArgs {
+  int batch, num_heads, num_kv_heads, group, seq, head_dim, kv_capacity;
+  MaskMode mask_mode;
+  // Scores are handled as x = s * log2(e) so that e^(s - phi) = 2^(x - phi * log2(e)).
+  float scale_log2;  // scale * log2(e)
+  float phi_log2;    // phi * log2(e)
+  float lo_log2;     // effective guard window for s - phi, log2 units (the kernel's numeric window applied)
+  float hi_log2;
+  float max_floor_log2;  // a row whose largest s - phi is below this falls back (-inf: no such rule)
+
+  const void* q;
+  int64_t q_sb, q_sh, q_ss;
+  const void* k;
+  int64_t k_sb, k_sh, k_ss;
+  const void* v;
+  int64_t v_sb, v_sh, v_ss;
+  void* out;
+  int64_t o_sb, o_sh, o_ss;
+  const int64_t* past_len;
+  const void* bias;
+  int64_t bias_sb, bias_ss, bias_sl;
+
+  // decode split-KV
+  int num_splits, row_blocks;
+  int cluster_combine;  // 1: the splits of a row block form a thread block cluster whose first CTA combines them
+  int decode_stages;    // pipeline stages of the split kernel (host-chosen: decode_stages() in attention_heuristics.h)
+  int prefill_slots;    // prefill: CTAs resident on the GPU at once (orders the work, see prefill_kernel)
+  int prefill_config;   // prefill tile shape (host-chosen in attention_forward): 1, 2 or 4
+  float* ws_acc;        // [rows][splits][head_dim] partial sums of p * v
+  float* ws_l;          // [rows][splits] partial sums of p
+  uint32_t* ws_stat;    // [rows][splits] guard flag bits (unified) or the running max as float bits (synchronized)
+
+  unsigned long long* counters;  // [0] fallback rows, [1] rows whose kv length was clamped to the cache
+};
+
+// Keys of sequence b: past_len[b] + seq in mode past_len (clamped to the cache), the whole cache otherwise.
+__device__ __forceinline__ int kv_len_of(const AttnArgs& a, int b, bool* clamped = nullptr) {
+  if (a.mask_mode != MaskMode::kPastLen) return a.kv_capacity;
+  const long long past = a.past_len[b];
+  long long len = past + a.seq;
+  bool bad = past < 0 || len > a.kv_capacity;
+  if (len > a.kv_capacity) len = a.kv_capacity;
+  if (len < 0) len = 0;
+  if (clamped) *clamped = bad;
+  return static_cast<int>(len);
+}
+
+// One past the last key query token s of sequence b may see (keys [0, limit)).
+__device__ __forceinline__ int visible_end(const AttnArgs& a, int b, int s, int kv_len) {
+  if (a.mask_mode != MaskMode::kPastLen) return kv_len;
+  const long long end = a.past_len[b] + s + 1;
+  return end < kv_len ? (end < 0 ? 0 : static_cast<int>(end)) : kv_len;
+}
+
+// The decode split of a sequence: chunks of whole tiles, so that only the sequence's last tile is partial.
+struct SplitRange {
+  int begin, end, chunk;
+};
+__device__ __forceinline__ SplitRange split_range(int kv_len, int num_splits, int tile, int split) {
+  const int per_split = (kv_len + num_splits - 1) / num_splits;
+  const int chunk = (per_split + tile - 1) / tile * tile;
+  const int begin = split * chunk;
+  const int end = begin + chunk < kv_len ? begin + chunk : kv_len;
+  return {begin, end, chunk};
+}
+__device__ __forceinline__ int active_splits(int kv_len, int chunk) {
+  return chunk > 0 ? (kv_len + chunk - 1) / chunk : 0;
+}
+
+// A prefill CTA's query block (both prefill kernels): which (batch, query head, first row) it takes, its kv length,
+// rows and key tiles, and the order it walks them in.
+// Work order: causal query blocks get heavier with their index. Heaviest first (longest-processing-time); but when
+// the whole grid (batch x heads, blocks) fits in about two waves of resident CTAs, the second wave takes the lightest
+// blocks first so that each SM pairs a heavy CTA with a light one (B=1, L=1K: the busiest SM does 18 tiles, not 24).
+// Tile order: the diagonal tiles (the last kAnchorTiles - 1), then tile 0 (the attention sink), then the rest; the
+// anchored unified max anchors each row on these first tiles (AnchoredUnifiedSoftmax).
+template <int kBlockM, int kBlockN, int kAnchorTiles>
+struct PrefillBlock {
+  int b, hq, hkv, m0, kv_len, rows_here, key_end, num_tiles;
+
+  __device__ __forceinline__ explicit PrefillBlock(const AttnArgs& a) {
+    const int bh = static_cast<int>(gridDim.x), blocks = static_cast<int>(gridDim.y);
+    const int total = bh * blocks;
+    int order = blockIdx.y * bh + blockIdx.x;  // launch order
+    if (total <= 2 * a.prefill_slots && order >= a.prefill_slots) order = total - 1 - (order - a.prefill_slots);
+    const int bhi = order % bh;
+    b = bhi / a.num_heads, hq = bhi - b * a.num_heads, hkv = hq / a.group;
+    m0 = (blocks - 1 - order / bh) * kBlockM;
+    bool clamped = false;
+    kv_len = kv_len_of(a, b, &clamped);
+    rows_here = a.seq - m0 < kBlockM ? a.seq - m0 : kBlockM;
+    if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, static_cast<unsigned long long>(rows_here));
+    key_end = visible_end(a, b, m0 + rows_here - 1, kv_len);
+    num_tiles = (key_end + kBlockN - 1) / kBlockN;
+  }
+  // The tile processed at step `it`.
+  __device__ __forceinline__ int tile_at(int it) const {
+    if (num_tiles <= kAnchorTiles) return it;
+    return it < kAnchorTiles - 1 ? num_tiles - 1 - it : it - (kAnchorTiles - 1);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ const T* row_ptr(const void* base, int64_t sb, int64_t sh, int64_t ss, int b, int h, int s) {
+  return static_cast<const T*>(base) + b * sb + h * sh + static_cast<int64_t>(s) * ss;
+}
+
+}  // namespace attn
+}  // namespace fdpp

@@ -1,0 +1,540 @@
+// Split-KV decode (FlashDecoding with FlashDecoding++'s unified max): the split kernel and the combine kernel.
+//
+// Split kernel, grid (split, kv head x row block, batch): the CTA streams keys [begin, end) of its split once for
+// the 16 query rows it holds (G heads x seq tokens sharing the KV head). Per 16 keys a warp does
+//   S = Q K^T   mma m16n8k16 (fp16/bf16 operands, fp32 accumulate)
+//   P = 2^(x - phi')  (unified) or the online max (synchronized), in float32
+//   O += P V    mma m16n8k8 in tf32: P keeps float32's exponent range (the unified max needs it: e^(s - phi)
+//               spans far more than fp16's 65504) and fp16's 10-bit mantissa; fp16/bf16 V is exact in tf32.
+// The tf32 fragment trick: the m16n8k16 accumulator gives a thread the scores of keys 2t and 2t+1; ldmatrix.trans
+// of V gives it v of keys 2t, 2t+1. Reading the k index of the m16n8k8 product as (t -> key 2t, t+4 -> key 2t+1)
+// makes both line up with no shuffle (the sum over k does not care about the order).
+// The CTA then adds its 4 warps' partials and writes (sum p v, sum p, guard bits or max) per row to the workspace.
+//
+// Combine kernel, one CTA per query row, launched with programmatic dependent launch so it is resident before the
+// split kernel ends: unified rows just add the splits' partials; a row whose guard bits are set is recomputed
+// exactly by the whole CTA (attention_fallback.cuh) and counted. Synchronized rows rescale by the splits' maxima.
+// On sm_90, where the grid is at most one CTA per SM and 2 to 8 splits, the splits of a row block instead form a
+// thread block cluster and the first CTA adds the others' partials from distributed shared memory (the cluster
+// combine, in the split kernel; cluster_combine_ok in attention_heuristics.h): one kernel per call.
+//
+// Programmatic dependent launch (sm_90+, both kernels; attention_decode_impl.cuh): a grid may become resident while
+// the grid before it in the stream is still running. Each kernel lets its dependents launch only after its own
+// griddepcontrol.wait (so at most one grid runs ahead; the split kernel once it has issued its last loads, the
+// combine kernel right after the wait), and nothing it does before that wait reads or writes anything
+// another kernel may write: the split kernel only issues L2 prefetch hints for its first K/V tiles there
+// (prefetch_first_tiles), the combine kernel nothing at all.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/attention/attention_common.cuh"
+#include "kernels/attention/attention_fallback.cuh"
+#include "kernels/attention/attention_softmax_state.cuh"
+#include "kernels/attention/attention_traits.cuh"
+
+namespace fdpp {
+namespace attn {
+
+// --- L2 prefetch hints (sm_90; compiled to nothing on older targets) -------------------------------------------------
+
+// Asks the memory system to bring [p, p + bytes) into L2 (p 16-byte aligned, bytes a multiple of 16). A hint: it
+// fills no register or shared memory, and L2 is the GPU's point of coherence, so a line prefetched before another
+// kernel rewrites it is simply updated there -- no later load can see an old value through it.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(__cvta_generic_to_global(p)), "r"(bytes));
+#endif
+}
+
+// Sequence b's kv length as a placement hint for prefetches, clamped to [0, kv_capacity] like kv_len_of. Read
+// before griddepcontrol.wait, so it may be stale (the previous kernel may still be writing past_len): it only places
+// hints. ld.global.cg reads at L2 and allocates no L1 line, so the real read after the wait cannot hit a line
+// cached here.
+__device__ __forceinline__ int kv_len_hint(const AttnArgs& a, int b) {
+  if (a.mask_mode != MaskMode::kPastLen) return a.kv_capacity;
+  long long len = static_cast<long long>(__ldcg(a.past_len + b)) + a.seq;
+  if (len > a.kv_capacity) len = a.kv_capacity;
+  if (len < 0) len = 0;
+  return static_cast<int>(len);
+}
+
+// L2 prefetch of the K and V rows of the first kStages - 1 tiles of this CTA's split (what the pipeline prologue
+// loads right after the wait). Every address lies in keys [0, kv_capacity) of (b, hkv): the hint length is clamped,
+// and the rows are whole rows the cp.async loads could read. Contiguous rows (seq stride == head_dim): one bulk
+// prefetch per tile per tensor, spread over the warps' lane 0; strided rows: one bulk prefetch per row.
+template <typename T, int D, int Stages>
+__device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, int hkv, int split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Tr = DecodeTraits<D, Stages>;
+  constexpr uint32_t kRowBytes = D * sizeof(T);
+  const SplitRange r = split_range(kv_len_hint(a, b), a.num_splits, Tr::kTile, split);
+  const int span = r.end - r.begin;
+  const int keys = span < (Tr::kStages - 1) * Tr::kTile ? span : (Tr::kStages - 1) * Tr::kTile;
+  if (keys <= 0) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const int64_t ss = t == 0 ? a.k_ss : a.v_ss;
+    const T* row0 = t == 0 ? static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh + r.begin * a.k_ss
+                           : static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh + r.begin * a.v_ss;
+    if (ss == D) {
+#pragma unroll
+      for (int j = 0; j < Tr::kStages - 1; ++j) {
+        const int n = keys - j * Tr::kTile < Tr::kTile ? keys - j * Tr::kTile : Tr::kTile;
+        if (n > 0 && lane == 0 && warp == (2 * j + t) % Tr::kWarps)
+          prefetch_l2_bulk(row0 + static_cast<int64_t>(j) * Tr::kTile * D, static_cast<uint32_t>(n) * kRowBytes);
+      }
+    } else {
+      for (int i = threadIdx.x; i < keys; i += Tr::kThreads) prefetch_l2_bulk(row0 + i * ss, kRowBytes);
+    }
+  }
+#endif
+}
+
+template <typename T, int D, bool kUnified, int Stages>
+__global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) {
+  using Tr = DecodeTraits<D, Stages>;
+  using State = std::conditional_t<kUnified, UnifiedMaxSoftmax<2, true>, SynchronizedSoftmax<2, true>>;
+  constexpr int kNT = Tr::kNTiles;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int split = blockIdx.x;
+  const int hkv = blockIdx.y / a.row_blocks;
+  const int rb = blockIdx.y - hkv * a.row_blocks;
+  const int b = blockIdx.z;
+  // Only the 3-stage kernel combines in clusters (its receive area holds 7 partials; launch_split refuses the
+  // others), so the 2- and 4-stage kernels carry no cluster code.
+  const bool cluster = Stages == 3 && a.cluster_combine;
+  // With programmatic dependent launch this CTA may run while the previous kernel in the stream is still writing
+  // (the combine of the previous call, RoPE + cache append, the GEMM producing Q). Before the wait: L2 hints only,
+  // which cannot change what any load returns. Everything that kernel may write -- Q, the new K/V rows, past_len,
+  // the workspace, the output, the counters -- is read or written only after it.
+  prefetch_first_tiles<T, D, Stages>(a, b, hkv, split);
+  pdl_wait_primary();  // the previous grid has completed and its memory is visible from here on
+  // The next grid may start once this CTA has issued its last tile's loads (kStages tiles before the end of the
+  // key loop, below), neither earlier nor later. Before the wait, every later call's grids would become resident one
+  // after another while the first still ran, each prefetching for a call far ahead; right after it, the next grid
+  // (the combine, or the next call's split grid) would sit resident for the whole key loop and prefetch too early.
+  // Example (H200, GQA 32/8, B=1, L=8K): 13.4 us with this rule, 14.1 with the release right after the wait.
+  const int kv_len = kv_len_of(a, b);
+  const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
+  if (range.begin >= range.end) {
+    // The combine derives the same range and skips this split; with one split (no combine) the rows are empty:
+    // they output 0, as a row with no visible key does. In a cluster the first split is empty only when all are
+    // (kv_len 0): it writes the zeros; every CTA still takes part in the cluster's two barriers.
+    if (a.num_splits == 1 || (cluster && split == 0)) {
+      const int rows_total = a.group * a.seq, row0 = (blockIdx.y - hkv * a.row_blocks) * Tr::kRows;
+      for (int i = threadIdx.x; i < (rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows) * D;
+           i += Tr::kThreads) {
+        const int gr = row0 + i / D, hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+        static_cast<T*>(a.out)[b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + i % D] =
+            Elem<T>::from_float(0.f);
+      }
+    }
+    if (cluster) {
+      cluster_sync();
+      cluster_sync();
+    }
+    return;
+  }
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int rows_total = a.group * a.seq;
+  const int row0 = rb * Tr::kRows;
+  const int rows_here = rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows;
+
+  const uint32_t q_smem = smem_addr(smem);
+  const uint32_t kv_smem = q_smem + Tr::kQBytes;  // stage s: K at s * 2 * tile, V right after it
+
+  // Query rows -> shared memory (zero-filled padding rows), in the first cp.async group with tile 0.
+  for (int i = tid; i < Tr::kRows * Tr::kChunks; i += Tr::kThreads) {
+    const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
+    const bool valid = r < rows_here;
+    const int gr = row0 + (valid ? r : 0);
+    const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    const T* src = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, s) + c * 8;
+    cp_async_16(q_smem + swizzled<Tr::kRowBytes>(r, c), src, valid);
+  }
+
+  // Each thread copies chunk `c` of rows `lrow0 + pass * kRowsPerPass` of every K and V tile.
+  const int c = tid % Tr::kChunks, lrow0 = tid / Tr::kChunks;
+  const uint32_t dst0 = swizzled<Tr::kRowBytes>(lrow0, c);
+  const T* k_base = static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh + c * 8;
+  const T* v_base = static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh + c * 8;
+  const int num_tiles = (range.end - range.begin + Tr::kTile - 1) / Tr::kTile;
+  auto load_tile = [&](int tile) {
+    const int key0 = range.begin + tile * Tr::kTile;
+    const uint32_t kdst = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes + dst0;
+    const uint32_t vdst = kdst + Tr::kTileBytes;
+#pragma unroll
+    for (int p = 0; p < Tr::kPasses; ++p) {
+      const int key = key0 + lrow0 + p * Tr::kRowsPerPass;
+      const bool valid = key < range.end;
+      const int64_t kk = valid ? key : 0;
+      cp_async_16(kdst + p * Tr::kRowsPerPass * Tr::kRowBytes, k_base + kk * a.k_ss, valid);
+      cp_async_16(vdst + p * Tr::kRowsPerPass * Tr::kRowBytes, v_base + kk * a.v_ss, valid);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < Tr::kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(s);
+    cp_async_commit();
+  }
+
+  // This thread's two rows (g and g + 8 of the fragment): their token and last visible key.
+  int row_end[2];  // one past the last visible key
+  int row_s[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int lr = g + 8 * r;
+    const int gr = row0 + (lr < rows_here ? lr : 0);
+    row_s[r] = gr % a.seq;
+    row_end[r] = visible_end(a, b, row_s[r], kv_len);
+  }
+  // Tiles ending at or before this key need no mask (every row sees every key of them).
+  const int unmasked_end = a.mask_mode == MaskMode::kBias ? -1 : visible_end(a, b, 0, kv_len);
+  const float x_shift = kUnified ? a.phi_log2 : 0.f;
+
+  State state;
+  state.init();
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  uint32_t qa[D / 16][4];
+
+  // The iteration that issues the last tile's loads (the prologue issued them all when there are fewer tiles).
+  const int trigger_tile = num_tiles > Tr::kStages ? num_tiles - Tr::kStages : 0;
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    if (tile == trigger_tile) pdl_launch_dependents();
+    cp_async_wait<Tr::kStages - 2>();
+    __syncthreads();
+    if (tile == 0) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int mi = lane >> 3;
+        ldmatrix_x4(qa[ks], q_smem + swizzled<Tr::kRowBytes>((mi & 1) * 8 + (lane & 7), ks * 2 + (mi >> 1)));
+      }
+    }
+    if (tile + Tr::kStages - 1 < num_tiles) load_tile(tile + Tr::kStages - 1);
+    cp_async_commit();
+
+    const uint32_t kbuf = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes;
+    const uint32_t vbuf = kbuf + Tr::kTileBytes;
+    const int wkey0 = warp * Tr::kKeysPerWarp;  // this warp's first key within the tile
+
+    // S = Q K^T for this warp's keys.
+    float sc[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        const int mi = lane >> 3;
+        uint32_t kb[4];
+        ldmatrix_x4(kb,
+                    kbuf + swizzled<Tr::kRowBytes>(wkey0 + np * 16 + (mi >> 1) * 8 + (lane & 7), ks * 2 + (mi & 1)));
+        mma_16816<T>(sc[2 * np], qa[ks], kb[0], kb[1]);
+        mma_16816<T>(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
+      }
+    }
+
+    // Scores -> p, in place.
+    const int key0 = range.begin + tile * Tr::kTile + wkey0;  // key of sc[0][0] for t4 = 0
+    const bool masked = key0 - wkey0 + Tr::kTile > unmasked_end;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, -x_shift);
+    if (masked) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, key = key0 + n * 8 + 2 * t4 + (e & 1);
+          bool visible = key < row_end[r];
+          if (a.mask_mode == MaskMode::kBias && visible) {
+            bool unmasked;
+            sc[n][e] += bias_log2<T>(a, b, row_s[r], key, unmasked);
+            visible = unmasked;
+          }
+          if (!visible) sc[n][e] = -kInf;
+        }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tmax = -kInf;
+      if constexpr (State::kRescales) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) tmax = fmaxf(tmax, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
+      }
+      alpha[r] = state.begin_tile(r, tmax);
+    }
+    if constexpr (State::kRescales) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+        o[i][0] *= alpha[0], o[i][1] *= alpha[0], o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+    }
+    if (masked) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = state.template exp<true>(e >> 1, sc[n][e]);
+    } else {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = state.template exp<false>(e >> 1, sc[n][e]);
+    }
+
+    // O += P V in tf32, 8 keys per step.
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      // p is already tf32 (the state rounded it): pass the bits.
+      const uint32_t pa[4] = {__float_as_uint(sc[n][0]), __float_as_uint(sc[n][2]), __float_as_uint(sc[n][1]),
+                              __float_as_uint(sc[n][3])};
+#pragma unroll
+      for (int db = 0; db < D / 32; ++db) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vbuf + swizzled<Tr::kRowBytes>(wkey0 + n * 8 + (lane & 7), db * 4 + (lane >> 3)));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 vf = Elem<T>::to_float2(vb[j]);
+          mma_1688_tf32(o[db * 4 + j], pa, __float_as_uint(vf.x), __float_as_uint(vf.y));
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline buffers: reuse them for the reduction
+
+  // Cross-warp reduction in shared memory, then one partial per valid row to the workspace.
+  state.finish();
+  float* red = reinterpret_cast<float*>(smem + Tr::kQBytes);
+  float* red_l = red + Tr::kWarps * Tr::kRows * Tr::kRedStride;
+  uint32_t* red_stat = reinterpret_cast<uint32_t*>(red_l + Tr::kWarps * Tr::kRows);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float* dst = red + (warp * Tr::kRows + g + 8 * r) * Tr::kRedStride + 2 * t4;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) *reinterpret_cast<float2*>(dst + i * 8) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
+    if (t4 == 0) {
+      red_l[warp * Tr::kRows + g + 8 * r] = state.l[r];
+      uint32_t stat;
+      if constexpr (kUnified) {
+        stat = state.guard_bits(r, a.lo_log2, a.hi_log2, a.max_floor_log2);
+      } else {
+        stat = __float_as_uint(state.m[r]);
+      }
+      red_stat[warp * Tr::kRows + g + 8 * r] = stat;
+    }
+  }
+  __syncthreads();
+
+  // This CTA's partial of row r, float4 d4: the warps' sums of p v and p, the OR of their guard bits, and
+  // (synchronized) their largest max m_all, which the sums are rescaled to.
+  struct RowPartial {
+    float4 acc;
+    float l;
+    uint32_t stat;
+    float m_all;
+  };
+  auto own_partial = [&](int r, int d4) {
+    float wt[Tr::kWarps];
+    float m_all = -kInf;
+    if constexpr (!kUnified) {
+#pragma unroll
+      for (int w = 0; w < Tr::kWarps; ++w) m_all = fmaxf(m_all, __uint_as_float(red_stat[w * Tr::kRows + r]));
+    }
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      wt[w] = kUnified ? 1.f : State::merge_weight(__uint_as_float(red_stat[w * Tr::kRows + r]), m_all);
+    }
+    RowPartial p = {make_float4(0.f, 0.f, 0.f, 0.f), 0.f, 0u, m_all};
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      const float4 part = *reinterpret_cast<const float4*>(red + (w * Tr::kRows + r) * Tr::kRedStride + d4 * 4);
+      p.acc.x = fmaf(wt[w], part.x, p.acc.x), p.acc.y = fmaf(wt[w], part.y, p.acc.y);
+      p.acc.z = fmaf(wt[w], part.z, p.acc.z), p.acc.w = fmaf(wt[w], part.w, p.acc.w);
+      p.l = fmaf(wt[w], red_l[w * Tr::kRows + r], p.l);
+      p.stat |= red_stat[w * Tr::kRows + r];
+    }
+    return p;
+  };
+
+  // The cluster combine: the splits of this row block are one thread block cluster. Once every CTA is past its key
+  // loop (barrier A) the others store their row partials into the first CTA's pipeline buffers (distributed shared
+  // memory); after barrier B the first CTA adds them to its own and finishes the rows as with one split. No
+  // workspace round trip and no combine kernel. Unified partials just add; synchronized ones rescale by their max.
+  float* recv = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kRedAllBytes);  // slot i: split i + 1
+  const int n_splits = cluster ? active_splits(kv_len, range.chunk) : 1;
+  if (cluster) {
+    cluster_sync();  // A: the first CTA's receive area is free
+    if (split > 0) {
+      const uint32_t slot = smem_addr(recv + (split - 1) * Tr::kRecvSlotFloats);
+      for (int i = tid; i < rows_here * (D / 4); i += Tr::kThreads) {
+        const int r = i / (D / 4), d4 = i - r * (D / 4);
+        const RowPartial p = own_partial(r, d4);
+        st_cluster(cluster_map(slot + (r * D + d4 * 4) * 4, 0), p.acc);
+        if (d4 == 0) {
+          st_cluster(cluster_map(slot + (Tr::kRows * D + r) * 4, 0), __float_as_uint(p.l));
+          const uint32_t stat = kUnified ? p.stat : __float_as_uint(p.m_all);
+          st_cluster(cluster_map(slot + (Tr::kRows * (D + 1) + r) * 4, 0), stat);
+        }
+      }
+    }
+    cluster_sync();  // B: every partial is in the first CTA's shared memory
+    if (split > 0) return;
+  }
+  auto recv_l = [&](int i, int r) { return recv[i * Tr::kRecvSlotFloats + Tr::kRows * D + r]; };
+  auto recv_stat = [&](int i, int r) {
+    return __float_as_uint(recv[i * Tr::kRecvSlotFloats + Tr::kRows * (D + 1) + r]);
+  };
+
+  // With one split (or as the first CTA of a cluster) this CTA holds whole rows: it normalizes and writes the output
+  // itself and no combine kernel runs (one launch less on the critical path); guard-flagged rows are recomputed
+  // below by this CTA's warps.
+  const bool direct = a.num_splits == 1 || cluster;
+  for (int i = tid; i < rows_here * (D / 4); i += Tr::kThreads) {
+    const int r = i / (D / 4), d4 = i - r * (D / 4);
+    const RowPartial own = own_partial(r, d4);
+    float4 acc = own.acc;
+    float l = own.l;
+    const float m_all = own.m_all;
+    if (n_splits > 1) {  // the cluster's other splits
+      float m_top = m_all;
+      if constexpr (!kUnified) {
+        for (int j = 0; j + 1 < n_splits; ++j) m_top = fmaxf(m_top, __uint_as_float(recv_stat(j, r)));
+      }
+      const float w_own = kUnified ? 1.f : State::merge_weight(m_all, m_top);
+      acc.x *= w_own, acc.y *= w_own, acc.z *= w_own, acc.w *= w_own, l *= w_own;
+      for (int j = 0; j + 1 < n_splits; ++j) {
+        const float wt = kUnified ? 1.f : State::merge_weight(__uint_as_float(recv_stat(j, r)), m_top);
+        const float4 part = *reinterpret_cast<const float4*>(recv + j * Tr::kRecvSlotFloats + r * D + d4 * 4);
+        acc.x = fmaf(wt, part.x, acc.x), acc.y = fmaf(wt, part.y, acc.y);
+        acc.z = fmaf(wt, part.z, acc.z), acc.w = fmaf(wt, part.w, acc.w);
+        l = fmaf(wt, recv_l(j, r), l);
+      }
+    }
+    const int gr = row0 + r;
+    const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    if (direct) {  // a flagged row's values here are overwritten by its recompute below
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + d4 * 4;
+      const uint2 packed = make_uint2(Elem<T>::pack(acc.x * inv, acc.y * inv), Elem<T>::pack(acc.z * inv, acc.w * inv));
+      *reinterpret_cast<uint2*>(out) = packed;
+      continue;
+    }
+    const size_t slot = (static_cast<size_t>(b * a.num_heads + hq) * a.seq + s) * a.num_splits + split;
+    *reinterpret_cast<float4*>(a.ws_acc + slot * D + d4 * 4) = acc;
+    if (d4 == 0) {
+      a.ws_l[slot] = l;
+      a.ws_stat[slot] = kUnified ? own.stat : __float_as_uint(m_all);
+    }
+  }
+  if (!direct) return;
+  // Direct rows: count clamped lengths; recompute guard-flagged rows (one warp per row; q scratch in the Q area).
+  __syncthreads();  // every normalized row is stored before a recompute overwrites it
+  bool clamped = false;
+  kv_len_of(a, b, &clamped);
+  float* q_scratch = reinterpret_cast<float*>(smem) + warp * D;
+  for (int r = warp; r < rows_here; r += Tr::kWarps) {
+    const int gr = row0 + r;
+    const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    if (lane == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
+    if constexpr (kUnified) {
+      uint32_t stat = 0;
+#pragma unroll
+      for (int w = 0; w < Tr::kWarps; ++w) stat |= red_stat[w * Tr::kRows + r];
+      for (int j = 0; j + 1 < n_splits; ++j) stat |= recv_stat(j, r);
+      if (stat & (kGuardAbove | kGuardBelow | kGuardLowMax)) {
+        if (lane == 0) atomicAdd(a.counters, 1ull);
+        recompute_row_warp<T, D>(a, b, hq, s, kv_len, q_scratch);
+      }
+    }
+  }
+}
+
+// One CTA (128 threads) per query row (b, hq, s). Warp w adds splits w, w + 4, ... (lane = 4 output dims), so the
+// loads of many splits are in flight at once; then the 4 warps' sums add in shared memory.
+template <typename T, int D, bool kUnified>
+__global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
+  using Tr = DecodeTraits<D>;
+  constexpr int kLanes = D / 4;  // lanes holding a float4 of the row
+  __shared__ __align__(16) float part[4][D];
+  __shared__ float part_l[4], part_m[4];
+  const int row = blockIdx.x;
+  const int s = row % a.seq;
+  const int hq = (row / a.seq) % a.num_heads;
+  const int b = row / (a.seq * a.num_heads);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // The split grid is launched programmatically too, so the kernel before it may still be writing past_len when
+  // this grid starts: read nothing before the wait (completion of the split grid implies that kernel's).
+  pdl_wait_primary();       // the split kernel's partials (and everything before it) are visible from here on
+  pdl_launch_dependents();  // after the wait, as in the split kernel: at most one grid ahead
+  bool clamped = false;
+  const int kv_len = kv_len_of(a, b, &clamped);
+  const SplitRange first = split_range(kv_len, a.num_splits, Tr::kTile, 0);
+  const int n = active_splits(kv_len, first.chunk);
+
+  if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
+  T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss;
+  const size_t base = static_cast<size_t>(row) * a.num_splits;
+
+  float M = -kInf;  // synchronized: the largest of the splits' maxima
+  if constexpr (kUnified) {
+    uint32_t bits = 0;
+    for (int i = threadIdx.x; i < n; i += 128) bits |= a.ws_stat[base + i];
+    if (__syncthreads_or(bits & (kGuardAbove | kGuardBelow | kGuardLowMax))) {
+      if (threadIdx.x == 0) atomicAdd(a.counters, 1ull);
+      recompute_row_cta<T, D>(a, b, hq, s, kv_len);
+      return;
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += 128) M = fmaxf(M, __uint_as_float(a.ws_stat[base + i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) part_m[warp] = M;
+    __syncthreads();
+    M = fmaxf(fmaxf(part_m[0], part_m[1]), fmaxf(part_m[2], part_m[3]));
+  }
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float l = 0.f;
+  if (lane < kLanes) {
+    const float4* acc4 = reinterpret_cast<const float4*>(a.ws_acc) + base * kLanes + lane;
+#pragma unroll 4
+    for (int i = warp; i < n; i += 4) {
+      const float wt = kUnified ? 1.f : SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), M);
+      const float4 p = acc4[static_cast<size_t>(i) * kLanes];
+      acc.x = fmaf(wt, p.x, acc.x), acc.y = fmaf(wt, p.y, acc.y), acc.z = fmaf(wt, p.z, acc.z),
+      acc.w = fmaf(wt, p.w, acc.w);
+      l = fmaf(wt, a.ws_l[base + i], l);
+    }
+    *reinterpret_cast<float4*>(&part[warp][lane * 4]) = acc;
+  }
+  if (lane == 0) part_l[warp] = l;
+  __syncthreads();
+  const float l_all = part_l[0] + part_l[1] + part_l[2] + part_l[3];
+  const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+  for (int d = threadIdx.x; d < D; d += 128)
+    out[d] = Elem<T>::from_float((part[0][d] + part[1][d] + part[2][d] + part[3][d]) * inv);
+}
+
+// One CTA per query row, float32 online softmax over all its keys: float32 inputs, and a forced exact path.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) rowwise_kernel(const AttnArgs a) {
+  const int row = blockIdx.x;
+  const int s = row % a.seq;
+  const int hq = (row / a.seq) % a.num_heads;
+  const int b = row / (a.seq * a.num_heads);
+  bool clamped = false;
+  const int kv_len = kv_len_of(a, b, &clamped);
+  if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
+  recompute_row_cta<T, D>(a, b, hq, s, kv_len);
+}
+
+}  // namespace attn
+}  // namespace fdpp

@@ -1,0 +1,110 @@
+// The prefill launcher template, instantiated once per element type (attention_prefill_f16.cu, _bf16.cu).
+#pragma once
+
+#include <atomic>
+
+#include "kernels/attention/attention_launch.h"
+#include "kernels/attention/attention_prefill.cuh"
+#include "kernels/attention/attention_prefill_sm90.cuh"
+
+namespace fdpp {
+namespace attn {
+
+// Launches a prefill kernel (traits Tr: threads, shared memory, query rows per block) over (batch x heads, query
+// blocks), with the number of CTAs resident on the whole GPU that its work order needs (host queries, cached per
+// instantiation and device).
+template <auto kernel, typename Tr>
+cudaError_t launch_prefill_grid(const AttnArgs& args, cudaStream_t stream) {
+  static std::atomic<int> cached[64] = {};
+  cudaError_t err = allow_smem<kernel>(Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  int device = 0;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
+  AttnArgs a = args;
+  a.prefill_slots = cached[device & 63].load(std::memory_order_relaxed);
+  if (a.prefill_slots == 0) {
+    int per_sm = 0, sms = 0;
+    if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tr::kThreads, Tr::kSmemBytes)) !=
+        cudaSuccess)
+      return err;
+    if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
+    a.prefill_slots = (per_sm > 0 ? per_sm : 1) * sms;
+    cached[device & 63].store(a.prefill_slots, std::memory_order_relaxed);
+  }
+  const dim3 grid(a.batch * a.num_heads, (a.seq + Tr::kBlockM - 1) / Tr::kBlockM);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T, int D, bool kUnified, int kStepN, int kRowsPerWarp>
+cudaError_t launch_prefill_impl(const AttnArgs& a, cudaStream_t stream) {
+  return launch_prefill_grid<prefill_kernel<T, D, kUnified, kStepN, kRowsPerWarp>,
+                             PrefillTraits<D, kStepN, kRowsPerWarp>>(a, stream);
+}
+
+template <typename T, int D>
+cudaError_t sm90_binary_present(bool* present) {
+  static std::atomic<int> binary[64] = {};  // per device: 0 unknown, 1 sm_90 code, -1 none
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (binary[device & 63].load(std::memory_order_relaxed) == 0) {
+    cudaFuncAttributes attr = {};
+    if ((err = cudaFuncGetAttributes(&attr, prefill_sm90_kernel<T, D, false>)) != cudaSuccess) return err;
+    binary[device & 63].store(attr.binaryVersion == 90 ? 1 : -1, std::memory_order_relaxed);
+  }
+  *present = binary[device & 63].load(std::memory_order_relaxed) > 0;
+  return cudaSuccess;
+}
+
+// Tile shape 4, the wgmma kernel: only where the loaded binary holds its sm_90a code (on other GPUs, or a library
+// built without 90a, the kernel body is empty and the launch is refused instead).
+template <typename T, int D, bool kUnified>
+cudaError_t launch_prefill_sm90_impl(const AttnArgs& a, cudaStream_t stream) {
+  bool present = false;
+  cudaError_t err = sm90_binary_present<T, D>(&present);
+  if (err != cudaSuccess) return err;
+  if (!present) return cudaErrorNotSupported;
+  return launch_prefill_grid<prefill_sm90_kernel<T, D, kUnified>, PrefillSm90Traits<D>>(a, stream);
+}
+
+// Tile shapes (a.prefill_config; the plan's choice in attention_forward, attention_launch.cu):
+//   1: 128 query rows (32 per warp) in 32-key steps. (A 64-key step at 32 rows per warp reads Q from shared memory
+//      half as often but spills at head_dim 128; measured on the H200 it was no faster: docs/notes-attention.md.)
+//   2: 64 query rows (16 per warp) in 64-key steps: half the work per CTA, for grids too small to balance.
+//   4: Hopper only: 128 query rows per CTA on warpgroup MMAs with a producer warp (attention_prefill_sm90.cuh).
+template <typename T, int D, int kStepN, int kRowsPerWarp>
+cudaError_t launch_prefill_cfg(const AttnArgs& a, bool unified, cudaStream_t stream) {
+  return unified ? launch_prefill_impl<T, D, true, kStepN, kRowsPerWarp>(a, stream)
+                 : launch_prefill_impl<T, D, false, kStepN, kRowsPerWarp>(a, stream);
+}
+
+template <typename T, int D>
+cudaError_t launch_prefill_dim(const AttnArgs& a, bool unified, cudaStream_t stream) {
+  switch (a.prefill_config) {
+    case 1: return launch_prefill_cfg<T, D, 32, 32>(a, unified, stream);
+    case 2: return launch_prefill_cfg<T, D, 64, 16>(a, unified, stream);
+    case 4:
+      return unified ? launch_prefill_sm90_impl<T, D, true>(a, stream)
+                     : launch_prefill_sm90_impl<T, D, false>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t launch_prefill(const AttnArgs& a, bool unified, cudaStream_t stream) {
+  if (a.head_dim == 128) return launch_prefill_dim<T, 128>(a, unified, stream);
+  if (a.head_dim == 64) return launch_prefill_dim<T, 64>(a, unified, stream);
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t prefill_sm90_available(int head_dim, bool* available) {
+  if (head_dim == 128) return sm90_binary_present<T, 128>(available);
+  if (head_dim == 64) return sm90_binary_present<T, 64>(available);
+  *available = false;
+  return cudaSuccess;
+}
+
+}  // namespace attn
+}  // namespace fdpp

@@ -1,0 +1,273 @@
+// Prefill on Hopper: the prefill kernel's algorithm (attention_prefill.cuh: work order, anchored unified max or
+// synchronized softmax, masks, guard and in-launch fallback) with warpgroup MMAs (wgmma) instead of mma.sync.
+//
+// A CTA = two consumer warpgroups of 64 query rows each (128 rows of one query head) + one producer warp. The
+// producer streams Q once and then the 64-key K/V tiles through a 4-stage ring in shared memory (cp.async into the
+// 128-byte swizzled layout wgmma reads; each stage has a "full" mbarrier the copies arrive on and an "empty" one
+// the 8 consumer warps arrive on when they are done with it). The warpgroups are not tied to each other by block
+// barriers, so one warpgroup's softmax overlaps the other's matrix products. Per tile and warpgroup:
+//   S = Q K^T   wgmma m64n64k16 x (D / 16), both operands from shared memory
+//   P = 2^(x - phi_row) (unified, after the anchor tiles) or the online max (synchronized), in registers
+//   O += P V    wgmma m64nDk16 x 4, P from registers (its accumulator layout is the A-fragment layout), V MN-major
+// Every warp holds 16 rows in the m16n8 fragment layout, so the softmax code is the mma.sync kernel's with one
+// fragment per warp.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/attention/attention_common.cuh"
+#include "kernels/attention/attention_fallback.cuh"
+#include "kernels/attention/attention_softmax_state.cuh"
+#include "kernels/attention/attention_wgmma.cuh"
+
+namespace fdpp {
+namespace attn {
+
+template <int D>
+struct PrefillSm90Traits {
+  static constexpr int kConsumerWarps = 8;  // two warpgroups
+  static constexpr int kThreads = (kConsumerWarps + 1) * 32;
+  static constexpr int kBlockM = 128;  // query rows per CTA (64 per warpgroup, 16 per warp)
+  static constexpr int kBlockN = 64;   // keys per tile
+  static constexpr int kNT = kBlockN / 8;
+  static constexpr int kStages = 4;
+  static constexpr int kAnchorTiles = 4;  // as the mma.sync kernel: 3 diagonal tiles + tile 0
+  static constexpr int kChunks = D / 8;   // 16-byte chunks per row
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kTileBytes = kBlockN * D * 2;
+  static constexpr int kScratchBytes = kConsumerWarps * D * 4;  // fallback: one scaled query row per warp
+  static constexpr int kBarrierBytes = (2 * kStages + 1) * 8;
+  // + 1024: the dynamic shared memory base is rounded up to the swizzle's 1024-byte alignment.
+  static constexpr int kSmemBytes = 1024 + kQBytes + kStages * 2 * kTileBytes + kScratchBytes + kBarrierBytes;
+
+  static_assert(D == 64 || D == 128, "the Hopper prefill supports head_dim 64 and 128");
+  static_assert(kQBytes % 1024 == 0 && kTileBytes % 1024 == 0, "every swizzle panel 1024-byte aligned");
+};
+
+// p for one score in the given phase: the anchored unified max frozen, anchoring, or the synchronized softmax.
+template <bool kFrozen, bool kUnified, typename State>
+__device__ __forceinline__ float phase_exp(State& state, int r, float x) {
+  if constexpr (kFrozen) return state.exp_frozen(r, x);
+  else if constexpr (kUnified) return state.exp_anchoring(r, x);
+  else return state.template exp<false>(r, x);
+}
+
+template <typename T, int D, bool kUnified>
+__global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm90_kernel(const AttnArgs a) {
+#if FDPP_WGMMA
+  using Tr = PrefillSm90Traits<D>;
+  constexpr int kNT = Tr::kNT;
+  using State = std::conditional_t<kUnified, AnchoredUnifiedSoftmax<2>, SynchronizedSoftmax<2>>;
+  extern __shared__ __align__(128) unsigned char smem[];  // rounded up to 1024 below
+
+  const PrefillBlock<Tr::kBlockM, Tr::kBlockN, Tr::kAnchorTiles> blk(a);  // the mma.sync kernel's work order
+  const int b = blk.b, hq = blk.hq, hkv = blk.hkv, m0 = blk.m0;
+  const int kv_len = blk.kv_len, rows_here = blk.rows_here, key_end = blk.key_end, num_tiles = blk.num_tiles;
+  auto tile_at = [&](int it) { return blk.tile_at(it); };
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  const uint32_t q_smem = base;
+  const uint32_t kv_smem = q_smem + Tr::kQBytes;  // stage s: K at kv_smem + 2 s tile, V right after it
+  const uint32_t scratch_smem = kv_smem + Tr::kStages * 2 * Tr::kTileBytes;
+  const uint32_t q_full = scratch_smem + Tr::kScratchBytes;  // then full[s], empty[s]
+  auto full = [&](int s) { return q_full + 8 * (1 + s); };
+  auto empty = [&](int s) { return q_full + 8 * (1 + Tr::kStages + s); };
+  if (tid == 0) {
+    mbar_init(q_full, 32);
+#pragma unroll
+    for (int s = 0; s < Tr::kStages; ++s) mbar_init(full(s), 32), mbar_init(empty(s), Tr::kConsumerWarps);
+  }
+  __syncthreads();
+
+  if (warp == Tr::kConsumerWarps) {  // the producer warp
+    const T* q_base = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, 0);
+#pragma unroll 8
+    for (int i = lane; i < Tr::kBlockM * Tr::kChunks; i += 32) {
+      const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
+      const bool valid = r < rows_here;
+      cp_async_16(q_smem + sw128_offset(Tr::kBlockM, r, c), q_base + (valid ? (m0 + r) * a.q_ss : 0) + c * 8, valid);
+    }
+    mbar_arrive_on_copies(q_full);
+    const T* k_base = static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh;
+    const T* v_base = static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh;
+    for (int it = 0; it < num_tiles; ++it) {
+      const int stage = it % Tr::kStages, use = it / Tr::kStages;
+      if (use > 0) mbar_wait(empty(stage), (use - 1) & 1);  // the consumers are done with the previous tile here
+      const uint32_t kdst = kv_smem + stage * 2 * Tr::kTileBytes, vdst = kdst + Tr::kTileBytes;
+      const int key0 = tile_at(it) * Tr::kBlockN;
+#pragma unroll 8
+      for (int i = lane; i < Tr::kBlockN * Tr::kChunks; i += 32) {
+        const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
+        const bool valid = key0 + r < key_end;  // zero-fill past the end: cache garbage never reaches a product
+        const int64_t kk = valid ? key0 + r : 0;
+        const uint32_t off = sw128_offset(Tr::kBlockN, r, c);
+        cp_async_16(kdst + off, k_base + kk * a.k_ss + c * 8, valid);
+        cp_async_16(vdst + off, v_base + kk * a.v_ss + c * 8, valid);
+      }
+      mbar_arrive_on_copies(full(stage));
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // Consumers. Warp w holds rows 16 w .. 16 w + 15 of the block; its warpgroup wg holds 64 w .. 64 w + 63.
+  const int g = lane >> 2, t4 = lane & 3;
+  const int wg = warp >> 2;
+  const int wrow0 = warp * 16, wg_row0 = wg * 64;
+  const bool wg_has_rows = wg_row0 < rows_here;
+  const int wg_last = wg_row0 + 63 < rows_here - 1 ? wg_row0 + 63 : rows_here - 1;
+  const int wg_end = wg_has_rows ? visible_end(a, b, m0 + wg_last, kv_len) : 0;  // keys past it: no row sees
+  const int unmasked_end = a.mask_mode == MaskMode::kBias ? -1 : visible_end(a, b, m0 + wrow0, kv_len);
+  const bool causal = a.mask_mode == MaskMode::kPastLen;
+  const long long past_raw = causal ? a.past_len[b] : 0;  // clamped like kv_len_of(): never an int overflow
+  const int past = past_raw < 0 ? -1 : (past_raw > a.kv_capacity ? a.kv_capacity : static_cast<int>(past_raw));
+
+  State state;
+  state.init();
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  const uint32_t q_wg = q_smem + wg_row0 * 128;  // this warpgroup's rows in every panel
+
+  // One tile. kFrozen: the unified max is frozen (every tile after the anchor tiles), so the tile needs no max and
+  // no rescale; the phase is a template parameter so that neither loop tests it per score.
+  auto tile = [&](int it, auto frozen_phase) {
+    constexpr bool kFrozen = decltype(frozen_phase)::value;
+    const int stage = it % Tr::kStages;
+    const int key0 = tile_at(it) * Tr::kBlockN;
+    if (key0 < wg_end) {  // warpgroup-uniform: wgmma needs all four warps
+      mbar_wait(full(stage), (it / Tr::kStages) & 1);
+      const uint32_t kbuf = kv_smem + stage * 2 * Tr::kTileBytes, vbuf = kbuf + Tr::kTileBytes;
+
+      float sc[kNT][4];
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+      keep_registers(sc);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {  // k16 slice ks: panel ks / 4, 32 bytes into the row per slice
+        const uint32_t qoff = (ks >> 2) * Tr::kBlockM * 128 + (ks & 3) * 32;
+        const uint32_t koff = (ks >> 2) * Tr::kBlockN * 128 + (ks & 3) * 32;
+        wgmma_qk<T>(sc, sw128_desc(q_wg + qoff, 16, 1024), sw128_desc(kbuf + koff, 16, 1024));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      keep_registers(sc);
+
+      // x = s * log2(e); once the unified max is frozen, x - phi_row directly (one FFMA per score).
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, kFrozen ? -state.m_sub[e >> 1] : 0.f);
+      // The mask, written out as in attention_prefill.cuh: a shared device helper for it changed register
+      // allocation in both kernels (spills at head_dim 128, measured with ptxas -v), so it stays inline.
+      if (key0 + Tr::kBlockN > unmasked_end) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int lr = wrow0 + g + 8 * (e >> 1);
+            const int s_row = m0 + (lr < rows_here ? lr : 0);
+            const int key = key0 + n * 8 + 2 * t4 + (e & 1);
+            const int end = causal ? (past + s_row + 1 < kv_len ? past + s_row + 1 : kv_len) : kv_len;
+            bool visible = key < end;
+            if (a.mask_mode == MaskMode::kBias && visible) {
+              bool unmasked;
+              sc[n][e] += bias_log2<T>(a, b, s_row, key, unmasked);
+              visible = unmasked;
+            }
+            if (!visible) sc[n][e] = -kInf;
+          }
+      }
+      if constexpr (!kFrozen) {  // synchronized: every tile; anchored unified: only until the anchor freezes
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float tmax = -kInf;
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) tmax = fmaxf(tmax, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
+          const float alpha = state.begin_tile(r, tmax);
+          if (alpha != 1.f) {
+#pragma unroll
+            for (int i = 0; i < D / 8; ++i) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
+          }
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[n][e] = phase_exp<kFrozen, kUnified>(state, e >> 1, sc[n][e]);
+        }
+
+      // O += P V, 16 keys per k-step; P in the input type (the A fragment of k-step ks is score fragments 2ks,
+      // 2ks + 1, exactly as in the mma.sync kernel).
+      uint32_t pa[kNT / 2][4];
+#pragma unroll
+      for (int ks = 0; ks < kNT / 2; ++ks) {
+        pa[ks][0] = Elem<T>::pack(sc[2 * ks][0], sc[2 * ks][1]);
+        pa[ks][1] = Elem<T>::pack(sc[2 * ks][2], sc[2 * ks][3]);
+        pa[ks][2] = Elem<T>::pack(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+        pa[ks][3] = Elem<T>::pack(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+      }
+      keep_registers(o);
+      keep_registers(pa);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kNT / 2; ++ks)  // keys 16 ks ..: 16 rows of 128 bytes further into every panel
+        wgmma_pv<T, D>(o, pa[ks], sw128_desc(vbuf + ks * 16 * 128, Tr::kBlockN * 128, 1024));
+      wgmma_commit();
+      wgmma_wait<0>();
+      keep_registers(o);
+      keep_registers(pa);
+    } else {
+      mbar_wait(full(stage), (it / Tr::kStages) & 1);  // keep the ring's phases in step before releasing it
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(stage));
+  };
+
+  mbar_wait(q_full, 0);
+  using Anchoring = std::integral_constant<bool, false>;
+  using Frozen = std::integral_constant<bool, true>;
+  const int anchor_end = kUnified && num_tiles > Tr::kAnchorTiles ? Tr::kAnchorTiles : num_tiles;
+  int it = 0;
+  for (; it < anchor_end; ++it) tile(it, Anchoring{});
+  if constexpr (kUnified) {
+    if (it < num_tiles) state.freeze();
+    for (; it < num_tiles; ++it) tile(it, Frozen{});
+  }
+
+  // Epilogue: normalize and store; remember which rows the guard flagged.
+  state.finish();
+  uint32_t flagged = 0;  // bit r: row g + 8 r of this warp
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int lr = wrow0 + g + 8 * r;
+    if (lr >= rows_here) continue;
+    if (state.guard_bits(r, a.lo_log2, a.hi_log2, a.max_floor_log2)) flagged |= 1u << r;
+    const float inv = state.l[r] > 0.f ? 1.f / state.l[r] : 0.f;
+    T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(m0 + lr) * a.o_ss + 2 * t4;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<uint32_t*>(out + i * 8) = Elem<T>::pack(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+  }
+  if constexpr (kUnified) {
+    float* q_scratch = reinterpret_cast<float*>(smem + (scratch_smem - smem_addr(smem))) + warp * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      uint32_t lanes = __ballot_sync(0xffffffffu, (flagged >> r) & 1u) & 0x11111111u;  // one lane per quad
+      while (lanes) {
+        const int qg = (__ffs(lanes) - 1) >> 2;
+        lanes &= lanes - 1;
+        __syncwarp();  // this warp's stores of the row are done before the recompute overwrites them
+        if (lane == 0) atomicAdd(a.counters, 1ull);
+        recompute_row_warp<T, D>(a, b, hq, m0 + wrow0 + qg + 8 * r, kv_len, q_scratch);
+      }
+    }
+  }
+#endif  // FDPP_WGMMA
+}
+
+}  // namespace attn
+}  // namespace fdpp

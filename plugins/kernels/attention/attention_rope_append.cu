@@ -1,0 +1,90 @@
+// RoPE on the new tokens' q and k, and the in-place append of k and v to the cache: the companion kernel of the
+// decode step (one launch; a step writes O(new tokens) of cache, never copies it).
+//
+// One CTA per (batch, token, head slot) where the head slots are Hq query heads then Hkv key heads then Hkv value
+// heads; a thread per channel pair. Angles in float32 like the Hugging Face reference: inv_freq_i = p.inv_freq[i]
+// (the model's table) or theta^(-2i/R), angle = position * inv_freq_i, with accurate sincosf (positions reach 10^5
+// radians). Only the first R = rope_dim channels of a q or k head rotate; the pairs past them, and every pair of a
+// value head, are copies of adjacent channels. E.g. D = 128, R = 64 interleaved (chatglm2): pairs 0-31 rotate
+// (2i, 2i+1), pairs 32-63 copy channels (64 + 2(i - 32), +1); R = 0 (OPT) copies every pair.
+#include "kernels/attention/attention_mma.cuh"
+#include "kernels/attention/attention_params.h"
+
+namespace fdpp {
+namespace {
+
+template <typename T>
+__global__ void rope_append_kernel(const RopeAppendParams p, unsigned long long* counters) {
+  using E = attn::Elem<T>;
+  const int slot = blockIdx.x;  // head slot
+  const int s = blockIdx.y, b = blockIdx.z;
+  const int half = p.head_dim / 2;
+  const long long pos = p.past_len[b] + s;
+  const bool in_cache = pos >= 0 && pos < p.kv_capacity;
+  const int kv_slot = slot - p.num_heads;
+  if (!in_cache) {
+    if (threadIdx.x == 0 && kv_slot >= 0 && kv_slot < p.num_kv_heads) atomicAdd(counters + 1, 1ull);
+    if (kv_slot >= 0) return;  // nowhere to write this token's k and v; q is still rotated (clamped position)
+  }
+  const float position = static_cast<float>(pos < 0 ? 0 : pos);
+  const bool value_head = kv_slot >= p.num_kv_heads;
+  const int rotated_pairs = value_head ? 0 : p.rope_dim / 2;
+  const int first_copied = value_head ? 0 : p.rope_dim;  // first channel that passes through
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    if (value_head) {  // plain copy of the pair
+      const int h = kv_slot - p.num_kv_heads;
+      const T* src = static_cast<const T*>(p.v_new) + b * p.vn_sb + h * p.vn_sh + s * p.vn_ss;
+      T* dst = static_cast<T*>(p.v_cache) + b * p.vc_sb + h * p.vc_sh + pos * p.vc_ss;
+      dst[2 * i] = src[2 * i];
+      dst[2 * i + 1] = src[2 * i + 1];
+      continue;
+    }
+    const bool rotate = i < rotated_pairs;
+    const int i0 = !rotate ? first_copied + 2 * (i - rotated_pairs) : p.rope_interleaved ? 2 * i : i;
+    const int i1 = !rotate ? i0 + 1 : p.rope_interleaved ? 2 * i + 1 : i + rotated_pairs;
+    const T* src;
+    T* dst;
+    if (kv_slot < 0) {
+      src = static_cast<const T*>(p.q_in) + b * p.q_sb + slot * p.q_sh + s * p.q_ss;
+      dst = static_cast<T*>(p.q_out) + b * p.q_sb + slot * p.q_sh + s * p.q_ss;
+    } else {
+      src = static_cast<const T*>(p.k_new) + b * p.kn_sb + kv_slot * p.kn_sh + s * p.kn_ss;
+      dst = static_cast<T*>(p.k_cache) + b * p.kc_sb + kv_slot * p.kc_sh + pos * p.kc_ss;
+    }
+    if (!rotate) {
+      dst[i0] = src[i0];
+      dst[i1] = src[i1];
+      continue;
+    }
+    const float inv_freq = p.inv_freq != nullptr
+                               ? p.inv_freq[i]
+                               : powf(p.rope_theta, -2.0f * static_cast<float>(i) / static_cast<float>(p.rope_dim));
+    float sn, cs;
+    sincosf(position * inv_freq, &sn, &cs);
+    const float x0 = E::to_float(src[i0]), x1 = E::to_float(src[i1]);
+    dst[i0] = E::from_float(x0 * cs - x1 * sn);
+    dst[i1] = E::from_float(x1 * cs + x0 * sn);
+  }
+}
+
+}  // namespace
+
+cudaError_t rope_append(const RopeAppendParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.seq == 0) return cudaSuccess;
+  unsigned long long* counters = p.counters;
+  if (counters == nullptr) {
+    const cudaError_t err = attention_default_counters(&counters);
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid(p.num_heads + 2 * p.num_kv_heads, p.seq, p.batch);
+  const int threads = p.head_dim / 2 < 128 ? p.head_dim / 2 : 128;
+  switch (p.dtype) {
+    case AttnDtype::kFloat16: rope_append_kernel<__half><<<grid, threads, 0, stream>>>(p, counters); break;
+    case AttnDtype::kBFloat16: rope_append_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p, counters); break;
+    case AttnDtype::kFloat32: rope_append_kernel<float><<<grid, threads, 0, stream>>>(p, counters); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace fdpp

@@ -1,0 +1,81 @@
+// Tile shapes of the tensor-core attention kernels, with the invariants the kernels rely on.
+#pragma once
+
+namespace fdpp {
+namespace attn {
+
+// Split-KV decode: a CTA = 4 warps holds 16 query rows (the G query heads x seq tokens of one KV head, padded) and
+// streams its split's keys in tiles through a 2- to 4-stage cp.async pipeline (decode_stages() in
+// attention_heuristics.h picks per grid); each warp takes a quarter of every tile. One stage (K and V tile) is
+// 32 KB at either head_dim: 2 stages for two CTAs per SM or 4 for one keep about 128 KB of loads in flight per SM
+// (more was measured slower; Little's law needs ~50 KB per SM at ~4.5 TB/s and ~1.5 us of latency).
+template <int D, int Stages = 3>
+struct DecodeTraits {
+  static constexpr int kHeadDim = D;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = 16;                   // query rows per CTA (one m16 fragment)
+  static constexpr int kTile = D == 128 ? 64 : 128;  // keys per pipeline stage
+  static constexpr int kKeysPerWarp = kTile / kWarps;
+  static constexpr int kNTiles = kKeysPerWarp / 8;  // n8 score fragments per warp per tile
+  static constexpr int kStages = Stages;            // 3 unless decode_stages() says otherwise
+  static constexpr int kRowBytes = D * 2;
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  static constexpr int kPasses = kTile / kRowsPerPass;  // cp.async per thread per tile, for K and for V
+  static constexpr int kTileBytes = kTile * kRowBytes;
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kRedStride = D + 4;  // floats per row of the cross-warp reduction buffer (padded)
+  static constexpr int kRedBytes = kWarps * kRows * kRedStride * 4;
+  static constexpr int kSmemBytes = kStages * 2 * kTileBytes + kQBytes;
+  // The cluster combine (decode_split_kernel): after the key loop the leader CTA receives the other splits' row
+  // partials in its pipeline buffers, behind the reduction area: per split kRows x (D sums, l, stat) floats.
+  static constexpr int kRedAllBytes = kRedBytes + 2 * kWarps * kRows * 4;
+  static constexpr int kRecvSlotFloats = kRows * (D + 2);
+  static constexpr int kClusterSplitsFit = 1 + (kStages * 2 * kTileBytes - kRedAllBytes) / (kRecvSlotFloats * 4);
+
+  static_assert(D == 64 || D == 128, "decode supports head_dim 64 and 128");
+  static_assert(kKeysPerWarp % 16 == 0, "a warp's keys come in pairs of n8 fragments (one ldmatrix.x4)");
+  static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row % 8) must stay fixed across a thread's passes");
+  static_assert(kTile % kRowsPerPass == 0, "whole passes per tile");
+  static_assert(kRedBytes <= kStages * 2 * kTileBytes, "the reduction reuses the pipeline buffers");
+  static_assert(Stages >= 2 && Stages <= 4, "decode runs 2 to 4 stages");
+  // Only the 3-stage kernel combines in clusters (the launcher's rule): its receive area must hold 7 partials.
+  static_assert(Stages != 3 || kClusterSplitsFit >= 8,
+                "a cluster of 8 splits (the portable maximum) fits the receive area");
+  static_assert(kRedAllBytes % 16 == 0, "the receive area is float4-aligned");
+};
+
+// Prefill: a CTA = 4 warps x 32 query rows (two m16 fragments each) of one query head; key tiles of 64 through a
+// 2-stage pipeline, computed 32 keys at a time (to stay within 255 registers). Each K/V fragment loaded from shared
+// memory feeds both m16 fragments, which halves the shared-memory traffic per mma against 16 rows per warp (the kernel
+// would otherwise wait on ldmatrix).
+template <int D, int StepN = 32, int RowsPerWarp = 32>
+struct PrefillTraits {
+  static constexpr int kHeadDim = D;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerWarp = RowsPerWarp;  // 32 (two m16 fragments) or 16 (one: 64-row blocks)
+  static constexpr int kMTiles = kRowsPerWarp / 16;
+  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // 128 (or 64) query rows per CTA
+  static constexpr int kBlockN = 64;                     // keys per tile (one cp.async stage)
+  static constexpr int kStepN = StepN;  // keys per compute step: 32 keeps the scores in 32 registers (64 spills)
+  static constexpr int kNTiles = kStepN / 8;
+  static constexpr int kStages = 2;
+  static constexpr int kAnchorTiles = 4;  // unified variant: 3 diagonal tiles + tile 0 anchor each row's max
+  static constexpr int kRowBytes = D * 2;
+  static constexpr int kChunks = D / 8;
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  static constexpr int kTileBytes = kBlockN * kRowBytes;
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
+
+  static_assert(D == 64 || D == 128, "prefill supports head_dim 64 and 128");
+  static_assert(kRowsPerWarp == 16 || kRowsPerWarp == 32, "one or two m16 fragments per warp");
+  static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row % 8) must stay fixed across a thread's passes");
+  static_assert(kBlockN % kRowsPerPass == 0 && kBlockM % kRowsPerPass == 0, "whole passes per tile");
+  static_assert(kBlockN % kStepN == 0 && kStepN % 16 == 0, "whole k16 steps per compute step");
+};
+
+}  // namespace attn
+}  // namespace fdpp

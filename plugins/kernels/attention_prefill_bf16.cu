@@ -1,8 +1,0 @@
-// Prefill kernels for __nv_bfloat16 (see attention_prefill.cuh).
-#include "kernels/attention_prefill_impl.cuh"
-
-namespace fdpp {
-namespace attn {
-template cudaError_t launch_prefill<__nv_bfloat16>(const AttnArgs&, bool, cudaStream_t);
-}  // namespace attn
-}  // namespace fdpp
