@@ -72,7 +72,8 @@ def count_kernels(engine, batch: int) -> dict:
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         return sum(1 for n in names if not n.startswith(("Memcpy", "Memset")))
 
-    bucket_batch, kv_len = engine.decode_buckets(batch)
+    bucket_batch = engine.decode_buckets(batch)[0]
+    kv_len = max(k[1] for k in engine.programs if k[0] == (bucket_batch, 1))  # the last bucket the run used
     feeds = engine.feeds(engine.step_ids[:bucket_batch], engine.past_len[:bucket_batch], slice(0, bucket_batch), kv_len)
     program = engine.programs[(tuple(feeds["input_ids"].shape), kv_len)]
     counts = {"eager": kernels(lambda: program.run(feeds))}
