@@ -25,7 +25,7 @@ def _export_rewrite(folder, preset, max_cache=160):
     return onnx_path, rewrite_file(onnx_path, stream=io.StringIO())
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-opt"])
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-opt", "tiny-smollm2", "tiny-chatglm"])
 def built(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     onnx_path, rewritten = _export_rewrite(folder, request.param)
@@ -64,13 +64,26 @@ def test_engine_folder(built):
     assert not [p for p in engine_dir.parent.iterdir() if p.name.startswith(".engine")]  # no temp folder left
 
 
-def test_rms_norm_chains_fused(built, engine):
-    preset = built[0]
-    ops = {n["op"] for n in engine.plan["nodes"]}
-    if preset == "tiny-llama":
-        assert engine.manifest["fused"] == 5 and "ReduceMean" not in ops and "RMSNorm" in ops
-    else:  # OPT has LayerNorm: nothing to fuse
-        assert engine.manifest["fused"] == 0 and "LayerNormalization" in ops
+# preset -> (RMSNorm chains fused, RoPE + cache writes fused): one per norm and per attention where the form
+# is plain; chatglm's interleaved half-width RoPE and OPT's LayerNorm keep their standard ops
+FUSED = {"tiny-llama": (5, 2), "tiny-smollm2": (7, 3), "tiny-chatglm": (5, 0), "tiny-opt": (0, 0)}
+
+
+def test_glue_fused(built, engine):
+    norms, ropes = FUSED[built[0]]
+    ops = [n["op"] for n in engine.plan["nodes"]]
+    assert engine.manifest["fused"] == {"rms_norm": norms, "rope_append": ropes}
+    assert ops.count("RopeAppend") == ropes and ops.count("ScatterND") == 2 * (engine.num_layers - ropes)
+    if norms:
+        assert "ReduceMean" not in ops
+
+
+def test_rope_theta_of():
+    from fdpp_rewrite.engine.fusion import rope_theta_of
+
+    inv = 10000.0 ** (-np.arange(0, 64, 2) / 64)
+    assert rope_theta_of(inv.astype(np.float32)) == 10000.0
+    assert rope_theta_of(inv * np.linspace(1, 0.5, 32)) == 0.0  # a scaled RoPE: not plain theta
 
 
 def test_greedy_tokens_equal_onnxruntime(built, engine):
@@ -153,7 +166,7 @@ def test_sampling_is_seeded(engine):
 
 def test_stop_ids_end_a_sequence(engine):
     first = engine.generate([PROMPT], 12).tokens[0]
-    cut = next(i for i, token in enumerate(first) if token not in first[:i] and i > 0)
+    cut = next((i for i, token in enumerate(first) if token not in first[:i] and i > 0), 0)
     assert engine.generate([PROMPT], 12, stop_ids={first[cut]}).tokens[0] == first[:cut]
 
 

@@ -161,16 +161,26 @@ class CudaBackend:
         raise FdppError(f"the cuda backend has no fdpp::{op_type}")
 
     def _rope_append(self, attrs):
-        """The extended gpu.attention.rope_append when it takes inv_freq and rope_dim, else the torch version."""
+        """The plugin library's rope_append kernel: the extended binding (inv_freq, rope_dim) when there is one,
+        else the current one for plain full-width RoPE (rope_theta from the build, 0 when inv_freq is not
+        theta^(-2j/D)); anything else runs the torch version. The query is rotated in place (it is a strided view
+        of the qkv GEMM's output that nothing else reads: the build's fusion checks that)."""
         from fdpp_rewrite.gpu import attention as gpu_attention
 
         parameters = inspect.signature(gpu_attention.rope_append).parameters
+        interleaved = bool(attrs.get("interleaved", 0))
         if "inv_freq" in parameters and "rope_dim" in parameters:
+            def extended(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
+                q_out = gpu_attention.rope_append(query, k_new, v_new, key_cache, value_cache, past_len,
+                                                  inv_freq=inv_freq, rope_dim=int(attrs["rope_dim"]),
+                                                  interleaved=interleaved)
+                return q_out, key_cache, value_cache
+            return extended
+        theta = float(attrs.get("rope_theta", 0.0))
+        if theta > 0 and int(attrs["rope_dim"]) == int(attrs["head_dim"]):
             def kernel(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
-                q_out = torch.empty_like(query)
-                gpu_attention.rope_append(query, k_new.contiguous(), v_new.contiguous(), key_cache, value_cache,
-                                          past_len, inv_freq=inv_freq, rope_dim=int(attrs.get("rope_dim", 0)),
-                                          interleaved=bool(attrs.get("interleaved", 0)), q_out=q_out)
+                q_out = gpu_attention.rope_append(query, k_new, v_new, key_cache, value_cache, past_len,
+                                                  rope_theta=theta, interleaved=interleaved)
                 return q_out, key_cache, value_cache
             return kernel
         return lambda *inputs: rope_append_torch(attrs, *inputs)

@@ -2,7 +2,8 @@
 backend).
 
 Lowering, in order: read the graph without its weights; turn Constant nodes into initializers; drop nodes no
-output needs; fuse the exporter's RMSNorm chains into fdpp::RMSNorm (fusion.py); check every op is one the
+output needs; fuse the exporter's RMSNorm chains into fdpp::RMSNorm and each attention's RoPE + cache writes into
+fdpp::RopeAppend (fusion.py), dropping what that leaves unused; check every op is one the
 interpreter knows; give every FlatGemm the plan the GPU's profile has for its [N, K] (profiling the shapes the
 profile lacks, here and now: an engine never runs an unprofiled GEMM); write the folder atomically (a temporary
 folder beside it, renamed into place):
@@ -305,7 +306,8 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
         raise FdppError(f"--max-seq {max_seq} exceeds the model's {limit} positions; pass --max-seq {limit} or less")
 
     prune(plan)
-    fused = fusion.fuse_rms_norm(plan, arrays)
+    fused = {"rms_norm": fusion.fuse_rms_norm(plan, arrays), "rope_append": fusion.fuse_rope_append(plan, arrays)}
+    prune(plan)
     check_ops(plan)
     shapes = gemm_shapes(plan, arrays)
     library = library_facts()

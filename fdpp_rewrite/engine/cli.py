@@ -68,7 +68,8 @@ def run_build(args) -> int:
                             max_seq=args.max_seq, dtype=args.dtype, profile=args.profile, force=args.force)
     gpu = manifest["gpu"]["name"] if manifest["gpu"] else "cpu"
     print(f"wrote {args.output} ({manifest['backend']} backend, {gpu}, {manifest['dtype']}, max batch "
-          f"{manifest['max_batch']}, max seq {manifest['max_seq']}, {manifest['fused']} RMSNorm chains fused, "
+          f"{manifest['max_batch']}, max seq {manifest['max_seq']}, {manifest['fused']['rms_norm']} RMSNorm chains and "
+          f"{manifest['fused']['rope_append']} RoPE + cache writes fused, "
           f"{len(manifest['gemm_shapes_profiled_now'])} GEMM shapes profiled now)")
     return 0
 

@@ -110,3 +110,119 @@ def fuse_rms_norm(plan: dict, arrays: dict) -> int:
         count += 1
     plan["nodes"] = [replacement.get(id(n), n) for n in nodes if id(n) in replacement or id(n) not in removed]
     return count
+
+
+# ---- RoPE + cache append ------------------------------------------------------------------------------------
+
+def _through(producer, name, ops):
+    """Walk up from `name` through single-input nodes of the given op types; the first node of another type."""
+    node = producer.get(name)
+    while node is not None and node["op"] in ops and not node["domain"]:
+        node = producer.get(node["inputs"][0])
+    return node
+
+
+def _match_rotate(name, producer):
+    """The exporter's full-width, half-split RoPE of x ending in `name`:
+    Add(Mul(x, cos), Mul(Concat(Neg(x1), x0), sin)) with x0, x1 = Split(x, [D/2, D/2], axis -1).
+    Returns (x, cos, sin, nodes) or None."""
+    add = producer.get(name)
+    if add is None or add["op"] != "Add" or add["domain"]:
+        return None
+    mul_cos, mul_sin = (producer.get(n) for n in add["inputs"])
+    if not (mul_cos and mul_sin and mul_cos["op"] == "Mul" and mul_sin["op"] == "Mul"):
+        return None
+    x, cos = mul_cos["inputs"]
+    concat = producer.get(mul_sin["inputs"][0])
+    sin = mul_sin["inputs"][1]
+    if concat is None or concat["op"] != "Concat" or concat["attrs"].get("axis") != -1 or len(concat["inputs"]) != 2:
+        return None
+    neg = producer.get(concat["inputs"][0])
+    split = producer.get(concat["inputs"][1])
+    if neg is None or neg["op"] != "Neg" or split is None or split["op"] != "Split" or split["inputs"][0] != x:
+        return None
+    if split["attrs"].get("axis") != -1 or split["outputs"] != [concat["inputs"][1], neg["inputs"][0]]:
+        return None
+    return x, cos, sin, [add, mul_cos, mul_sin, concat, neg, split]
+
+
+def _inv_freq(producer, cos, arrays):
+    """The inverse frequencies behind a cos table: Unsqueeze([Cast](Cos(Concat(a, a)))), a = Mul(pos, inv_freq)."""
+    node = _through(producer, cos, ("Unsqueeze", "Cast"))
+    if node is None or node["op"] != "Cos":
+        return None
+    concat = producer.get(node["inputs"][0])
+    if concat is None or concat["op"] != "Concat" or len(set(concat["inputs"])) != 1 or len(concat["inputs"]) != 2:
+        return None
+    angles = producer.get(concat["inputs"][0])
+    if angles is None or angles["op"] != "Mul":
+        return None
+    return next((n for n in angles["inputs"] if n in arrays and np.asarray(arrays[n]).ndim == 1), None)
+
+
+def rope_theta_of(inv_freq) -> float:
+    """theta when inv_freq[j] = theta^(-2j / R) (plain RoPE), else 0 (a scaled variant). Example: R = 64,
+    theta = 10000 -> inv_freq[1] = 10000^(-1/32)."""
+    inv = np.asarray(inv_freq, dtype=np.float64)
+    if inv.size < 2 or inv[0] != 1.0 or not 0 < inv[1] < 1:
+        return 0.0
+    rope_dim = 2 * inv.size
+    theta = float(f"{inv[1] ** (-rope_dim / 2):.6g}")  # float32 tables: 10000.003 is 10000
+    expected = theta ** (-np.arange(0, rope_dim, 2) / rope_dim)
+    return theta if np.allclose(inv, expected, rtol=1e-5) else 0.0
+
+
+def fuse_rope_append(plan: dict, arrays: dict) -> int:
+    """Replace, per attention, RoPE on q and k plus the two ScatterND cache writes with one fdpp::RopeAppend
+    (query, k_new, v_new, key_cache, value_cache, past_len, inv_freq) -> (query_out, key_cache_out,
+    value_cache_out), the caches written in place. Only the exporter's full-width half-split RoPE is matched
+    (interleaved or partial RoPE keeps its standard ops). Run prune() after it: the tables and scatter
+    indices it leaves unused go. Returns how many attentions were fused."""
+    nodes = plan["nodes"]
+    producer, consumers = _index(nodes)
+    graph_inputs = set(plan["inputs"])
+    removed, before = set(), {}
+    count = 0
+    for attention in nodes:
+        if attention["domain"] != "fdpp" or attention["op"] != "AsyncSoftmaxAttention":
+            continue
+        if attention["attrs"].get("mask_mode") != "past_len" or len(attention["inputs"]) < 4:
+            continue
+        q_rot, k_all, v_all, past_len = attention["inputs"][:4]
+        scatter_k, scatter_v = producer.get(k_all), producer.get(v_all)
+        if not all(s is not None and s["op"] == "ScatterND" and s["inputs"][0] in graph_inputs
+                   for s in (scatter_k, scatter_v)):
+            continue
+        if scatter_k["inputs"][1] != scatter_v["inputs"][1] or past_len not in graph_inputs:
+            continue
+        rotate_q, rotate_k = _match_rotate(q_rot, producer), _match_rotate(scatter_k["inputs"][2], producer)
+        if rotate_q is None or rotate_k is None or rotate_q[1:3] != rotate_k[1:3]:
+            continue
+        inv_freq = _inv_freq(producer, rotate_q[1], arrays)
+        if inv_freq is None or 2 * np.asarray(arrays[inv_freq]).size != attention["attrs"].get("head_dim"):
+            continue
+        chain = rotate_q[3] + rotate_k[3] + [scatter_k, scatter_v]
+        # the pre-RoPE q may be rotated in place: nothing outside the chain may read it or the chain's values
+        inner = [n for node in chain for n in node["outputs"] if n not in (q_rot, k_all, v_all)] + [rotate_q[0]]
+        chain_ids = {id(n) for n in chain}
+        if any(id(user) not in chain_ids for name in inner for user in consumers.get(name, [])):
+            continue
+        removed.update(chain_ids)
+        a = attention["attrs"]
+        before[id(attention)] = {
+            "name": f"engine_fusion/rope_append_{count}", "op": "RopeAppend", "domain": "fdpp",
+            "inputs": [rotate_q[0], rotate_k[0], scatter_v["inputs"][2], scatter_k["inputs"][0],
+                       scatter_v["inputs"][0], past_len, inv_freq],
+            "outputs": [q_rot, k_all, v_all],
+            "attrs": {"rope_dim": int(a["head_dim"]), "interleaved": 0, "num_heads": int(a["num_heads"]),
+                      "num_kv_heads": int(a["num_kv_heads"]), "head_dim": int(a["head_dim"]),
+                      "rope_theta": rope_theta_of(arrays[inv_freq])}}
+        count += 1
+    fused = []
+    for node in nodes:
+        if id(node) in before:
+            fused.append(before[id(node)])
+        if id(node) not in removed:
+            fused.append(node)
+    plan["nodes"] = fused
+    return count
