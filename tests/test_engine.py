@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fdpp_rewrite.engine.build import build_engine
-from fdpp_rewrite.engine.runtime import Engine, Sampler, batch_buckets, kv_buckets
+from fdpp_rewrite.engine.runtime import Engine, Sampler, batch_buckets, kv_buckets, prefill_buckets
 from fdpp_rewrite.errors import FdppError
 
 PROMPT = [5, 17, 42, 8, 99, 3, 250, 11]
@@ -47,6 +47,7 @@ def _onnxruntime_greedy(path, prompt, steps):
 
 
 def test_buckets():
+    assert prefill_buckets(100) == [16, 32, 64, 100]
     assert batch_buckets(12) == [1, 2, 4, 8, 12]
     assert batch_buckets(1) == [1]
     assert kv_buckets(1000) == [128, 256, 512, 1000]
@@ -154,7 +155,8 @@ def test_cache_written_in_place(built):
     assert [cache.data_ptr() for cache in engine.caches] == pointers
     written = engine.caches[0][0, :, : len(PROMPT) + 2]
     assert bool((written.abs().sum(-1) > 0).all())  # the prompt's rows and the two decode steps' rows
-    assert float(engine.caches[0][0, :, len(PROMPT) + 2:].abs().sum()) == 0.0  # nothing past them
+    padded = engine.prefill_buckets[0]  # the prefill also wrote its padding rows, up to its bucket (16)
+    assert float(engine.caches[0][0, :, padded:].abs().sum()) == 0.0  # nothing past them
     assert float(engine.caches[0][1:].abs().sum()) == 0.0  # other slots untouched
 
 

@@ -14,7 +14,7 @@ from fdpp_rewrite.errors import FdppError
 HELP = {
     "build": "build a rewritten graph into an engine folder for this GPU (or --backend cpu)",
     "run": "generate text with an engine (streams tokens; greedy unless --temperature)",
-    "bench": "decode tokens/s, ms per step, first-token time, roofline % and kernels per layer of an engine",
+    "bench": "decode tokens/s, ms per step, first-token time, percent of the memory roofline and kernels per layer",
 }
 
 
@@ -155,7 +155,7 @@ class _Streamer:
 def run_bench(args) -> int:
     from fdpp_rewrite.engine.bench import bench_command
 
-    command = "python -m fdpp_rewrite " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = " ".join(shlex.quote(a) for a in getattr(sys, "orig_argv", sys.argv))  # as typed, interpreter first
     return bench_command(args, command)
 
 

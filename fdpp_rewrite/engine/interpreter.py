@@ -37,11 +37,11 @@ class Step:
 class Program:
     """The device steps of one bucket, replayable on new inputs of the same shapes (and capturable)."""
 
-    def __init__(self, steps: list, constants: dict, output_names: list, launches_hint: dict):
+    def __init__(self, steps: list, constants: dict, output_names: list, op_counts: dict):
         self.steps = steps
-        self.constants = constants
+        self.constants = constants  # the weights and uploaded host values the steps read
         self.output_names = output_names
-        self.op_counts = launches_hint
+        self.op_counts = op_counts  # op type -> device steps of that type
 
     def run(self, feeds: dict) -> dict:
         env = dict(self.constants)

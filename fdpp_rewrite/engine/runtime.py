@@ -26,6 +26,7 @@ from fdpp_rewrite.engine.interpreter import prepare_nodes, trace
 from fdpp_rewrite.errors import FdppError
 
 MIN_KV_BUCKET = 128
+MIN_PREFILL_BUCKET = 16
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -41,6 +42,15 @@ def batch_buckets(max_batch: int) -> list[int]:
 def kv_buckets(max_seq: int) -> list[int]:
     """128, 256, ... below max_seq, then max_seq. Example: max_seq 1000 -> [128, 256, 512, 1000]."""
     sizes, length = [], MIN_KV_BUCKET
+    while length < max_seq:
+        sizes.append(length)
+        length *= 2
+    return sizes + [max_seq]
+
+
+def prefill_buckets(max_seq: int) -> list[int]:
+    """Prompt lengths a prefill is padded to: 16, 32, ... below max_seq, then max_seq."""
+    sizes, length = [], MIN_PREFILL_BUCKET
     while length < max_seq:
         sizes.append(length)
         length *= 2
@@ -171,7 +181,8 @@ class Engine:
         self.lengths = [0] * self.max_batch
         self.active = 0
         self.batch_buckets, self.kv_buckets = batch_buckets(self.max_batch), kv_buckets(self.max_seq)
-        self.programs = {}   # (batch, seq, kv_len) -> Program (decode buckets)
+        self.prefill_buckets = prefill_buckets(self.max_seq)
+        self.programs = {}   # ((batch, seq), kv_len) -> Program, for decode and prefill buckets
         self.use_graphs = use_graphs and backend == "cuda"
         self.graphs = {}     # (batch bucket, kv bucket) -> (CUDAGraph, logits tensor it writes)
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -210,15 +221,23 @@ class Engine:
         self.active = 0
 
     def prefill(self, slot: int, ids: list[int]):
-        """Run a prompt into cache slot `slot` (batch 1); returns the last position's logits [V]."""
+        """Run a prompt into cache slot `slot` (batch 1); returns the last prompt position's logits [V].
+
+        The prompt is right-padded (token 0) to its prefill bucket, so every prompt length of a bucket replays one
+        traced Program. Exact: attention is causal, so the padding changes no prompt position, and the cache rows
+        it writes past the prompt are masked (past_len) until the decode step of each position overwrites them.
+        Example: 100 tokens run as 128; logits come from position 99; rows 100..127 are rewritten by steps 1..28."""
         seq = len(ids)
-        kv_len = pick(seq, self.kv_buckets)
-        input_ids = torch.tensor([ids], dtype=torch.int64, device=self.device)
+        padded = pick(seq, self.prefill_buckets)
+        kv_len = pick(padded, self.kv_buckets)
+        input_ids = torch.zeros(1, padded, dtype=torch.int64)
+        input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
+        input_ids = input_ids.to(self.device)
         past = torch.zeros(1, dtype=torch.int64, device=self.device)
-        logits = self.forward(self.feeds(input_ids, past, slice(slot, slot + 1), kv_len), cache_program=False)
+        logits = self.forward(self.feeds(input_ids, past, slice(slot, slot + 1), kv_len), cache_program=True)
         self.past_len[slot] = seq
         self.lengths[slot] = seq
-        return logits[0, -1]
+        return logits[0, seq - 1]
 
     def decode_buckets(self, batch: int) -> tuple[int, int]:
         longest = max(self.lengths[:batch]) + 1  # the new token's position must be inside the view
