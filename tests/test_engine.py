@@ -160,6 +160,27 @@ def test_cache_written_in_place(built):
     assert float(engine.caches[0][1:].abs().sum()) == 0.0  # other slots untouched
 
 
+def test_stock_torch_baseline_equals_the_reference_ops(built, engine):
+    """baseline=True (torch GEMMs with unfused epilogues, SDPA attention) computes the same model."""
+    baseline = Engine(built[3], baseline=True)
+    ours_tokens, ours = _greedy_logits(engine, [PROMPT, PROMPT[:3]], 6)
+    theirs_tokens, theirs = _greedy_logits(baseline, [PROMPT, PROMPT[:3]], 6)
+    assert ours_tokens == theirs_tokens
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def _greedy_logits(engine, prompts, steps):
+    import torch
+
+    captured, sampler = [], Sampler()
+
+    def record(logits):
+        captured.append(logits.clone())
+        return sampler(logits)
+
+    return engine.generate(prompts, steps, sampler=record).tokens, torch.stack(captured)
+
+
 def test_sampling_is_seeded(engine):
     a = engine.generate([PROMPT], 8, Sampler(temperature=1.0, top_k=20, top_p=0.9, seed=3)).tokens
     b = engine.generate([PROMPT], 8, Sampler(temperature=1.0, top_k=20, top_p=0.9, seed=3)).tokens
@@ -237,8 +258,11 @@ def test_cli_run_and_bench(built, capsys, tmp_path):
     out = capsys.readouterr()
     assert out.out.strip() == ",".join(map(str, _onnxruntime_greedy(built[2], PROMPT, 5)))
     assert main(["bench", str(built[3]), "--context", "16", "--new-tokens", "4", "--batch", "1", "2",
-                 "--out", str(tmp_path / "b.json")]) == 0
+                 "--kernels", "fdpp", "torch", "--out", str(tmp_path / "b.json")]) == 0
     report = json.loads((tmp_path / "b.json").read_text())
-    assert [p["batch"] for p in report["points"]] == [1, 2] and report["points"][0]["tokens_per_s"] > 0
+    assert [(p["kernels"], p["batch"]) for p in report["points"]] == [("fdpp", 1), ("fdpp", 2), ("torch", 1),
+                                                                       ("torch", 2)]
+    assert all(p["tokens_per_s"] > 0 for p in report["points"])
+    assert "the torch baseline's decode tokens/s" in capsys.readouterr().out
     assert main(["run", str(built[3]), "--prompt", "hi"]) == 2
     assert "has no tokenizer" in capsys.readouterr().err

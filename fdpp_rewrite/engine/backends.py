@@ -4,6 +4,11 @@ the reference semantics (fdpp_rewrite.ref_ops for the attention, the same math i
 A backend turns one fdpp node into a step function: `backend.lower(op_type, attrs, name) -> fn(*inputs)`. The
 cuda FlatGemm takes its dispatch plan from the engine's plan.json (what build profiled for this GPU), never from
 a default: an engine never runs an unprofiled GEMM.
+
+`baseline=True` (either backend) is the engine a careful team would write with stock libraries, the peer the
+issue's benchmark and ablation compare against: the same graph, norms, RoPE and CUDA graphs, but FlatGemm
+becomes torch's GEMM (cuBLAS) with SiLU-mul and the residual as separate ops, and the attention torch's
+scaled_dot_product_attention over the cache view (cuDNN / memory-efficient, as torch dispatches a masked call).
 """
 
 from __future__ import annotations
@@ -65,16 +70,60 @@ def rope_append_torch(attrs, query, k_new, v_new, key_cache, value_cache, past_l
     return q_out, key_cache, value_cache
 
 
+def torch_flat_gemm(attrs):
+    """FlatGemm as stock torch: the GEMM (cuBLAS on a GPU), then SiLU-mul or the residual add as their own ops."""
+    epilogue = attrs.get("epilogue", "none")
+
+    def flat_gemm(*inputs):
+        x, weight, bias, residual = _gemm_inputs(attrs, inputs)
+        y = F.linear(x, weight, bias)
+        if epilogue == "silu_mul":
+            gate, up = y.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return y + residual if epilogue == "residual" else y
+    return flat_gemm
+
+
+def sdpa_attention(attrs):
+    """AsyncSoftmaxAttention (mask_mode past_len) as torch's scaled_dot_product_attention with a boolean mask
+    built on the device from past_len (key j visible to query i iff j <= past_len[b] + i)."""
+    if attrs.get("mask_mode") != "past_len":
+        raise FdppError(f"the baseline attention takes mask_mode past_len, not {attrs.get('mask_mode')!r}")
+    scale = float(attrs["scale"])
+
+    def attention(query, key, value, past_len):
+        batch, heads, seq, _ = query.shape
+        length = key.shape[2]
+        last = past_len.reshape(batch, 1, 1, 1) + torch.arange(seq, device=query.device).reshape(1, 1, seq, 1)
+        mask = torch.arange(length, device=query.device).reshape(1, 1, 1, length) <= last
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                              enable_gqa=heads != key.shape[1])
+    return attention
+
+
+def baseline_lowering(op_type: str, attrs: dict):
+    """The stock-torch step of a FlatGemm or an attention node (baseline=True), or None for other ops."""
+    if op_type == "FlatGemm":
+        return torch_flat_gemm(attrs)
+    if op_type == "AsyncSoftmaxAttention":
+        return sdpa_attention(attrs)
+    return None
+
+
 class CpuBackend:
     """The reference semantics on the CPU (float32 math; what CI tests the lowering and the cache logic with)."""
 
     name = "cpu"
 
-    def __init__(self, gemm_plans: dict | None = None):
+    def __init__(self, gemm_plans: dict | None = None, baseline: bool = False):
         self.device = torch.device("cpu")
         self.gemm_plans = gemm_plans or {}
+        self.baseline = baseline
 
     def lower(self, op_type: str, attrs: dict, name: str):
+        fn = baseline_lowering(op_type, attrs) if self.baseline else None
+        if fn is not None:
+            return fn
         if op_type == "FlatGemm":
             epilogue = attrs.get("epilogue", "none")
             return lambda *inputs: _flat_gemm_math(*_gemm_inputs(attrs, inputs), epilogue)
@@ -111,16 +160,20 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, gemm_plans: dict, softmax: str = "unified"):
+    def __init__(self, gemm_plans: dict, softmax: str = "unified", baseline: bool = False):
         from fdpp_rewrite.errors import require_gpu
 
         require_gpu("the cuda engine backend")
         self.device = torch.device("cuda")
         self.gemm_plans = gemm_plans
         self.softmax = softmax
+        self.baseline = baseline
         self.rms_norm_kernel = _optional_rms_norm_kernel()
 
     def lower(self, op_type: str, attrs: dict, name: str):
+        fn = baseline_lowering(op_type, attrs) if self.baseline else None
+        if fn is not None:
+            return fn
         if op_type == "FlatGemm":
             from fdpp_rewrite.gpu import gemm
 

@@ -2,13 +2,16 @@
 sees it (sampling and the token readback included in every step).
 
 Per (batch, context): random prompt ids (seed 0), one warm-up generation (it traces and captures the buckets the
-run visits), then the timed generation. Reported: decode tokens/s (batch / mean step), ms per step (mean and
-median), first-token time (prefill of every prompt + the first token), the memory roofline (weight bytes + KV
-bytes a step reads, over a streaming read measured in the same run: torch.sum over --stream-gib of fp16 timed
-with CUDA events, median of 10) and its percent, and kernel launches per decode step counted with
-torch.profiler over one replay of the step's CUDA graph (and over one eager run of the same Program), per
-transformer layer. Weight bytes: every weight a step reads whole (embedding tables read by Gather count one row
-per token).
+run visits), then the timed generation. `--kernels fdpp torch` runs each point with this project's kernels and
+then with the stock-torch baseline (backends.py: cuBLAS GEMMs with unfused epilogues, SDPA attention; the same
+graph, norms, RoPE and CUDA graphs) and prints the ratios.
+
+Reported: decode tokens/s (batch / mean step); ms per step (mean and median); first-token time (prefill of every
+prompt + the first token); the memory roofline (weight bytes + KV bytes a step reads, over a streaming read
+measured in the same run: torch.sum over --stream-gib of fp16 timed with CUDA events, median of 10) and its
+percent; kernel launches per decode step counted with torch.profiler over one replay of the step's CUDA graph
+(and over one eager run of the same Program), per transformer layer. Weight bytes: every weight a step reads
+whole (embedding tables read by Gather count one row per token).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def stream_read_bytes_per_s(gib: float) -> float:
 
 def weight_bytes_per_step(engine, batch: int) -> int:
     """Bytes of weights one decode step reads: whole tensors, except Gather tables (one row per token)."""
-    gathered = {n["inputs"][0] for n in engine.plan["nodes"] if n["op"] == "Gather" and n["inputs"][0] in engine.weights}
+    gathered = {n["inputs"][0] for n in engine.plan["nodes"]
+                if n["op"] == "Gather" and n["inputs"][0] in engine.weights}
     total = 0
     for name, tensor in engine.weights.items():
         if name in gathered:
@@ -106,42 +110,61 @@ def bench_point(engine, batch: int, context: int, new_tokens: int, bandwidth: fl
         kv = kv_bytes_per_step(engine, batch, mean_len)
         point.update(weight_bytes=weights, kv_bytes_mean=kv, roofline_ms=(weights + kv) / bandwidth * 1e3)
         point["roofline_pct"] = 100 * point["roofline_ms"] / point["ms_per_step"]
-        point["kernels"] = count_kernels(engine, batch)
+        point["launches"] = count_kernels(engine, batch)
     return point
 
 
 def print_table(points: list, stream=None) -> None:
-    header = f"{'batch':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'median':>7} {'1st tok ms':>10} " \
-             f"{'roofline ms':>11} {'roofline %':>10} {'kernels/layer':>13}"
+    header = f"{'kernels':>7} {'batch':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'median':>7} " \
+             f"{'1st tok ms':>10} {'roofline ms':>11} {'roofline %':>10} {'launches/layer':>14}"
     print(header, file=stream)
     for p in points:
         roof = f"{p['roofline_ms']:>11.3f} {p['roofline_pct']:>10.1f}" if "roofline_ms" in p else f"{'-':>11} {'-':>10}"
-        kernels = f"{p['kernels']['per_layer']:>13.2f}" if "kernels" in p else f"{'-':>13}"
-        print(f"{p['batch']:>5} {p['context']:>7} {p['tokens_per_s']:>9.1f} {p['ms_per_step']:>8.3f} "
-              f"{p['ms_per_step_median']:>7.3f} {p['first_token_ms']:>10.2f} {roof} {kernels}", file=stream)
+        launches = f"{p['launches']['per_layer']:>14.2f}" if "launches" in p else f"{'-':>14}"
+        print(f"{p['kernels']:>7} {p['batch']:>5} {p['context']:>7} {p['tokens_per_s']:>9.1f} {p['ms_per_step']:>8.3f} "
+              f"{p['ms_per_step_median']:>7.3f} {p['first_token_ms']:>10.2f} {roof} {launches}", file=stream)
+    ours = {(p["batch"], p["context"]): p for p in points if p["kernels"] == "fdpp"}
+    for p in points:
+        mine = ours.get((p["batch"], p["context"]))
+        if p["kernels"] == "torch" and mine:
+            speedup = mine["tokens_per_s"] / p["tokens_per_s"]
+            first = p["first_token_ms"] / mine["first_token_ms"]
+            print(f"batch {p['batch']} context {p['context']}: fdpp kernels {speedup:.2f}x the torch baseline's "
+                  f"decode tokens/s, first token {first:.2f}x", file=stream)
 
 
 def bench_command(args, command: str) -> int:
-    from fdpp_rewrite.engine.runtime import Engine
+    from fdpp_rewrite.engine.runtime import Engine, read_manifest
 
-    engine = Engine(args.engine, backend=args.backend, use_graphs=not args.no_graphs)
+    limits = read_manifest(args.engine)
+    max_batch, max_seq = limits["max_batch"], limits["max_seq"]
     for batch in args.batch:
-        if batch > engine.max_batch:
-            raise FdppError(f"--batch {batch} exceeds the engine's max batch {engine.max_batch}; rebuild with "
+        if batch > max_batch:
+            raise FdppError(f"--batch {batch} exceeds the engine's max batch {max_batch}; rebuild with "
                             f"--max-batch {batch}")
     for context in args.context:
-        if context + args.new_tokens > engine.max_seq:
+        if context + args.new_tokens > max_seq:
             raise FdppError(f"--context {context} + --new-tokens {args.new_tokens} exceed the engine's max sequence "
-                            f"{engine.max_seq}; rebuild with a larger --max-seq")
-    bandwidth = stream_read_bytes_per_s(args.stream_gib) if engine.backend.name == "cuda" else None
-    points = [bench_point(engine, b, c, args.new_tokens, bandwidth) for c in args.context for b in args.batch]
+                            f"{max_seq}; rebuild with a larger --max-seq")
+    points, bandwidth = [], None
+    for kernels in args.kernels:  # one engine at a time: the weights are on the device once
+        engine = Engine(args.engine, backend=args.backend, use_graphs=not args.no_graphs, baseline=kernels == "torch")
+        if bandwidth is None and engine.backend.name == "cuda":
+            bandwidth = stream_read_bytes_per_s(args.stream_gib)
+        for context in args.context:
+            for batch in args.batch:
+                points.append(dict(kernels=kernels, **bench_point(engine, batch, context, args.new_tokens, bandwidth)))
+        backend_name, graphs, manifest = engine.backend.name, engine.use_graphs, engine.manifest
+        engine = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     print_table(points)
     if bandwidth:
         print(f"streaming read: {bandwidth / 1e12:.2f} TB/s (torch.sum over {args.stream_gib} GiB)")
     if args.out:
-        report = {"command": command, "engine": str(args.engine), "backend": engine.backend.name,
-                  "cuda_graphs": engine.use_graphs, "gpu": engine.manifest.get("gpu"),
-                  "model": engine.manifest.get("model"), "dtype": engine.manifest["dtype"],
+        report = {"command": command, "engine": str(args.engine), "backend": backend_name,
+                  "cuda_graphs": graphs, "gpu": manifest.get("gpu"),
+                  "model": manifest.get("model"), "dtype": manifest["dtype"],
                   "stream_read_bytes_per_s": bandwidth, "points": points}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(f"{args.out}.tmp")

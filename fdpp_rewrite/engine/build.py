@@ -66,7 +66,8 @@ def _read_initializer(init, base_dir: Path) -> np.ndarray:
     dtype = np.dtype(ONNX_NP[init.data_type])
     count = int(np.prod(init.dims, dtype=np.int64))
     if length is not None and length != count * dtype.itemsize:
-        raise FdppError(f"initializer {init.name} has {length} bytes of data for {count} {dtype} values; re-run rewrite")
+        raise FdppError(f"initializer {init.name} has {length} bytes of data for {count} {dtype} values; "
+                        "re-run rewrite")
     if offset + count * dtype.itemsize > path.stat().st_size:
         raise FdppError(f"{path} is truncated (initializer {init.name} runs past its end); re-run rewrite")
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(init.dims))
@@ -196,7 +197,8 @@ def gpu_gemm_plans(shapes: dict, profile_path: Path | None, device: dict, stream
     from fdpp_rewrite import REPO_ROOT
     from fdpp_rewrite.profile import gpu_slug
 
-    path = Path(profile_path) if profile_path else REPO_ROOT / "engines" / "profiles" / f"{gpu_slug(device['name'])}.json"
+    default = REPO_ROOT / "engines" / "profiles" / f"{gpu_slug(device['name'])}.json"
+    path = Path(profile_path) if profile_path else default
     entries = {}
     if path.is_file():
         data = json.loads(path.read_text())

@@ -57,6 +57,9 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--stream-gib", type=float, default=2.0, help="GiB of the streaming read that sets the "
                                                                       "roofline (default 2)")
     parser.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
+    parser.add_argument("--kernels", nargs="+", choices=["fdpp", "torch"], default=["fdpp"],
+                        help="fdpp: this project's kernels; torch: the stock baseline (cuBLAS GEMMs with unfused "
+                             "epilogues, SDPA attention; same graph, norms, RoPE, CUDA graphs). Both: the ratios")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
 

@@ -140,7 +140,8 @@ class GenerateResult:
 
 
 class Engine:
-    def __init__(self, folder, backend: str | None = None, use_graphs: bool = True, softmax: str = "unified"):
+    def __init__(self, folder, backend: str | None = None, use_graphs: bool = True, softmax: str = "unified",
+                 baseline: bool = False):
         from safetensors.torch import load_file
 
         from fdpp_rewrite.engine.backends import CpuBackend, CudaBackend
@@ -156,7 +157,10 @@ class Engine:
             self.plan = json.loads((self.folder / "plan.json").read_text())
         except json.JSONDecodeError:
             raise FdppError(f"{self.folder}/plan.json is not valid JSON (a truncated engine?); rebuild it") from None
-        self.backend = CudaBackend(self.plan["gemm_plans"], softmax) if backend == "cuda" else CpuBackend()
+        if backend == "cuda":
+            self.backend = CudaBackend(self.plan["gemm_plans"], softmax, baseline=baseline)
+        else:
+            self.backend = CpuBackend(baseline=baseline)
         device = self.backend.device
         try:
             tensors = load_file(str(self.folder / "weights.safetensors"), device="cpu")
@@ -242,7 +246,8 @@ class Engine:
     def decode_buckets(self, batch: int) -> tuple[int, int]:
         longest = max(self.lengths[:batch]) + 1  # the new token's position must be inside the view
         if longest > self.max_seq:
-            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger --max-seq")
+            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
+                            "--max-seq")
         return pick(batch, self.batch_buckets), pick(longest, self.kv_buckets)
 
     def decode(self, tokens):
