@@ -55,7 +55,8 @@ stage_smollm2() {
     && time $ENGINE build "$dir/model.fdpp.onnx" -o "$dir/engine" --max-batch 8 --max-seq 2048 --force \
     && $ENGINE run "$dir/engine" --prompt "What is the capital of France?" --chat --max-new-tokens 32 \
     && $ENGINE run "$dir/engine" --prompt "Once upon a time" --max-new-tokens 48 --temperature 0.8 --top-p 0.9 --seed 1 \
-    && $ENGINE bench "$dir/engine" --batch 1 8 --context 128 --new-tokens 128 --out "$OUT/bench_smollm2.json" \
+    && $ENGINE bench "$dir/engine" --batch 1 8 --context 128 --new-tokens 128 --kernels fdpp torch \
+         --out "$OUT/bench_smollm2.json" \
     && $ENGINE bench "$dir/engine" --batch 1 --context 128 --new-tokens 128 --no-graphs \
          --out "$OUT/bench_smollm2_eager.json"
 }
@@ -69,7 +70,8 @@ stage_llama2() {
     && time $ENGINE build "$dir/model.fdpp.onnx" -o "$dir/engine" --max-batch 8 --max-seq 2048 --force \
     && rm -f "$dir/model.fdpp.onnx.data" \
     && $ENGINE run "$dir/engine" --token-ids 1,450,7483,310,3444,338 --max-new-tokens 16 \
-    && $ENGINE bench "$dir/engine" --batch 1 8 --context 128 1024 --new-tokens 128 --out "$OUT/bench_llama2_${layers}l.json"
+    && $ENGINE bench "$dir/engine" --batch 1 8 --context 128 1024 --new-tokens 128 --kernels fdpp torch \
+         --out "$OUT/bench_llama2_${layers}l.json"
 }
 
 export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2

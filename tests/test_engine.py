@@ -234,6 +234,29 @@ def test_truncated_engine_folders(built, tmp_path):
         Engine(tmp_path / "nothing")
 
 
+@pytest.mark.parametrize("gpu, library, message", [
+    (("NVIDIA H100 80GB HBM3", "9.0"), "abc", "was built for NVIDIA H200 .* this GPU is NVIDIA H100"),
+    (("NVIDIA H200", "9.0"), "def", "another plugin library build"),
+    (("NVIDIA H200", "9.0"), None, "no loadable plugin library"),
+])
+def test_cuda_engine_on_another_gpu_or_library(monkeypatch, gpu, library, message):
+    """check_device with the GPU and the library faked: a one-line error naming the mismatch."""
+    from fdpp_rewrite import errors
+    from fdpp_rewrite.engine import build, runtime
+
+    manifest = {"backend": "cuda", "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
+                "library": {"sha256": "abc"}}
+    monkeypatch.setattr(errors, "require_gpu", lambda what: None)
+    monkeypatch.setattr(build, "gpu_facts", lambda: {"name": gpu[0], "cc": gpu[1]})
+    monkeypatch.setattr(build, "library_facts", lambda: None if library is None else {"sha256": library, "path": "x"})
+    with pytest.raises(FdppError, match=message) as info:
+        runtime.check_device(manifest, "engines/e")
+    assert "\n" not in str(info.value)
+    monkeypatch.setattr(build, "gpu_facts", lambda: {"name": "NVIDIA H200", "cc": "9.0"})
+    monkeypatch.setattr(build, "library_facts", lambda: {"sha256": "abc", "path": "x"})
+    runtime.check_device(manifest, "engines/e")  # the same GPU and library: no error
+
+
 def test_cpu_engine_refuses_the_cuda_backend(built):
     with pytest.raises(FdppError, match="built for the cpu backend"):
         Engine(built[3], backend="cuda")

@@ -41,3 +41,21 @@ def test_chat_answer_and_tokens_equal_onnxruntime(smollm2, capsys):
 
     assert main(["run", str(engine_dir), "--prompt", QUESTION, "--chat", "--max-new-tokens", "12"]) == 0
     assert capsys.readouterr().out.strip() == tokenizer.decode(expected).strip()  # the streamed text
+
+
+def test_a_batch_of_prompts_from_a_file(smollm2, capsys, tmp_path):
+    from fdpp_rewrite.engine.__main__ import main
+
+    questions = [QUESTION, "Name a primary colour."]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(questions) + "\n")
+    assert main(["run", str(smollm2[1]), "--prompts-file", str(prompts), "--chat", "--max-new-tokens", "10"]) == 0
+    printed = capsys.readouterr().out
+    tokenizer = load_tokenizer_for(smollm2[0])
+    engine = Engine(smollm2[1])
+    expected = ""
+    for index, question in enumerate(questions):  # each answer of the batch is the answer alone
+        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": question}]))
+        alone = engine.generate([ids], 10, stop_ids={tokenizer.eos_id}).tokens[0]
+        expected += f"[{index}] {tokenizer.decode(alone)}\n"
+    assert printed == expected and "Paris" in printed.splitlines()[0]

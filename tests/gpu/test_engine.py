@@ -112,6 +112,14 @@ def test_tokens_and_logits_equal_the_cpu_backend(engine_dir):
     assert a_tokens[0][:agree] == b_tokens[0][:agree]
 
 
+def test_stock_torch_baseline_computes_the_same_model(engine_dir):
+    """baseline=True (cuBLAS GEMMs, SDPA over the cache view) against this project's kernels: fp16 rounding only."""
+    ours_tokens, ours = _greedy_with_logits(_engine(engine_dir), [PROMPT, PROMPT[:5]], 6)
+    theirs_tokens, theirs = _greedy_with_logits(_engine(engine_dir, baseline=True), [PROMPT, PROMPT[:5]], 6)
+    assert (ours[0] - theirs[0]).abs().max().item() < 0.1  # the prefill logits of both sequences
+    assert ours_tokens[0][:2] == theirs_tokens[0][:2]
+
+
 def test_kernel_launches_are_counted(engine_dir):
     from fdpp_rewrite.engine.bench import count_kernels
 
