@@ -20,8 +20,15 @@ Decisions (what DESIGN.md leaves open):
   short context reads a short cache. Padding slots get past_len 0 and token 0; their rows are never read.
 - The KV cache is allocated once per engine, [max_batch, Hkv, max_seq, D] per layer (the graph's fixed capacity
   dimension replaced by max_seq); ScatterND into a cache input is an in-place index write, as is RopeAppend.
-- Prefill runs eagerly, one sequence at a time at batch 1 into its slot (so prompts of different lengths need no
-  padding); decode steps of a bucket are traced once, then captured as one CUDA graph and replayed.
+- Glue fused at build (fusion.py): the exporter's RMSNorm chain becomes fdpp::RMSNorm (the norm kernel where the
+  library has one, else F.rms_norm), and each attention's RoPE on q and k plus its two ScatterND cache writes become
+  fdpp::RopeAppend (the rope_append kernel, writing the caches in place). A llama-family decode step is then 8
+  launches per layer: 4 GEMMs, 2 norms, rope_append, attention.
+- Prefill runs one sequence at a time at batch 1 into its slot, right-padded to a prefill bucket (16, 32, ...) so
+  every prompt length of a bucket replays one traced Program (exact: see Engine.prefill); decode steps of a
+  bucket are traced once, then captured as one CUDA graph and replayed.
+- baseline=True swaps only the GEMMs (cuBLAS through torch, epilogues unfused) and the attention (SDPA) for stock
+  torch: the peer `bench --kernels fdpp torch` measures against.
 - Format version FORMAT_VERSION; a newer engine, another GPU or another plugin library build is a one-line error.
 """
 
