@@ -289,3 +289,19 @@ def test_cli_run_and_bench(built, capsys, tmp_path):
     assert "the torch baseline's decode tokens/s" in capsys.readouterr().out
     assert main(["run", str(built[3]), "--prompt", "hi"]) == 2
     assert "has no tokenizer" in capsys.readouterr().err
+
+
+def test_bench_engine_script(tmp_path):
+    """scripts/bench_engine.py: export, rewrite, build and bench in one run, fdpp kernels and the baseline."""
+    import subprocess
+    import sys
+
+    from fdpp_rewrite import REPO_ROOT
+
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "bench_engine.py"), "tiny-llama", "--dtype",
+                             "float32", "--backend", "cpu", "--batch", "1", "--context", "16", "--new-tokens", "3",
+                             "--work", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert [p["kernels"] for p in report["points"]] == ["fdpp", "torch"]
+    assert "fdpp kernels" in result.stdout
