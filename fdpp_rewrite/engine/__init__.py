@@ -1,0 +1,35 @@
+"""The GPU engine (DESIGN.md's torch backend): build a rewritten graph into an engine folder, run it with the
+plugin library's kernels and CUDA graphs, benchmark it.
+
+    python -m fdpp_rewrite.engine build model.fdpp.onnx -o engines/m [--max-batch 8 --max-seq 2048]
+    python -m fdpp_rewrite.engine run engines/m --prompt "..." [--max-new-tokens 64 --temperature 0.7 ...]
+    python -m fdpp_rewrite.engine bench engines/m [--batch 1 --context 128 --new-tokens 128]
+
+Modules: build.py (lowering and the engine folder), fusion.py (glue fusions at build), ops.py (ONNX op ->
+torch), backends.py (fdpp ops -> kernels on `cuda`, reference math on `cpu`), interpreter.py (per-bucket
+tracing into replayable Programs), runtime.py (KV cache, prefill, decode with CUDA graphs, sampling),
+bench.py, cli.py.
+
+Decisions (what DESIGN.md leaves open):
+- The plan is the graph's own node list, not a model: every family the rewriter supports lowers through the same
+  interpreter. Shape-only subgraphs are folded on the host per bucket (see interpreter.py); nothing is read back
+  from the GPU inside a step other than the sampled tokens.
+- Buckets: decode batch sizes 1, 2, 4, ... up to max_batch (and max_batch itself); KV lengths 128, 256, ... up to
+  max_seq (and max_seq itself). A decode step of batch B at longest length L runs the bucket (smallest batch
+  bucket >= B, smallest KV bucket > L): its caches are the views cache[:Bb, :, :Lb] of the one allocation, so a
+  short context reads a short cache. Padding slots get past_len 0 and token 0; their rows are never read.
+- The KV cache is allocated once per engine, [max_batch, Hkv, max_seq, D] per layer (the graph's fixed capacity
+  dimension replaced by max_seq); ScatterND into a cache input is an in-place index write, as is RopeAppend.
+- Glue fused at build (fusion.py): the exporter's RMSNorm chain becomes fdpp::RMSNorm (the norm kernel where the
+  library has one, else F.rms_norm), and each attention's RoPE on q and k plus its two ScatterND cache writes become
+  fdpp::RopeAppend (the rope_append kernel, writing the caches in place). A llama-family decode step is then 8
+  launches per layer: 4 GEMMs, 2 norms, rope_append, attention.
+- Prefill runs one sequence at a time at batch 1 into its slot, right-padded to a prefill bucket (16, 32, ...) so
+  every prompt length of a bucket replays one traced Program (exact: see Engine.prefill); decode steps of a
+  bucket are traced once, then captured as one CUDA graph and replayed.
+- baseline=True swaps only the GEMMs (cuBLAS through torch, epilogues unfused) and the attention (SDPA) for stock
+  torch: the peer `bench --kernels fdpp torch` measures against.
+- Format version FORMAT_VERSION; a newer engine, another GPU or another plugin library build is a one-line error.
+"""
+
+FORMAT_VERSION = 1

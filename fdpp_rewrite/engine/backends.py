@@ -1,0 +1,239 @@
+"""The fdpp ops for each backend: `cuda` calls the plugin library's kernels through fdpp_rewrite.gpu, `cpu` runs
+the reference semantics (fdpp_rewrite.ref_ops for the attention, the same math in torch for the rest).
+
+A backend turns one fdpp node into a step function: `backend.lower(op_type, attrs, name) -> fn(*inputs)`. The
+cuda FlatGemm takes its dispatch plan from the engine's plan.json (what build profiled for this GPU), never from
+a default: an engine never runs an unprofiled GEMM.
+
+`baseline=True` (either backend) is the engine a careful team would write with stock libraries, the peer the
+issue's benchmark and ablation compare against: the same graph, norms, RoPE and CUDA graphs, but FlatGemm
+becomes torch's GEMM (cuBLAS) with SiLU-mul and the residual as separate ops, and the attention torch's
+scaled_dot_product_attention over the cache view (cuDNN / memory-efficient, as torch dispatches a masked call).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fdpp_rewrite.engine import ops
+from fdpp_rewrite.errors import FdppError
+
+FDPP_OPS = ("FlatGemm", "AsyncSoftmaxAttention", "RMSNorm", "RopeAppend")
+
+
+def _flat_gemm_math(x, weight, bias, residual, epilogue: str):
+    """FlatGemm's contract in float32 torch math (the cpu backend)."""
+    y = x.reshape(-1, x.shape[-1]).float() @ weight.float().t()
+    if bias is not None:
+        y = y + bias.float()
+    if epilogue == "silu_mul":
+        half = y.shape[-1] // 2
+        y = F.silu(y[:, :half]) * y[:, half:]
+    elif epilogue == "residual":
+        y = y + residual.reshape(y.shape).float()
+    return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+
+
+def _gemm_inputs(attrs, inputs):
+    """(x, weight, bias, residual) from a FlatGemm node's inputs."""
+    x, weight = inputs[0], inputs[1]
+    rest = list(inputs[2:])
+    bias = rest.pop(0) if attrs.get("has_bias", 0) else None
+    residual = rest.pop(0) if attrs.get("epilogue", "none") == "residual" else None
+    return x, weight, bias, residual
+
+
+def rope_append_torch(attrs, query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
+    """fdpp::RopeAppend in torch: RoPE on the first rope_dim channels of query and k_new at positions
+    past_len[b] + s, then k_new and v_new written into the caches in place. Returns (query_out, caches)."""
+    batch, _, seq, dim = query.shape
+    rope_dim = int(attrs.get("rope_dim") or dim)
+    interleaved = bool(attrs.get("interleaved", 0))
+    positions = past_len.reshape(batch, 1) + torch.arange(seq, device=query.device).reshape(1, seq)
+    angles = positions.float().reshape(batch, 1, seq, 1) * inv_freq.float().reshape(1, 1, 1, -1)
+    cos, sin = angles.cos().to(query.dtype), angles.sin().to(query.dtype)
+
+    def rotate(x):
+        rotated = ops.rotary(x[..., :rope_dim], cos, sin, interleaved)
+        return torch.cat((rotated, x[..., rope_dim:]), dim=-1) if rope_dim < dim else rotated
+
+    q_out, k_rot = rotate(query), rotate(k_new)
+    b_index = torch.arange(batch, device=query.device).reshape(batch, 1, 1)
+    h_index = torch.arange(k_new.shape[1], device=query.device).reshape(1, -1, 1)
+    s_index = positions.reshape(batch, 1, seq)
+    key_cache.index_put_((b_index, h_index, s_index), k_rot.to(key_cache.dtype))
+    value_cache.index_put_((b_index, h_index, s_index), v_new.to(value_cache.dtype))
+    return q_out, key_cache, value_cache
+
+
+def torch_flat_gemm(attrs):
+    """FlatGemm as stock torch: the GEMM (cuBLAS on a GPU), then SiLU-mul or the residual add as their own ops."""
+    epilogue = attrs.get("epilogue", "none")
+
+    def flat_gemm(*inputs):
+        x, weight, bias, residual = _gemm_inputs(attrs, inputs)
+        y = F.linear(x, weight, bias)
+        if epilogue == "silu_mul":
+            gate, up = y.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return y + residual if epilogue == "residual" else y
+    return flat_gemm
+
+
+def sdpa_attention(attrs):
+    """AsyncSoftmaxAttention (mask_mode past_len) as torch's scaled_dot_product_attention with a boolean mask
+    built on the device from past_len (key j visible to query i iff j <= past_len[b] + i)."""
+    if attrs.get("mask_mode") != "past_len":
+        raise FdppError(f"the baseline attention takes mask_mode past_len, not {attrs.get('mask_mode')!r}")
+    scale = float(attrs["scale"])
+
+    def attention(query, key, value, past_len):
+        batch, heads, seq, _ = query.shape
+        length = key.shape[2]
+        last = past_len.reshape(batch, 1, 1, 1) + torch.arange(seq, device=query.device).reshape(1, 1, seq, 1)
+        mask = torch.arange(length, device=query.device).reshape(1, 1, 1, length) <= last
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                              enable_gqa=heads != key.shape[1])
+    return attention
+
+
+def baseline_lowering(op_type: str, attrs: dict):
+    """The stock-torch step of a FlatGemm or an attention node (baseline=True), or None for other ops."""
+    if op_type == "FlatGemm":
+        return torch_flat_gemm(attrs)
+    if op_type == "AsyncSoftmaxAttention":
+        return sdpa_attention(attrs)
+    return None
+
+
+class CpuBackend:
+    """The reference semantics on the CPU (float32 math; what CI tests the lowering and the cache logic with)."""
+
+    name = "cpu"
+
+    def __init__(self, gemm_plans: dict | None = None, baseline: bool = False):
+        self.device = torch.device("cpu")
+        self.gemm_plans = gemm_plans or {}
+        self.baseline = baseline
+
+    def lower(self, op_type: str, attrs: dict, name: str):
+        fn = baseline_lowering(op_type, attrs) if self.baseline else None
+        if fn is not None:
+            return fn
+        if op_type == "FlatGemm":
+            epilogue = attrs.get("epilogue", "none")
+            return lambda *inputs: _flat_gemm_math(*_gemm_inputs(attrs, inputs), epilogue)
+        if op_type == "AsyncSoftmaxAttention":
+            from fdpp_rewrite.ref_ops import async_softmax_attention
+
+            options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
+
+            def attention(query, key, value, mask=None):
+                mask_np = None if mask is None else mask.numpy()
+                out = async_softmax_attention(query.numpy(), key.numpy(), value.numpy(), mask_np, **options)
+                return torch.from_numpy(np.ascontiguousarray(out))
+            return attention
+        if op_type == "RMSNorm":
+            eps = float(attrs.get("epsilon", 1e-5))
+            return lambda x, weight: ops.rms_norm_torch(x, weight, eps)
+        if op_type == "RopeAppend":
+            return lambda *inputs: rope_append_torch(attrs, *inputs)
+        raise FdppError(f"the cpu backend has no fdpp::{op_type}")
+
+
+def _optional_rms_norm_kernel():
+    """fdpp_rewrite.gpu.norm.rms_norm when the library has it, else None (torch's F.rms_norm serves)."""
+    try:
+        from fdpp_rewrite.gpu import norm
+        return norm.rms_norm
+    except (ImportError, AttributeError, FdppError):
+        return None
+
+
+class CudaBackend:
+    """The plugin library's kernels on the current CUDA device. Every launch goes on torch's current stream and
+    allocates through torch, so a step is capturable in a CUDA graph."""
+
+    name = "cuda"
+
+    def __init__(self, gemm_plans: dict, softmax: str = "unified", baseline: bool = False):
+        from fdpp_rewrite.errors import require_gpu
+
+        require_gpu("the cuda engine backend")
+        self.device = torch.device("cuda")
+        self.gemm_plans = gemm_plans
+        self.softmax = softmax
+        self.baseline = baseline
+        self.rms_norm_kernel = _optional_rms_norm_kernel()
+
+    def lower(self, op_type: str, attrs: dict, name: str):
+        fn = baseline_lowering(op_type, attrs) if self.baseline else None
+        if fn is not None:
+            return fn
+        if op_type == "FlatGemm":
+            from fdpp_rewrite.gpu import gemm
+
+            plan = self.gemm_plans.get(name)
+            if plan is None:
+                raise FdppError(f"FlatGemm node {name} has no profiled plan in the engine; rebuild the engine")
+            epilogue = attrs.get("epilogue", "none")
+
+            # the C ABI's epilogue codes are none and silu_mul; a residual is added through its own pointer
+            kernel_epilogue = "silu_mul" if epilogue == "silu_mul" else "none"
+
+            def flat_gemm(*inputs):
+                x, weight, bias, residual = _gemm_inputs(attrs, inputs)
+                residual = None if residual is None else residual.contiguous()
+                return gemm.linear(x.contiguous(), weight, bias, residual, epilogue=kernel_epilogue, plan=plan)
+            if epilogue not in ("none", "silu_mul", "residual"):
+                raise FdppError(f"FlatGemm {name}: unknown epilogue {epilogue!r}")
+            return flat_gemm
+        if op_type == "AsyncSoftmaxAttention":
+            from fdpp_rewrite.gpu import attention as gpu_attention
+
+            options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
+            softmax = self.softmax
+
+            def attention(query, key, value, mask=None):
+                past_len = mask if options["mask_mode"] == "past_len" else None
+                bias = mask if options["mask_mode"] == "bias" else None
+                return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax, **options)
+            return attention
+        if op_type == "RMSNorm":
+            eps = float(attrs.get("epsilon", 1e-5))
+            kernel = self.rms_norm_kernel
+            if kernel is not None:
+                return lambda x, weight: kernel(x.contiguous(), weight, eps)
+            return lambda x, weight: F.rms_norm(x, (x.shape[-1],), weight, eps)
+        if op_type == "RopeAppend":
+            return self._rope_append(attrs)
+        raise FdppError(f"the cuda backend has no fdpp::{op_type}")
+
+    def _rope_append(self, attrs):
+        """The plugin library's rope_append kernel: the extended binding (inv_freq, rope_dim) when there is one,
+        else the current one for plain full-width RoPE (rope_theta from the build, 0 when inv_freq is not
+        theta^(-2j/D)); anything else runs the torch version. The query is rotated in place (it is a strided view
+        of the qkv GEMM's output that nothing else reads: the build's fusion checks that)."""
+        from fdpp_rewrite.gpu import attention as gpu_attention
+
+        parameters = inspect.signature(gpu_attention.rope_append).parameters
+        interleaved = bool(attrs.get("interleaved", 0))
+        if "inv_freq" in parameters and "rope_dim" in parameters:
+            def extended(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
+                q_out = gpu_attention.rope_append(query, k_new, v_new, key_cache, value_cache, past_len,
+                                                  inv_freq=inv_freq, rope_dim=int(attrs["rope_dim"]),
+                                                  interleaved=interleaved)
+                return q_out, key_cache, value_cache
+            return extended
+        theta = float(attrs.get("rope_theta", 0.0))
+        if theta > 0 and int(attrs["rope_dim"]) == int(attrs["head_dim"]):
+            def kernel(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
+                q_out = gpu_attention.rope_append(query, k_new, v_new, key_cache, value_cache, past_len,
+                                                  rope_theta=theta, interleaved=interleaved)
+                return q_out, key_cache, value_cache
+            return kernel
+        return lambda *inputs: rope_append_torch(attrs, *inputs)

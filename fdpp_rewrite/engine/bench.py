@@ -1,0 +1,174 @@
+"""`bench ENGINE [--batch 1 8 --context 128 --new-tokens 128]`: decode speed of an engine, measured as a user
+sees it (sampling and the token readback included in every step).
+
+Per (batch, context): random prompt ids (seed 0), one warm-up generation (it traces and captures the buckets the
+run visits), then the timed generation. `--kernels fdpp torch` runs each point with this project's kernels and
+then with the stock-torch baseline (backends.py: cuBLAS GEMMs with unfused epilogues, SDPA attention; the same
+graph, norms, RoPE and CUDA graphs) and prints the ratios.
+
+Reported: decode tokens/s (batch / mean step); ms per step (mean and median); first-token time (prefill of every
+prompt + the first token); the memory roofline (weight bytes + KV bytes a step reads, over a streaming read
+measured in the same run: torch.sum over --stream-gib of fp16 timed with CUDA events, median of 10) and its
+percent; kernel launches per decode step counted with torch.profiler over one replay of the step's CUDA graph
+(and over one eager run of the same Program), per transformer layer. Weight bytes: every weight a step reads
+whole (embedding tables read by Gather count one row per token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+from pathlib import Path
+
+import torch
+
+from fdpp_rewrite.errors import FdppError
+
+
+def stream_read_bytes_per_s(gib: float) -> float:
+    x = torch.randn(int(gib * (1 << 30)) // 2, dtype=torch.float16, device="cuda")
+    out = torch.empty((), dtype=torch.float16, device="cuda")
+    for _ in range(3):
+        torch.sum(x, dim=0, out=out)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.sum(x, dim=0, out=out)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    nbytes = x.numel() * x.element_size()
+    del x
+    torch.cuda.empty_cache()
+    return nbytes / statistics.median(times)
+
+
+def weight_bytes_per_step(engine, batch: int) -> int:
+    """Bytes of weights one decode step reads: whole tensors, except Gather tables (one row per token)."""
+    gathered = {n["inputs"][0] for n in engine.plan["nodes"]
+                if n["op"] == "Gather" and n["inputs"][0] in engine.weights}
+    total = 0
+    for name, tensor in engine.weights.items():
+        if name in gathered:
+            total += batch * tensor[0].numel() * tensor.element_size()
+        else:
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def kv_bytes_per_step(engine, batch: int, mean_len: float) -> float:
+    element = torch.finfo(engine.dtype).bits // 8
+    return 2 * engine.num_layers * batch * engine.plan["num_kv_heads"] * mean_len * engine.plan["head_dim"] * element
+
+
+def count_kernels(engine, batch: int) -> dict:
+    """Kernel launches of the current decode bucket: one graph replay and one eager run of its Program."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(fn) -> int:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return sum(1 for n in names if not n.startswith(("Memcpy", "Memset")))
+
+    bucket_batch = engine.decode_buckets(batch)[0]
+    kv_len = max(k[1] for k in engine.programs if k[0] == (bucket_batch, 1))  # the last bucket the run used
+    feeds = engine.feeds(engine.step_ids[:bucket_batch], engine.past_len[:bucket_batch], slice(0, bucket_batch), kv_len)
+    program = engine.programs[(tuple(feeds["input_ids"].shape), kv_len)]
+    counts = {"eager": kernels(lambda: program.run(feeds))}
+    if (bucket_batch, kv_len) in engine.graphs:
+        counts["graph"] = kernels(engine.graphs[(bucket_batch, kv_len)][0].replay)
+    counts["per_layer"] = round(counts.get("graph") or counts["eager"]) / engine.num_layers
+    counts["op_counts_per_step"] = dict(sorted(program.op_counts.items()))
+    return counts
+
+
+def bench_point(engine, batch: int, context: int, new_tokens: int, bandwidth: float | None) -> dict:
+    from fdpp_rewrite.engine.runtime import Sampler
+
+    vocab = engine.vocab_size or 1000
+    rng = random.Random(0)
+    prompts = [[rng.randrange(vocab) for _ in range(context)] for _ in range(batch)]
+    engine.generate(prompts, new_tokens, Sampler())  # warm-up: traces and captures every bucket it visits
+    result = engine.generate(prompts, new_tokens, Sampler())
+    steps = result.step_s
+    if not steps:
+        raise FdppError("--new-tokens must be at least 2 to time a decode step")
+    mean_s = statistics.fmean(steps)
+    point = {"batch": batch, "context": context, "new_tokens": new_tokens, "decode_steps": len(steps),
+             "tokens_per_s": batch / mean_s, "ms_per_step": mean_s * 1e3,
+             "ms_per_step_median": statistics.median(steps) * 1e3, "first_token_ms": result.first_token_s * 1e3,
+             "kv_buckets": sorted({k[1] for k in engine.graphs if k[0] == engine.decode_buckets(batch)[0]})}
+    if bandwidth:
+        mean_len = context + new_tokens / 2
+        weights = weight_bytes_per_step(engine, batch)
+        kv = kv_bytes_per_step(engine, batch, mean_len)
+        point.update(weight_bytes=weights, kv_bytes_mean=kv, roofline_ms=(weights + kv) / bandwidth * 1e3)
+        point["roofline_pct"] = 100 * point["roofline_ms"] / point["ms_per_step"]
+        point["launches"] = count_kernels(engine, batch)
+    return point
+
+
+def print_table(points: list, stream=None) -> None:
+    header = f"{'kernels':>7} {'batch':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'median':>7} " \
+             f"{'1st tok ms':>10} {'roofline ms':>11} {'roofline %':>10} {'launches/layer':>14}"
+    print(header, file=stream)
+    for p in points:
+        roof = f"{p['roofline_ms']:>11.3f} {p['roofline_pct']:>10.1f}" if "roofline_ms" in p else f"{'-':>11} {'-':>10}"
+        launches = f"{p['launches']['per_layer']:>14.2f}" if "launches" in p else f"{'-':>14}"
+        print(f"{p['kernels']:>7} {p['batch']:>5} {p['context']:>7} {p['tokens_per_s']:>9.1f} {p['ms_per_step']:>8.3f} "
+              f"{p['ms_per_step_median']:>7.3f} {p['first_token_ms']:>10.2f} {roof} {launches}", file=stream)
+    ours = {(p["batch"], p["context"]): p for p in points if p["kernels"] == "fdpp"}
+    for p in points:
+        mine = ours.get((p["batch"], p["context"]))
+        if p["kernels"] == "torch" and mine:
+            speedup = mine["tokens_per_s"] / p["tokens_per_s"]
+            first = p["first_token_ms"] / mine["first_token_ms"]
+            print(f"batch {p['batch']} context {p['context']}: fdpp kernels {speedup:.2f}x the torch baseline's "
+                  f"decode tokens/s, first token {first:.2f}x", file=stream)
+
+
+def bench_command(args, command: str) -> int:
+    from fdpp_rewrite.engine.runtime import Engine, read_manifest
+
+    limits = read_manifest(args.engine)
+    max_batch, max_seq = limits["max_batch"], limits["max_seq"]
+    for batch in args.batch:
+        if batch > max_batch:
+            raise FdppError(f"--batch {batch} exceeds the engine's max batch {max_batch}; rebuild with "
+                            f"--max-batch {batch}")
+    for context in args.context:
+        if context + args.new_tokens > max_seq:
+            raise FdppError(f"--context {context} + --new-tokens {args.new_tokens} exceed the engine's max sequence "
+                            f"{max_seq}; rebuild with a larger --max-seq")
+    points, bandwidth = [], None
+    for kernels in args.kernels:  # one engine at a time: the weights are on the device once
+        engine = Engine(args.engine, backend=args.backend, use_graphs=not args.no_graphs, baseline=kernels == "torch")
+        if bandwidth is None and engine.backend.name == "cuda":
+            bandwidth = stream_read_bytes_per_s(args.stream_gib)
+        for context in args.context:
+            for batch in args.batch:
+                points.append(dict(kernels=kernels, **bench_point(engine, batch, context, args.new_tokens, bandwidth)))
+        backend_name, graphs, manifest = engine.backend.name, engine.use_graphs, engine.manifest
+        engine = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    print_table(points)
+    if bandwidth:
+        print(f"streaming read: {bandwidth / 1e12:.2f} TB/s (torch.sum over {args.stream_gib} GiB)")
+    if args.out:
+        report = {"command": command, "engine": str(args.engine), "backend": backend_name,
+                  "cuda_graphs": graphs, "gpu": manifest.get("gpu"),
+                  "model": manifest.get("model"), "dtype": manifest["dtype"],
+                  "stream_read_bytes_per_s": bandwidth, "points": points}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(f"{args.out}.tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        os.replace(tmp, args.out)
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,395 @@
+"""`build model.fdpp.onnx -o ENGINE_DIR`: lower a rewritten graph to an engine folder for this GPU (or the cpu
+backend).
+
+Lowering, in order: read the graph without its weights; turn Constant nodes into initializers; drop nodes no
+output needs; fuse the exporter's RMSNorm chains into fdpp::RMSNorm and each attention's RoPE + cache writes into
+fdpp::RopeAppend (fusion.py), dropping what that leaves unused; check every op is one the
+interpreter knows; give every FlatGemm the plan the GPU's profile has for its [N, K] (profiling the shapes the
+profile lacks, here and now: an engine never runs an unprofiled GEMM); write the folder atomically (a temporary
+folder beside it, renamed into place):
+
+    manifest.json        format version, backend, GPU name / compute capability / driver, plugin library ABI and
+                         sha256, profile sha256, source ONNX sha256, dtype, limits, model config, tokenizer
+    plan.json            graph inputs and outputs, the node list (op, inputs, outputs, attributes), which
+                         initializers are host values, and each FlatGemm's plan
+    weights.safetensors  every initializer, as the graph holds it (FlatGemm weights already [N, K])
+    tokenizer.json       the tokenizer, when the export had one
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from fdpp_rewrite import __version__
+from fdpp_rewrite.engine import FORMAT_VERSION, fusion, ops
+from fdpp_rewrite.errors import FdppError, cannot_load
+
+CACHE_PREFIXES = ("key_cache.", "value_cache.")
+HOST_VALUE_MAX_ELEMENTS = 64  # initializers this small (shape constants, axes, scalars) are host values
+ONNX_NP = {1: np.float32, 10: np.float16, 11: np.float64, 7: np.int64, 6: np.int32, 9: np.bool_, 2: np.uint8,
+           3: np.int8}
+DTYPE_NAMES = {1: "float32", 10: "float16", 16: "bfloat16"}
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---- reading the graph --------------------------------------------------------------------------------------
+
+def _read_initializer(init, base_dir: Path) -> np.ndarray:
+    """An initializer as a numpy array; external data is memory-mapped, not read into the protobuf."""
+    from onnx import numpy_helper
+
+    if init.data_type not in ONNX_NP:
+        raise FdppError(f"initializer {init.name} has ONNX type {init.data_type}, which the engine does not support")
+    if not init.external_data:
+        return numpy_helper.to_array(init)
+    fields = {entry.key: entry.value for entry in init.external_data}
+    path = base_dir / fields["location"]
+    if not path.is_file():
+        raise FdppError(f"external data file {path} is missing; re-run rewrite")
+    offset, length = int(fields.get("offset", 0)), int(fields.get("length", 0)) or None
+    dtype = np.dtype(ONNX_NP[init.data_type])
+    count = int(np.prod(init.dims, dtype=np.int64))
+    if length is not None and length != count * dtype.itemsize:
+        raise FdppError(f"initializer {init.name} has {length} bytes of data for {count} {dtype} values; "
+                        "re-run rewrite")
+    if offset + count * dtype.itemsize > path.stat().st_size:
+        raise FdppError(f"{path} is truncated (initializer {init.name} runs past its end); re-run rewrite")
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(init.dims))
+
+
+def _attributes(node) -> dict:
+    from onnx import helper, numpy_helper
+
+    attrs = {}
+    for attribute in node.attribute:
+        value = helper.get_attribute_value(attribute)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode() for v in value]
+        elif hasattr(value, "data_type"):  # a TensorProto (ConstantOfShape's value)
+            array = numpy_helper.to_array(value)
+            value = {"tensor": array.reshape(-1).tolist(), "onnx_type": value.data_type, "dims": list(array.shape)}
+        elif not isinstance(value, (int, float, str, list)):
+            raise FdppError(f"node {node.name} ({node.op_type}) has attribute {attribute.name} of a kind the "
+                            "engine does not support")
+        attrs[attribute.name] = value
+    return attrs
+
+
+def _dims(value_info) -> list:
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value_info.type.tensor_type.shape.dim]
+
+
+def read_graph(path: Path):
+    """(plan dict without GEMM plans, {initializer name: numpy array}) of a rewritten ONNX model."""
+    import onnx
+    from onnx import numpy_helper
+
+    if not path.is_file():
+        raise FdppError(f"no ONNX file at {path}; pass the rewritten model (python -m fdpp_rewrite rewrite ...)")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises many kinds for a corrupt file
+        raise cannot_load(path, exc) from None
+    graph = model.graph
+    if not any(node.domain == "fdpp" for node in graph.node):
+        raise FdppError(f"{path} has no fdpp nodes; rewrite it first (python -m fdpp_rewrite rewrite {path})")
+    arrays = {init.name: _read_initializer(init, path.parent) for init in graph.initializer}
+    nodes = []
+    for index, node in enumerate(graph.node):
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = next((a for a in node.attribute if a.name == "value"), None)
+            if value is None:
+                raise FdppError(f"Constant node {node.name} has no tensor 'value'; the engine needs one")
+            arrays[node.output[0]] = numpy_helper.to_array(value.t)
+            continue
+        nodes.append({"name": node.name or f"node_{index}", "op": node.op_type, "domain": node.domain,
+                      "inputs": list(node.input), "outputs": list(node.output), "attrs": _attributes(node)})
+
+    inputs = {i.name: i for i in graph.input if i.name not in arrays}
+    for required in ("input_ids", "past_len", "key_cache.0", "value_cache.0"):
+        if required not in inputs:
+            raise FdppError(f"{path} has no input '{required}'; build engines from `fdpp_rewrite export` graphs")
+    caches = [name for name in inputs if name.startswith(CACHE_PREFIXES)]
+    first = inputs["key_cache.0"]
+    cache_dims = _dims(first)
+    if len(cache_dims) != 4 or not all(isinstance(d, int) for d in cache_dims[1:2] + cache_dims[3:]):
+        raise FdppError(f"key_cache.0 has shape {cache_dims}; expected [batch, kv_heads, capacity, head_dim]")
+    elem = first.type.tensor_type.elem_type
+    logits = next((o for o in graph.output if o.name == "logits"), None)
+    if logits is None:
+        raise FdppError(f"{path} has no output 'logits'")
+    vocab = _dims(logits)[-1]
+    plan = {
+        "inputs": list(inputs), "outputs": [o.name for o in graph.output], "cache_inputs": caches,
+        "num_layers": len(caches) // 2, "num_kv_heads": cache_dims[1], "head_dim": cache_dims[3],
+        "graph_capacity": cache_dims[2] if isinstance(cache_dims[2], int) else None,
+        "dtype": DTYPE_NAMES.get(elem, str(elem)), "vocab_size": vocab if isinstance(vocab, int) else None,
+        "nodes": nodes,
+    }
+    return plan, arrays
+
+
+def prune(plan: dict) -> None:
+    """Drop the nodes no graph output depends on (the rewriter leaves none today; a hand-edited graph may)."""
+    needed = set(plan["outputs"])
+    kept = []
+    for node in reversed(plan["nodes"]):
+        if any(name in needed for name in node["outputs"]):
+            kept.append(node)
+            needed.update(name for name in node["inputs"] if name)
+    plan["nodes"] = kept[::-1]
+
+
+def check_ops(plan: dict) -> None:
+    from fdpp_rewrite.engine.backends import FDPP_OPS
+
+    unknown = sorted({(n["domain"] + "::" if n["domain"] else "") + n["op"] for n in plan["nodes"]
+                      if (n["domain"] == "fdpp" and n["op"] not in FDPP_OPS)
+                      or (n["domain"] not in ("fdpp",) and n["op"] not in ops.SUPPORTED)})
+    if unknown:
+        raise FdppError(f"the graph uses ops the engine does not support: {', '.join(unknown)}")
+
+
+# ---- GEMM plans ---------------------------------------------------------------------------------------------
+
+def gemm_shapes(plan: dict, arrays: dict) -> dict:
+    """node name -> (n, k, dtype) of every FlatGemm."""
+    shapes = {}
+    for node in plan["nodes"]:
+        if node["domain"] == "fdpp" and node["op"] == "FlatGemm":
+            weight = arrays.get(node["inputs"][1])
+            if weight is None or weight.ndim != 2:
+                raise FdppError(f"FlatGemm {node['name']}: its weight '{node['inputs'][1]}' is not a 2-D initializer")
+            shapes[node["name"]] = (int(weight.shape[0]), int(weight.shape[1]), DTYPE_NAMES[_onnx_type(weight)])
+    return shapes
+
+
+def _onnx_type(array) -> int:
+    return {np.dtype(np.float32): 1, np.dtype(np.float16): 10}.get(array.dtype, 0)
+
+
+def _plan_of(choice: dict) -> dict:
+    return {"m1": int(choice["m1"]), "m2": int(choice["m2"]), "implb": dict(choice["implb"]),
+            "implc": choice.get("implc", "cublaslt")}
+
+
+def gpu_gemm_plans(shapes: dict, profile_path: Path | None, device: dict, stream=sys.stdout):
+    """node -> plan for this GPU, profiling (quick search) every shape the profile lacks. Returns (plans,
+    profile path used or None, the entries measured now)."""
+    from fdpp_rewrite import REPO_ROOT
+    from fdpp_rewrite.profile import gpu_slug
+
+    default = REPO_ROOT / "engines" / "profiles" / f"{gpu_slug(device['name'])}.json"
+    path = Path(profile_path) if profile_path else default
+    entries = {}
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("gpu") != device["name"]:
+            raise FdppError(f"profile {path} is for {data.get('gpu')}, this GPU is {device['name']}; pass --profile "
+                            "for this GPU or omit it to profile every shape here")
+        entries = {(int(e["n"]), int(e["k"]), e["dtype"]): _plan_of(e) for e in data["shapes"]}
+    elif profile_path:
+        raise FdppError(f"no profile at {path}; omit --profile to profile the shapes on this GPU")
+    missing = sorted({s for s in shapes.values() if s not in entries})
+    measured = []
+    if missing:
+        import time
+
+        from fdpp_rewrite.gpu.gemm_timing import Timer
+        from fdpp_rewrite.profile import profile_shape
+
+        timer = Timer(reps=10)
+        for index, (n, k, dtype) in enumerate(missing, 1):
+            started = time.perf_counter()
+            entry = profile_shape(n, k, dtype, timer, device, quick=True)
+            entries[(n, k, dtype)] = _plan_of(entry)
+            measured.append({key: entry[key] for key in ("n", "k", "dtype", "m1", "m2", "implb", "implc")})
+            print(f"profiled GEMM {index}/{len(missing)} [N={n}, K={k}] {dtype}: m1={entry['m1']} m2={entry['m2']} "
+                  f"({time.perf_counter() - started:.1f} s)", file=stream, flush=True)
+    return {name: entries[shape] for name, shape in shapes.items()}, (path if path.is_file() else None), measured
+
+
+def node_gemm_plans(plan: dict) -> dict:
+    """node -> the plan the rewriter stamped on it (the cpu backend records these; it runs no kernel)."""
+    plans = {}
+    for node in plan["nodes"]:
+        if node["domain"] == "fdpp" and node["op"] == "FlatGemm":
+            a = node["attrs"]
+            plans[node["name"]] = {"m1": a["m1"], "m2": a["m2"], "implc": a.get("implc", "cublaslt"),
+                                   "implb": {"n_tile": a.get("implb_n_tile", 64), "k_tile": a.get("implb_k_tile", 64),
+                                             "stages": a.get("implb_stages", 2), "split_k": a.get("implb_split_k", 1),
+                                             "loader": a.get("implb_loader", "tma")}}
+    return plans
+
+
+# ---- the device and the library -----------------------------------------------------------------------------
+
+def cuda_driver_version() -> str:
+    import ctypes
+
+    try:
+        version = ctypes.c_int(0)
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+        return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    except OSError:
+        return "unknown"
+
+
+def gpu_facts() -> dict:
+    import torch
+
+    from fdpp_rewrite.gpu import gemm
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    info = gemm.device_info()
+    return dict(info, name=props.name, cc=f"{props.major}.{props.minor}", driver=cuda_driver_version())
+
+
+def library_facts() -> dict | None:
+    """ABI version, path and sha256 of the plugin library, or None when it cannot be loaded."""
+    from fdpp_rewrite.gpu import lib
+
+    path = lib.library_path()
+    if not path.is_file():
+        return None
+    try:
+        abi = lib.load().fdpp_abi_version()
+    except FdppError:
+        return None
+    return {"path": str(path), "abi_version": abi, "sha256": sha256_file(path)}
+
+
+# ---- the command --------------------------------------------------------------------------------------------
+
+def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch: int = 8, max_seq: int | None = None,
+                 dtype: str | None = None, profile: Path | None = None, force: bool = False,
+                 stream=sys.stdout) -> dict:
+    """Build the engine folder (see the module docstring); returns the manifest."""
+    import torch
+
+    source, output = Path(source), Path(output)
+    if output.exists() and not force:
+        raise FdppError(f"{output} exists; pass --force to replace it")
+    if backend == "auto":
+        backend = "cuda" if torch.cuda.is_available() else "cpu"
+    if backend not in ("cuda", "cpu"):
+        raise FdppError(f"unknown backend {backend!r}; use cuda or cpu")
+    plan, arrays = read_graph(source)
+    if dtype and dtype != plan["dtype"]:
+        raise FdppError(f"{source} is {plan['dtype']}; export with --dtype {dtype} to build a {dtype} engine")
+    if backend == "cuda" and plan["dtype"] not in ("float16", "bfloat16"):
+        raise FdppError(f"{source} is {plan['dtype']}; the GPU kernels take float16 or bfloat16, re-export with "
+                        "--dtype float16")
+    max_seq = int(max_seq or plan["graph_capacity"] or 2048)
+    metadata = _export_metadata(source)
+    config = metadata.get("config") if metadata else None
+    limit = (config or {}).get("max_position")
+    if max_batch < 1 or max_seq < 2:
+        raise FdppError(f"--max-batch must be >= 1 and --max-seq >= 2 (got {max_batch} and {max_seq})")
+    if limit and max_seq > limit:
+        raise FdppError(f"--max-seq {max_seq} exceeds the model's {limit} positions; pass --max-seq {limit} or less")
+
+    prune(plan)
+    fused = {"rms_norm": fusion.fuse_rms_norm(plan, arrays), "rope_append": fusion.fuse_rope_append(plan, arrays)}
+    prune(plan)
+    check_ops(plan)
+    shapes = gemm_shapes(plan, arrays)
+    library = library_facts()
+    manifest = {
+        "format": "fdpp-engine", "format_version": FORMAT_VERSION, "fdpp_rewrite_version": __version__,
+        "backend": backend, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": str(source), "source_sha256": sha256_file(source), "dtype": plan["dtype"],
+        "max_batch": int(max_batch), "max_seq": max_seq, "num_layers": plan["num_layers"],
+        "library": library, "gpu": None, "profile": None, "profile_sha256": None, "gemm_shapes_profiled_now": [],
+        "fused": fused, "model": {"config": config, "source": (metadata or {}).get("source"),
+                                  "origin": (metadata or {}).get("origin")}, "tokenizer": None,
+    }
+    if backend == "cuda":
+        if library is None:
+            raise FdppError("the cuda backend needs the plugin library; build it (cmake) or set FDPP_PLUGIN_LIB")
+        device = gpu_facts()
+        manifest["gpu"] = {"name": device["name"], "compute_capability": device["cc"], "driver": device["driver"],
+                           "num_sms": device["num_sms"]}
+        plans, profile_used, measured = gpu_gemm_plans(shapes, profile, device, stream)
+        manifest["profile"] = str(profile_used) if profile_used else None
+        manifest["profile_sha256"] = sha256_file(profile_used) if profile_used else None
+        manifest["gemm_shapes_profiled_now"] = measured
+    else:
+        plans = node_gemm_plans(plan)
+    plan["gemm_plans"] = plans
+    plan["gemm_shapes"] = {name: list(shape) for name, shape in shapes.items()}
+    plan["host_values"] = sorted(name for name, a in arrays.items()
+                                 if a.size <= HOST_VALUE_MAX_ELEMENTS and a.dtype.kind in "iub")
+    plan["host_values"] += sorted(name for name, a in arrays.items()
+                                  if a.size <= HOST_VALUE_MAX_ELEMENTS and a.dtype.kind == "f"
+                                  and not _used_as_weight(plan, name))
+    _write_folder(output, manifest, plan, arrays, metadata, force)
+    return manifest
+
+
+def _used_as_weight(plan: dict, name: str) -> bool:
+    """Whether an initializer is a fdpp op's weight (kept on the device even when small)."""
+    return any(node["domain"] == "fdpp" and name in node["inputs"] for node in plan["nodes"])
+
+
+def _export_metadata(source: Path) -> dict | None:
+    from fdpp_rewrite.export import read_metadata
+
+    try:
+        return read_metadata(source)
+    except FdppError:
+        return None
+
+
+def _write_folder(output: Path, manifest: dict, plan: dict, arrays: dict, metadata: dict | None, force: bool):
+    from safetensors.numpy import save_file
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        used = {name for node in plan["nodes"] for name in node["inputs"]}
+        tensors = {name: np.ascontiguousarray(a) for name, a in arrays.items() if name in used}
+        for name, a in tensors.items():
+            if a.ndim == 0:
+                tensors[name] = a.reshape(1)
+        plan["scalar_values"] = sorted(name for name, a in arrays.items() if name in used and a.ndim == 0)
+        save_file(tensors, str(tmp / "weights.safetensors"))
+        if metadata and metadata.get("tokenizer"):
+            fields = dict(metadata["tokenizer"])
+            shutil.copyfile(Path(metadata["_directory"]) / fields["file"], tmp / "tokenizer.json")
+            fields["file"] = "tokenizer.json"
+            manifest["tokenizer"] = fields
+        manifest["weights_sha256"] = sha256_file(tmp / "weights.safetensors")
+        (tmp / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        if output.exists():
+            if not force:
+                raise FdppError(f"{output} exists; pass --force to replace it")
+            old = output.with_name(f".{output.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(output, old)
+            os.replace(tmp, output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

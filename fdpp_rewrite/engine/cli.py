@@ -1,0 +1,174 @@
+"""The engine's subcommands, `build`, `run` and `bench`, for the package CLI: `add_parsers(subparsers)` registers
+them (each with a `_module` default whose `run(args)` the CLI calls, as for every other command). Importing this
+module is cheap: torch and the engine load only when a command runs."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from fdpp_rewrite.errors import FdppError
+
+HELP = {
+    "build": "build a rewritten graph into an engine folder for this GPU (or --backend cpu)",
+    "run": "generate text with an engine (streams tokens; greedy unless --temperature)",
+    "bench": "decode tokens/s, ms per step, first-token time, percent of the memory roofline and kernels per layer",
+}
+
+
+def add_build_arguments(parser) -> None:
+    parser.add_argument("model", type=Path, help="the rewritten graph (model.fdpp.onnx from `rewrite`)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the engine folder to write")
+    parser.add_argument("--max-batch", type=int, default=8, help="most sequences decoded together (default 8)")
+    parser.add_argument("--max-seq", type=int, help="longest sequence, prompt + new tokens (default: the graph's "
+                                                    "cache capacity)")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
+                        help="check the graph has this dtype (the engine keeps the graph's)")
+    parser.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="cuda (this GPU's kernels), cpu (the reference ops), auto: cuda when a GPU is visible")
+    parser.add_argument("--profile", type=Path, help="GEMM profile (default engines/profiles/<gpu>.json); shapes it "
+                                                     "lacks are profiled during the build")
+    parser.add_argument("--force", action="store_true", help="replace the engine folder if it exists")
+
+
+def add_run_arguments(parser) -> None:
+    parser.add_argument("engine", type=Path, help="an engine folder written by `build`")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the prompt (or, with --chat, the user message)")
+    source.add_argument("--prompts-file", type=Path, help="a file of prompts, one per line, decoded as one batch")
+    source.add_argument("--token-ids", help="a prompt as comma-separated token ids (engines without a tokenizer)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set with this mass")
+    parser.add_argument("--seed", type=int, help="seed of the sampler")
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    parser.add_argument("--system", help="a system message for --chat")
+    parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
+
+
+def add_bench_arguments(parser) -> None:
+    parser.add_argument("engine", type=Path, help="an engine folder written by `build`")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes (default 1)")
+    parser.add_argument("--context", type=int, nargs="+", default=[128], help="prompt lengths (default 128)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per sequence (default 128)")
+    parser.add_argument("--stream-gib", type=float, default=2.0, help="GiB of the streaming read that sets the "
+                                                                      "roofline (default 2)")
+    parser.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
+    parser.add_argument("--kernels", nargs="+", choices=["fdpp", "torch"], default=["fdpp"],
+                        help="fdpp: this project's kernels; torch: the stock baseline (cuBLAS GEMMs with unfused "
+                             "epilogues, SDPA attention; same graph, norms, RoPE, CUDA graphs). Both: the ratios")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
+
+
+def run_build(args) -> int:
+    from fdpp_rewrite.engine.build import build_engine
+
+    manifest = build_engine(args.model, args.output, backend=args.backend, max_batch=args.max_batch,
+                            max_seq=args.max_seq, dtype=args.dtype, profile=args.profile, force=args.force)
+    gpu = manifest["gpu"]["name"] if manifest["gpu"] else "cpu"
+    print(f"wrote {args.output} ({manifest['backend']} backend, {gpu}, {manifest['dtype']}, max batch "
+          f"{manifest['max_batch']}, max seq {manifest['max_seq']}, {manifest['fused']['rms_norm']} RMSNorm chains and "
+          f"{manifest['fused']['rope_append']} RoPE + cache writes fused, "
+          f"{len(manifest['gemm_shapes_profiled_now'])} GEMM shapes profiled now)")
+    return 0
+
+
+def _tokenizer(engine):
+    from fdpp_rewrite.tokenizer import Tokenizer
+
+    fields = engine.manifest.get("tokenizer")
+    return Tokenizer.load(engine.folder, fields) if fields else None
+
+
+def run_run(args) -> int:
+    from fdpp_rewrite.engine.runtime import Engine, Sampler
+
+    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
+    engine = Engine(args.engine, backend=args.backend)
+    tokenizer = _tokenizer(engine)
+    if args.token_ids is not None:
+        try:
+            prompts = [[int(t) for t in args.token_ids.split(",") if t.strip()]]
+        except ValueError:
+            raise FdppError(f"--token-ids must be comma-separated integers, got {args.token_ids!r}") from None
+    else:
+        if tokenizer is None:
+            raise FdppError(f"{args.engine} has no tokenizer (a random-init export); pass --token-ids 1,2,3")
+        texts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
+        if args.chat:
+            texts = [tokenizer.apply_chat_template(
+                ([{"role": "system", "content": args.system}] if args.system else [])
+                + [{"role": "user", "content": text}]) for text in texts]
+        prompts = [tokenizer.encode(text) for text in texts]
+    stop = {tokenizer.eos_id} if tokenizer is not None and tokenizer.eos_id is not None else set()
+    streamer = _Streamer(tokenizer) if len(prompts) == 1 else None
+    result = engine.generate(prompts, args.max_new_tokens, sampler, stop, on_tokens=streamer)
+    if streamer is not None:
+        streamer.finish(result.tokens[0])
+    else:
+        for index, ids in enumerate(result.tokens):
+            text = tokenizer.decode(ids) if tokenizer is not None else ",".join(map(str, ids))
+            print(f"[{index}] {text}")
+    produced = sum(len(t) for t in result.tokens)
+    decode_s = sum(result.step_s)
+    rate = f", {len(result.step_s) * len(prompts) / decode_s:.1f} tokens/s decode" if decode_s else ""
+    print(f"[{produced} tokens; first token {result.first_token_s * 1e3:.1f} ms{rate}; {engine.backend.name} backend]",
+          file=sys.stderr)
+    return 0
+
+
+def _read_prompts(path: Path) -> list:
+    if not path.is_file():
+        raise FdppError(f"no prompts file at {path}")
+    prompts = [line.rstrip("\n") for line in path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise FdppError(f"{path} has no prompts (one per line)")
+    return prompts
+
+
+class _Streamer:
+    """Prints a single sequence's text as its tokens arrive (the decoded text's new suffix each step)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.printed = tokenizer, [], ""
+
+    def __call__(self, tokens, done):
+        if done[0]:
+            return
+        self.ids.append(tokens[0])
+        if self.tokenizer is None:
+            print(("," if len(self.ids) > 1 else "") + str(tokens[0]), end="", flush=True)
+            return
+        text = self.tokenizer.decode(self.ids)
+        if text.startswith(self.printed) and not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
+            print(text[len(self.printed):], end="", flush=True)
+            self.printed = text
+
+    def finish(self, ids):
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(ids)
+            print(text[len(self.printed):] if text.startswith(self.printed) else "", end="")
+        print(flush=True)
+
+
+def run_bench(args) -> int:
+    from fdpp_rewrite.engine.bench import bench_command
+
+    command = " ".join(shlex.quote(a) for a in getattr(sys, "orig_argv", sys.argv))  # as typed, interpreter first
+    return bench_command(args, command)
+
+
+COMMANDS = {"build": (add_build_arguments, run_build), "run": (add_run_arguments, run_run),
+            "bench": (add_bench_arguments, run_bench)}
+
+
+def add_parsers(subparsers) -> None:
+    """Register build, run and bench on an argparse subparsers object."""
+    for name, (add_arguments, run) in COMMANDS.items():
+        parser = subparsers.add_parser(name, help=HELP[name], description=HELP[name])
+        add_arguments(parser)
+        parser.set_defaults(_module=SimpleNamespace(run=run))

@@ -1,0 +1,337 @@
+"""The engine runtime: load an engine folder, own the KV cache, prefill, decode with CUDA graphs, sample.
+
+    engine = Engine.load("engines/smollm2")                 # checks format, GPU and library build
+    result = engine.generate([ids_a, ids_b], max_new_tokens=32, sampler=Sampler())
+    result.tokens                                           # the new ids of each sequence (stop id excluded)
+
+Sequence b lives in cache slot b; its length is past_len[b] on the GPU (and mirrored on the host, where it is
+known without a readback: prompt length + steps). A decode step feeds the graph the views
+cache[:Bb, :, :Lb] of its bucket (see the package docstring); the first step of a bucket is traced (and is the
+step itself), then the bucket's Program is captured once into a CUDA graph whose static inputs are the token and
+past_len buffers, and every later step of that bucket is one replay. The only host synchronization of a step is
+reading the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from fdpp_rewrite.engine import FORMAT_VERSION
+from fdpp_rewrite.engine.interpreter import prepare_nodes, trace
+from fdpp_rewrite.errors import FdppError
+
+MIN_KV_BUCKET = 128
+MIN_PREFILL_BUCKET = 16
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, ... below max_batch, then max_batch. Example: max_batch 12 -> [1, 2, 4, 8, 12]."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_batch]
+
+
+def kv_buckets(max_seq: int) -> list[int]:
+    """128, 256, ... below max_seq, then max_seq. Example: max_seq 1000 -> [128, 256, 512, 1000]."""
+    sizes, length = [], MIN_KV_BUCKET
+    while length < max_seq:
+        sizes.append(length)
+        length *= 2
+    return sizes + [max_seq]
+
+
+def prefill_buckets(max_seq: int) -> list[int]:
+    """Prompt lengths a prefill is padded to: 16, 32, ... below max_seq, then max_seq."""
+    sizes, length = [], MIN_PREFILL_BUCKET
+    while length < max_seq:
+        sizes.append(length)
+        length *= 2
+    return sizes + [max_seq]
+
+
+def pick(value: int, buckets: list[int]) -> int:
+    return next(b for b in buckets if b >= value)
+
+
+def read_manifest(folder: Path) -> dict:
+    folder = Path(folder)
+    path = folder / "manifest.json"
+    if not folder.is_dir() or not path.is_file():
+        raise FdppError(f"{folder} is not an engine folder (no manifest.json); build one with `build model.fdpp.onnx "
+                        f"-o {folder}`")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise FdppError(f"{path} is not valid JSON (a truncated engine?); rebuild the engine") from None
+    if manifest.get("format") != "fdpp-engine" or not isinstance(manifest.get("format_version"), int):
+        raise FdppError(f"{path} is not an fdpp engine manifest; rebuild the engine")
+    if manifest["format_version"] > FORMAT_VERSION:
+        raise FdppError(f"{folder} has engine format {manifest['format_version']}, newer than this fdpp_rewrite "
+                        f"reads ({FORMAT_VERSION}); update fdpp_rewrite or rebuild the engine with this version")
+    for name in ("plan.json", "weights.safetensors"):
+        if not (folder / name).is_file():
+            raise FdppError(f"{folder} lacks {name} (a truncated engine?); rebuild the engine")
+    return manifest
+
+
+def check_device(manifest: dict, folder: Path) -> None:
+    """A cuda engine runs only on the GPU model and the plugin library build it was built with."""
+    from fdpp_rewrite.engine.build import gpu_facts, library_facts
+    from fdpp_rewrite.errors import require_gpu
+
+    if manifest["backend"] != "cuda":
+        raise FdppError(f"{folder} was built for the cpu backend; build it on the GPU (build --backend cuda) or "
+                        "run it with --backend cpu")
+    require_gpu("running a cuda engine")
+    device, built = gpu_facts(), manifest["gpu"]
+    if device["name"] != built["name"] or device["cc"] != built["compute_capability"]:
+        raise FdppError(f"{folder} was built for {built['name']} (compute capability {built['compute_capability']}), "
+                        f"this GPU is {device['name']} ({device['cc']}); rebuild the engine on this GPU")
+    library = library_facts()
+    if library is None or library["sha256"] != manifest["library"]["sha256"]:
+        found = "no loadable plugin library" if library is None else f"library {library['path']}"
+        raise FdppError(f"{folder} was built with another plugin library build ({found} differs from the one in "
+                        "its manifest); rebuild the engine with this library")
+
+
+class Sampler:
+    """Greedy (temperature 0) or sampled with temperature, top-k and top-p from a seeded generator."""
+
+    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None):
+        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise FdppError(f"sampling needs temperature >= 0, top-k >= 0 and 0 < top-p <= 1 (got {temperature}, "
+                            f"{top_k}, {top_p})")
+        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
+        self.generator = None
+
+    def __call__(self, logits):
+        """logits [B, V] -> token ids [B] (int64, on logits' device)."""
+        if self.temperature == 0:
+            return logits.argmax(dim=-1)
+        if self.generator is None or self.generator.device != logits.device:
+            self.generator = torch.Generator(device=logits.device)
+            self.generator.manual_seed(self.seed if self.seed is not None else torch.seed())
+        scores = logits.float() / self.temperature
+        if self.top_k:
+            kth = torch.topk(scores, min(self.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p < 1:
+            ordered, order = torch.sort(scores, dim=-1, descending=True)
+            probs = torch.softmax(ordered, dim=-1)
+            drop = probs.cumsum(-1) - probs > self.top_p  # keep the smallest prefix whose mass reaches top_p
+            scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+
+
+@dataclass
+class GenerateResult:
+    tokens: list                      # new ids per sequence, the stop id excluded
+    first_token_s: float = 0.0        # prefill of every prompt + the first sampled tokens
+    step_s: list = field(default_factory=list)  # wall seconds of each decode step (sampling and readback included)
+
+
+class Engine:
+    def __init__(self, folder, backend: str | None = None, use_graphs: bool = True, softmax: str = "unified",
+                 baseline: bool = False):
+        from safetensors.torch import load_file
+
+        from fdpp_rewrite.engine.backends import CpuBackend, CudaBackend
+
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        backend = backend or self.manifest["backend"]
+        if backend == "cuda":
+            check_device(self.manifest, self.folder)
+        elif backend != "cpu":
+            raise FdppError(f"unknown backend {backend!r}; use cuda or cpu")
+        try:
+            self.plan = json.loads((self.folder / "plan.json").read_text())
+        except json.JSONDecodeError:
+            raise FdppError(f"{self.folder}/plan.json is not valid JSON (a truncated engine?); rebuild it") from None
+        if backend == "cuda":
+            self.backend = CudaBackend(self.plan["gemm_plans"], softmax, baseline=baseline)
+        else:
+            self.backend = CpuBackend(baseline=baseline)
+        device = self.backend.device
+        try:
+            tensors = load_file(str(self.folder / "weights.safetensors"), device="cpu")
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error for a truncated file
+            raise FdppError(f"cannot read {self.folder}/weights.safetensors ({exc}); rebuild the engine") from None
+        for name in self.plan.get("scalar_values", []):
+            tensors[name] = tensors[name].reshape(())
+        host_names = set(self.plan["host_values"])
+        self.host_values = {name: t for name, t in tensors.items() if name in host_names}
+        self.weights = {name: t.to(device) for name, t in tensors.items() if name not in host_names}
+        del tensors
+        self.nodes = prepare_nodes(self.plan["nodes"])
+        self.dtype = TORCH_DTYPES[self.plan["dtype"]]
+        self.max_batch, self.max_seq = self.manifest["max_batch"], self.manifest["max_seq"]
+        self.num_layers = self.plan["num_layers"]
+        self.vocab_size = self.plan["vocab_size"]
+        shape = (self.max_batch, self.plan["num_kv_heads"], self.max_seq, self.plan["head_dim"])
+        self.cache_names = self.plan["cache_inputs"]
+        self.caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in self.cache_names]
+        self.past_len = torch.zeros(self.max_batch, dtype=torch.int64, device=device)
+        self.step_ids = torch.zeros(self.max_batch, 1, dtype=torch.int64, device=device)
+        self.lengths = [0] * self.max_batch
+        self.active = 0
+        self.batch_buckets, self.kv_buckets = batch_buckets(self.max_batch), kv_buckets(self.max_seq)
+        self.prefill_buckets = prefill_buckets(self.max_seq)
+        self.programs = {}   # ((batch, seq), kv_len) -> Program, for decode and prefill buckets
+        self.use_graphs = use_graphs and backend == "cuda"
+        self.graphs = {}     # (batch bucket, kv bucket) -> (CUDAGraph, logits tensor it writes)
+        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+
+    @classmethod
+    def load(cls, folder, **options) -> "Engine":
+        return cls(folder, **options)
+
+    @property
+    def device(self):
+        return self.backend.device
+
+    # -- one forward pass ----------------------------------------------------------------------------------------
+
+    def feeds(self, input_ids, past_len, slots: slice, kv_len: int) -> dict:
+        feeds = {"input_ids": input_ids, "past_len": past_len}
+        for name, cache in zip(self.cache_names, self.caches):
+            feeds[name] = cache[slots, :, :kv_len]
+        return feeds
+
+    def forward(self, feeds: dict, cache_program: bool):
+        """logits for these feeds: a traced Program of the same shapes when there is one, else a trace."""
+        key = (tuple(feeds["input_ids"].shape), feeds[self.cache_names[0]].shape[2])
+        program = self.programs.get(key)
+        if program is not None:
+            return program.run(feeds)["logits"]
+        outputs, program = trace(self.nodes, ["logits"], feeds, self.weights, self.host_values, self.backend)
+        if cache_program:
+            self.programs[key] = program
+        return outputs["logits"]
+
+    def reset(self) -> None:
+        self.past_len.zero_()
+        self.step_ids.zero_()
+        self.lengths = [0] * self.max_batch
+        self.active = 0
+
+    def prefill(self, slot: int, ids: list[int]):
+        """Run a prompt into cache slot `slot` (batch 1); returns the last prompt position's logits [V].
+
+        The prompt is right-padded (token 0) to its prefill bucket, so every prompt length of a bucket replays one
+        traced Program. Exact: attention is causal, so the padding changes no prompt position, and the cache rows
+        it writes past the prompt are masked (past_len) until the decode step of each position overwrites them.
+        Example: 100 tokens run as 128; logits come from position 99; rows 100..127 are rewritten by steps 1..28."""
+        seq = len(ids)
+        padded = pick(seq, self.prefill_buckets)
+        kv_len = pick(padded, self.kv_buckets)
+        input_ids = torch.zeros(1, padded, dtype=torch.int64)
+        input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
+        input_ids = input_ids.to(self.device)
+        past = torch.zeros(1, dtype=torch.int64, device=self.device)
+        logits = self.forward(self.feeds(input_ids, past, slice(slot, slot + 1), kv_len), cache_program=True)
+        self.past_len[slot] = seq
+        self.lengths[slot] = seq
+        return logits[0, seq - 1]
+
+    def decode_buckets(self, batch: int) -> tuple[int, int]:
+        longest = max(self.lengths[:batch]) + 1  # the new token's position must be inside the view
+        if longest > self.max_seq:
+            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
+                            "--max-seq")
+        return pick(batch, self.batch_buckets), pick(longest, self.kv_buckets)
+
+    def decode(self, tokens):
+        """One decode step of the active sequences with tokens [B] (device int64); returns logits [B, V]."""
+        batch = self.active
+        bucket_batch, kv_len = self.decode_buckets(batch)
+        self.step_ids[:batch, 0].copy_(tokens)
+        key = (bucket_batch, kv_len)
+        if key in self.graphs:
+            graph, logits = self.graphs[key]
+            graph.replay()
+        else:
+            feeds = self.feeds(self.step_ids[:bucket_batch], self.past_len[:bucket_batch], slice(0, bucket_batch),
+                               kv_len)
+            logits = self.forward(feeds, cache_program=True)  # the first step of a bucket: traced eagerly
+            if self.use_graphs:
+                self.capture(key, feeds)
+        self.past_len[:batch] += 1
+        for b in range(batch):
+            self.lengths[b] += 1
+        return logits[:batch, -1]
+
+    def capture(self, key, feeds) -> None:
+        """Record the bucket's Program into a CUDA graph (recording runs nothing: the step already ran)."""
+        program = self.programs[(tuple(feeds["input_ids"].shape), feeds[self.cache_names[0]].shape[2])]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = program.run(feeds)["logits"]
+        self.graphs[key] = (graph, logits)
+
+    # -- generation ----------------------------------------------------------------------------------------------
+
+    def check_request(self, prompts: list, max_new_tokens: int) -> None:
+        if not prompts:
+            raise FdppError("no prompts given; pass at least one prompt")
+        if len(prompts) > self.max_batch:
+            raise FdppError(f"{len(prompts)} prompts exceed the engine's max batch of {self.max_batch}; pass fewer "
+                            f"prompts or rebuild with --max-batch {len(prompts)}")
+        if max_new_tokens < 1:
+            raise FdppError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+        for index, ids in enumerate(prompts):
+            if not ids:
+                raise FdppError(f"prompt {index} is empty after tokenization; pass a non-empty prompt")
+            if len(ids) + max_new_tokens > self.max_seq:
+                raise FdppError(f"prompt {index} ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the engine's "
+                                f"max sequence of {self.max_seq}; shorten the prompt, lower --max-new-tokens or "
+                                "rebuild with a larger --max-seq")
+            if self.vocab_size and (min(ids) < 0 or max(ids) >= self.vocab_size):
+                raise FdppError(f"prompt {index} has token ids outside the vocabulary [0, {self.vocab_size}); "
+                                "use the engine's tokenizer")
+
+    def generate(self, prompts: list, max_new_tokens: int, sampler: Sampler | None = None, stop_ids=(),
+                 on_tokens=None) -> GenerateResult:
+        """Prefill every prompt into its slot, then decode them together. on_tokens(step tokens [B], done [B])
+        is called after every step (for streaming)."""
+        self.check_request(prompts, max_new_tokens)
+        sampler = sampler or Sampler()
+        stop_ids = set(stop_ids)
+        self.reset()
+        started = time.perf_counter()
+        logits = torch.stack([self.prefill(slot, list(ids)) for slot, ids in enumerate(prompts)])
+        self.active = len(prompts)
+        result = GenerateResult(tokens=[[] for _ in prompts])
+        done = [False] * len(prompts)
+        step_started = None
+        for step in range(max_new_tokens):
+            tokens = sampler(logits)
+            values = tokens.tolist()  # the step's one synchronization
+            now = time.perf_counter()
+            if step_started is None:
+                result.first_token_s = now - started
+            else:
+                result.step_s.append(now - step_started)
+            for b, token in enumerate(values):
+                if done[b]:
+                    continue
+                if token in stop_ids:
+                    done[b] = True
+                else:
+                    result.tokens[b].append(token)
+            if on_tokens is not None:
+                on_tokens(values, done)
+            if all(done) or step == max_new_tokens - 1:
+                break
+            step_started = time.perf_counter()
+            logits = self.decode(tokens)
+        return result

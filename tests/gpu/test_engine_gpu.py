@@ -1,0 +1,130 @@
+"""The engine on the GPU (cuda backend, fp16): CUDA-graph replay against eager runs of the same Programs, KV and
+batch bucket switches, per-sequence lengths, the cache written in place, and the tokens and logits against the
+cpu backend on the same graph. The model: smollm2-135m's shapes (every GEMM shape is in engines/profiles/h200.json,
+so the build profiles nothing), 2 layers, random weights."""
+
+import io
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = [5, 17, 42, 8, 99, 3, 250, 11, 1000, 4096, 77, 12]
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    from fdpp_rewrite.engine.build import build_engine
+    from fdpp_rewrite.export import export_model
+    from fdpp_rewrite.rewrite import rewrite_file
+
+    folder = tmp_path_factory.mktemp("gpu_engine")
+    onnx_path = folder / "model.onnx"
+    export_model("smollm2-135m", onnx_path, dtype="float16", max_cache=384, num_layers=2, random_init=True,
+                 progress=False)
+    rewritten = rewrite_file(onnx_path, stream=io.StringIO())
+    out = folder / "engine"
+    manifest = build_engine(rewritten, out, backend="cuda", max_batch=4, max_seq=384, stream=io.StringIO())
+    assert manifest["gemm_shapes_profiled_now"] == []  # every shape came from the profile
+    assert manifest["fused"] == {"rms_norm": 5, "rope_append": 2}  # the rope_append kernel serves both layers
+    return out
+
+
+def _engine(engine_dir, **options):
+    from fdpp_rewrite.engine.runtime import Engine
+
+    return Engine(engine_dir, **options)
+
+
+def _greedy_with_logits(engine, prompts, steps):
+    import torch
+
+    from fdpp_rewrite.engine.runtime import Sampler
+
+    captured, sampler = [], Sampler()
+
+    def record(logits):
+        captured.append(logits.float().cpu())
+        return sampler(logits)
+
+    tokens = engine.generate(prompts, steps, sampler=record).tokens
+    return tokens, torch.stack(captured)
+
+
+def test_graph_replay_equals_eager(engine_dir):
+    import torch
+
+    graphs, eager = _engine(engine_dir), _engine(engine_dir, use_graphs=False)
+    a_tokens, a_logits = _greedy_with_logits(graphs, [PROMPT], 12)
+    b_tokens, b_logits = _greedy_with_logits(eager, [PROMPT], 12)
+    assert graphs.graphs and not eager.graphs
+    assert a_tokens == b_tokens
+    assert torch.equal(a_logits, b_logits)  # the same kernels on the same inputs: bit for bit
+
+
+def test_kv_and_batch_bucket_switches(engine_dir):
+    import torch
+
+    graphs, eager = _engine(engine_dir), _engine(engine_dir, use_graphs=False)
+    prompts = [(PROMPT * 11)[:120], PROMPT[:5], PROMPT]  # crosses KV 128 -> 256; batch 3 runs bucket 4
+    a_tokens, a_logits = _greedy_with_logits(graphs, prompts, 16)
+    b_tokens, b_logits = _greedy_with_logits(eager, prompts, 16)
+    assert {key for key in graphs.graphs} == {(4, 128), (4, 256)}
+    assert a_tokens == b_tokens and torch.equal(a_logits, b_logits)
+
+
+def test_per_sequence_lengths_equal_each_alone(engine_dir):
+    engine = _engine(engine_dir)
+    prompts = [PROMPT[:3], PROMPT, (PROMPT * 4)[:40]]
+    together, together_logits = _greedy_with_logits(engine, prompts, 8)
+    for index, prompt in enumerate(prompts):
+        alone, alone_logits = _greedy_with_logits(engine, [prompt], 8)
+        assert alone[0] == together[index]
+        # batch 1 and batch 4 may take different GEMM paths (ImplA / ImplB): fp16 rounding only
+        assert (alone_logits[:, 0] - together_logits[:, index]).abs().max() < 0.05
+
+
+def test_cache_written_in_place_and_never_copied(engine_dir):
+    import torch
+
+    engine = _engine(engine_dir)
+    pointers = [cache.data_ptr() for cache in engine.caches]
+    engine.generate([PROMPT], 6)
+    torch.cuda.synchronize()
+    assert [cache.data_ptr() for cache in engine.caches] == pointers
+    rows = engine.caches[0][0, :, : len(PROMPT) + 5].float().abs().sum(-1)
+    assert bool((rows > 0).all())
+    last = max(len(PROMPT) + 5, engine.prefill_buckets[0])  # the decode rows, or the prefill's padding rows
+    assert float(engine.caches[0][0, :, last:].float().abs().sum()) == 0.0
+
+
+def test_tokens_and_logits_equal_the_cpu_backend(engine_dir):
+    cuda, cpu = _engine(engine_dir), _engine(engine_dir, backend="cpu")
+    a_tokens, a_logits = _greedy_with_logits(cuda, [PROMPT], 6)
+    b_tokens, b_logits = _greedy_with_logits(cpu, [PROMPT], 6)
+    # fp16 on both sides, with different accumulation orders: compare the first steps' logits within a
+    # tolerance, and the tokens up to the first step where the cpu backend's top two are within it
+    diff = (a_logits - b_logits).abs().max().item()
+    assert diff < 0.1, diff
+    top2 = b_logits[:, 0].topk(2, dim=-1).values
+    margin_ok = (top2[:, 0] - top2[:, 1]) > 0.2
+    agree = next((i for i, ok in enumerate(margin_ok.tolist()) if not ok), len(a_tokens[0]))
+    assert a_tokens[0][:agree] == b_tokens[0][:agree]
+
+
+def test_stock_torch_baseline_computes_the_same_model(engine_dir):
+    """baseline=True (cuBLAS GEMMs, SDPA over the cache view) against this project's kernels: fp16 rounding only."""
+    ours_tokens, ours = _greedy_with_logits(_engine(engine_dir), [PROMPT, PROMPT[:5]], 6)
+    theirs_tokens, theirs = _greedy_with_logits(_engine(engine_dir, baseline=True), [PROMPT, PROMPT[:5]], 6)
+    assert (ours[0] - theirs[0]).abs().max().item() < 0.1  # the prefill logits of both sequences
+    assert ours_tokens[0][:2] == theirs_tokens[0][:2]
+
+
+def test_kernel_launches_are_counted(engine_dir):
+    from fdpp_rewrite.engine.bench import count_kernels
+
+    engine = _engine(engine_dir)
+    engine.generate([PROMPT], 4)
+    engine.active = 1
+    counts = count_kernels(engine, 1)
+    assert counts["eager"] > 0 and counts.get("graph", counts["eager"]) > 0
