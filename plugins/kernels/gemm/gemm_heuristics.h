@@ -276,13 +276,14 @@ inline ImplBConfig default_implb_config(int64_t n, int64_t k, bool silu_mul, int
   return c;
 }
 
-// The plan for a shape with no profile: ImplB from M = 1 up to 8 (one batch block: where it streams the weight
-// as fast as the libraries do on the H200, and where the paper's padding argument is strongest), cuBLASLt
-// above. Never ImplA: without a measurement we do not know where its CUDA-core arithmetic stops keeping up.
+// The plan for a shape with no profile, from the FlatGemm contract's unprofiled_default (m1 0, m2 8, cuBLASLt):
+// ImplB from M = 1 up to 8 (one batch block: where it streams the weight as fast as the libraries do on the H200,
+// and where the paper's padding argument is strongest), cuBLASLt above. Never ImplA: without a measurement we do
+// not know where its CUDA-core arithmetic stops keeping up.
 inline Plan default_plan(int64_t n, int64_t k, bool silu_mul, int num_sms, int cc_major) {
   Plan p{};
-  p.m1 = 0;
-  p.m2 = 8;
+  p.m1 = contract::kUnprofiledM1;
+  p.m2 = contract::kUnprofiledM2;
   p.implb = default_implb_config(n, k, silu_mul, num_sms, cc_major);
   p.implc = static_cast<int32_t>(Impl::kCublasLt);
   return p;
