@@ -132,7 +132,7 @@ def _locate_cublaslt() -> None:
     else the one pip's nvidia-cublas (torch's dependency) installed, else whatever the dynamic linker finds. A
     library that cannot be loaded is not an error here: cublaslt_available() is then False, and a GEMM that needs
     cuBLASLt says why."""
-    path = None if os.environ.get("FDPP_CUBLASLT_LIBRARY") else _pip_cublaslt()
+    path = os.environ.get("FDPP_CUBLASLT_LIBRARY") or _pip_cublaslt()
     library().fdpp_gemm_load_cublaslt(path.encode() if path else None)
 
 

@@ -13,7 +13,7 @@ typedef enum fdpp_gemm_impl {
   FDPP_GEMM_AUTO = 0,            // by the plan: ImplA if M <= m1, ImplB if M <= m2, else plan.implc
   FDPP_GEMM_IMPLA = 1,           // GEMV on CUDA cores, M <= 8
   FDPP_GEMM_IMPLB = 2,           // flat GEMM on tensor cores (batch padded to 8), M <= 64
-  FDPP_GEMM_IMPLC_CUBLASLT = 3,  // cuBLASLt (dlopen'ed: fdpp_gemm_load_cublaslt, or FDPP_CUBLASLT_LIBRARY)
+  FDPP_GEMM_IMPLC_CUBLASLT = 3,  // cuBLASLt (dlopen'ed: a path given to fdpp_gemm_load_cublaslt, or by soname)
   FDPP_GEMM_IMPLC_CUTLASS = 4    // CUTLASS 2.x tensor-op GEMM, 64x128 tiles
 } fdpp_gemm_impl;
 
@@ -97,7 +97,7 @@ FDPP_API fdpp_status fdpp_gemm_prepare(const fdpp_gemm_args* args, const fdpp_ge
 FDPP_API fdpp_status fdpp_gemm_device_info(int32_t* num_sms, int32_t* cc_major, int32_t* cc_minor,
                                            int64_t* max_smem_optin);
 
-// Loads libcublasLt from `path` (NULL: $FDPP_CUBLASLT_LIBRARY, else the dynamic linker's search) unless one is
+// Loads libcublasLt from `path` (NULL: the dynamic linker's search by soname) unless one is
 // loaded already; call it before the first cuBLASLt GEMM. FDPP_ERR_UNSUPPORTED when it cannot be loaded.
 FDPP_API fdpp_status fdpp_gemm_load_cublaslt(const char* path);
 

@@ -12,7 +12,6 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -87,16 +86,15 @@ bool bind(void* lib, const char* name, F& fn, std::string& error) {
   return fn != nullptr;
 }
 
-// Opens libcublasLt: `path` when given, else $FDPP_CUBLASLT_LIBRARY (where a deployment keeps it), else the
-// dynamic linker's search by soname.
+// Opens libcublasLt: `path` when the caller gives one (fdpp_gemm_load_cublaslt), else the dynamic linker's search
+// by soname. The library reads no environment: the Python binding passes $FDPP_CUBLASLT_LIBRARY as the path.
 LtApi load_api(const char* path) {
   LtApi api;
   void* lib = nullptr;
   std::string tried;
-  const char* searched[] = {std::getenv("FDPP_CUBLASLT_LIBRARY"), "libcublasLt.so.13", "libcublasLt.so.12",
-                            "libcublasLt.so"};
+  const char* searched[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
   const char* const* names = searched;
-  int count = 4;
+  int count = 3;
   if (path != nullptr && *path != '\0') names = &path, count = 1;
   for (int i = 0; i < count; ++i) {
     const char* name = names[i];
@@ -107,8 +105,8 @@ LtApi load_api(const char* path) {
   }
   if (lib == nullptr) {
     api.error = "libcublasLt could not be loaded (tried " + tried +
-                "); pass its path to fdpp_gemm_load_cublaslt or set FDPP_CUBLASLT_LIBRARY (pip package "
-                "nvidia-cublas: nvidia/cublas/lib/)";
+                "); pass its path to fdpp_gemm_load_cublaslt (from Python: set FDPP_CUBLASLT_LIBRARY; pip "
+                "package nvidia-cublas: nvidia/cublas/lib/)";
     return api;
   }
   std::string& e = api.error;
