@@ -7,7 +7,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
-from rewrite_graphs import TinyConfig, attention_feeds, build_attention_graph, build_tiny_model, decode_feeds
+from rewrite_graphs import HEAD_DIM, TinyConfig, attention_feeds, build_attention_graph, build_tiny_model, decode_feeds
 
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.errors import FdppError
@@ -42,8 +42,8 @@ def test_causal_mask_becomes_past_len(layout, heads, kv_heads):
     (node,) = attention_nodes(rewritten)
     attrs = node_attributes(node)
     assert attrs["mask_mode"] == "past_len" and list(node.input)[1:] == ["key", "value", "past_len"]
-    assert (attrs["num_heads"], attrs["num_kv_heads"], attrs["head_dim"]) == (heads, kv_heads, 8)
-    assert attrs["scale"] == pytest.approx(1 / np.sqrt(8))
+    assert (attrs["num_heads"], attrs["num_kv_heads"], attrs["head_dim"]) == (heads, kv_heads, HEAD_DIM)
+    assert attrs["scale"] == pytest.approx(1 / np.sqrt(HEAD_DIM))
     assert (attrs["phi"], attrs["guard_lo"], attrs["guard_hi"]) == (0.0, -60.0, 10.0)
     assert report.replaced == {f"{layout}/past_len": 1}
     assert not any(n.op_type in ("Softmax", "Expand") for n in rewritten.graph.node)  # chain and repeat_kv gone
@@ -59,9 +59,9 @@ def test_chain_variants(options):
     rewritten, _ = rewrite_attention(model)
     (node,) = attention_nodes(rewritten)
     dtype = np.dtype(options.get("dtype", "float32"))
-    root8 = np.sqrt(8.0)
-    expected_scale = {"none": 1.0, "Div": 1.0 / float(root8.astype(dtype))}.get(options.get("scale_op"),
-                                                                             float((1.0 / root8).astype(dtype)))
+    root = np.sqrt(float(HEAD_DIM))
+    expected_scale = {"none": 1.0, "Div": 1.0 / float(root.astype(dtype))}.get(options.get("scale_op"),
+                                                                            float((1.0 / root).astype(dtype)))
     assert node_attributes(node)["scale"] == pytest.approx(expected_scale, rel=1e-6)  # the graph's own constant
     atol = 2e-3 if options.get("dtype") == "float16" else 2e-5
     assert_same_outputs(model, rewritten, attention_feeds(model), atol=atol)

@@ -101,7 +101,8 @@ def test_profile_for_another_model(monkeypatch, tiny_path, tmp_path, capsys):
          "implb": {"n_tile": 64, "k_tile": 64, "stages": 2, "split_k": 1}}]}))
     assert run_command(monkeypatch, "rewrite", str(tiny_path), "--profile", str(profile)) == 2
     err = capsys.readouterr().err
-    assert "has no entry for [32, 32] float32" in err and "a profile for another model?" in err
+    cfg = TinyConfig()  # the smallest shape first: the lm_head's [vocab, hidden]
+    assert f"has no entry for [{cfg.vocab}, {cfg.hidden}] float32" in err and "a profile for another model?" in err
     assert "python -m fdpp_rewrite profile" in err
 
 

@@ -201,17 +201,17 @@ def test_flat_gemm_errors():
 # --- running fdpp nodes in onnxruntime -----------------------------------------------------------------------
 
 def _fdpp_model(dtype, mode):
-    """x [2, 3, 16] -> FlatGemm(silu_mul, 64 -> 32) -> q [2, 4, 3, 8]; attention against k/v inputs; then
-    FlatGemm(bias, residual) [32 -> 32]."""
+    """x [2, 3, 16] -> FlatGemm(silu_mul, 512 -> 256) -> q [2, 4, 3, 64]; attention against k/v inputs; then
+    FlatGemm(bias, residual) [256 -> 256]."""
     np_dtype = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
     rng = np.random.default_rng(9)
-    w1 = numpy_helper.from_array((0.3 * rng.standard_normal((64, 16))).astype(np_dtype), "w1")
-    w2 = numpy_helper.from_array((0.2 * rng.standard_normal((32, 32))).astype(np_dtype), "w2")
-    b2 = numpy_helper.from_array(rng.standard_normal(32).astype(np_dtype), "b2")
-    shape = numpy_helper.from_array(np.array([2, 3, 4, 8], np.int64), "qshape")
-    back = numpy_helper.from_array(np.array([2, 3, 32], np.int64), "back")
+    w1 = numpy_helper.from_array((0.3 * rng.standard_normal((512, 16))).astype(np_dtype), "w1")
+    w2 = numpy_helper.from_array((0.1 * rng.standard_normal((256, 256))).astype(np_dtype), "w2")
+    b2 = numpy_helper.from_array(rng.standard_normal(256).astype(np_dtype), "b2")
+    shape = numpy_helper.from_array(np.array([2, 3, 4, 64], np.int64), "qshape")
+    back = numpy_helper.from_array(np.array([2, 3, 256], np.int64), "back")
     attn_attrs = dict(scale=0.35, phi=0.0, guard_lo=-60.0, guard_hi=10.0, mask_mode=mode, num_heads=4,
-                      num_kv_heads=2, head_dim=8)
+                      num_kv_heads=2, head_dim=64)
     fourth = {"past_len": ["past_len"], "bias": ["bias"], "none": []}[mode]
     nodes = [
         helper.make_node("FlatGemm", ["x", "w1"], ["h"], domain="fdpp", name="up", epilogue="silu_mul", m1=1, m2=16),
@@ -225,13 +225,13 @@ def _fdpp_model(dtype, mode):
                          epilogue="residual", has_bias=1, m1=4, m2=16),
     ]
     inputs = [helper.make_tensor_value_info("x", dtype, [2, 3, 16]),
-              helper.make_tensor_value_info("k", dtype, [2, 2, 11, 8]),
-              helper.make_tensor_value_info("v", dtype, [2, 2, 11, 8])]
+              helper.make_tensor_value_info("k", dtype, [2, 2, 11, 64]),
+              helper.make_tensor_value_info("v", dtype, [2, 2, 11, 64])]
     if mode == "past_len":
         inputs.append(helper.make_tensor_value_info("past_len", TensorProto.INT64, [2]))
     if mode == "bias":
         inputs.append(helper.make_tensor_value_info("bias", dtype, [2, 1, 3, 11]))
-    graph = helper.make_graph(nodes, "fdpp", inputs, [helper.make_tensor_value_info("y", dtype, [2, 3, 32])],
+    graph = helper.make_graph(nodes, "fdpp", inputs, [helper.make_tensor_value_info("y", dtype, [2, 3, 256])],
                               initializer=[w1, w2, b2, shape, back])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("fdpp", 1)])
     return model, {"w1": w1, "w2": w2, "b2": b2}, attn_attrs
@@ -244,8 +244,8 @@ def test_reference_session_runs_fdpp_nodes(dtype, mode):
     np_dtype = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
     rng = np.random.default_rng(10)
     feeds = {"x": rng.standard_normal((2, 3, 16)).astype(np_dtype),
-             "k": rng.standard_normal((2, 2, 11, 8)).astype(np_dtype),
-             "v": rng.standard_normal((2, 2, 11, 8)).astype(np_dtype)}
+             "k": rng.standard_normal((2, 2, 11, 64)).astype(np_dtype),
+             "v": rng.standard_normal((2, 2, 11, 64)).astype(np_dtype)}
     mask_input = None
     if mode == "past_len":
         feeds["past_len"] = mask_input = np.array([8, 2], np.int64)
@@ -253,15 +253,15 @@ def test_reference_session_runs_fdpp_nodes(dtype, mode):
         feeds["bias"] = mask_input = np.where(causal([8, 2], 3, 11), 0.0, -np.inf).astype(np_dtype)
     session = ref_ops.make_reference_session(model)
     (y,) = session.run(["y"], feeds)
-    assert y.dtype == np_dtype and y.shape == (2, 3, 32)
+    assert y.dtype == np_dtype and y.shape == (2, 3, 256)
     assert any(node.domain == "fdpp" for node in model.graph.node)  # the caller's model keeps its fdpp nodes
 
     # the same computation with the numpy functions directly (float32 inside, rounded like the session)
     w1, w2, b2 = (numpy_helper.to_array(weights[n]) for n in ("w1", "w2", "b2"))
     h = ref_ops.flat_gemm(feeds["x"], w1, epilogue="silu_mul")
-    q = h.reshape(2, 3, 4, 8).transpose(0, 2, 1, 3)
+    q = h.reshape(2, 3, 4, 64).transpose(0, 2, 1, 3)
     o = ref_ops.async_softmax_attention(q, feeds["k"], feeds["v"], mask_input, **attn_attrs)
-    o = o.transpose(0, 2, 1, 3).reshape(2, 3, 32)
+    o = o.transpose(0, 2, 1, 3).reshape(2, 3, 256)
     expected = ref_ops.flat_gemm(o, w2, b2, o, epilogue="residual")
     np.testing.assert_allclose(y.astype(np.float32), expected.astype(np.float32), atol=1e-5, rtol=1e-5)
 
@@ -270,8 +270,8 @@ def test_reference_session_counts_fallback_rows():
     model, _, _ = _fdpp_model(TensorProto.FLOAT, "past_len")
     rng = np.random.default_rng(11)
     feeds = {"x": 30 * rng.standard_normal((2, 3, 16)).astype(np.float32),  # scores far beyond guard_hi
-             "k": 30 * rng.standard_normal((2, 2, 11, 8)).astype(np.float32),
-             "v": rng.standard_normal((2, 2, 11, 8)).astype(np.float32),
+             "k": 30 * rng.standard_normal((2, 2, 11, 64)).astype(np.float32),
+             "v": rng.standard_normal((2, 2, 11, 64)).astype(np.float32),
              "past_len": np.array([8, 2], np.int64)}
     session = ref_ops.make_reference_session(model)
     session.counters.reset()

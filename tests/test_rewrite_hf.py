@@ -28,7 +28,8 @@ class LogitsOnly(torch.nn.Module):
 
 
 def export_tiny_llama(path, num_kv_heads):
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    # hidden 256 over 4 heads: head_dim 64, the smallest the attention contract takes
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=256, intermediate_size=96, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=num_kv_heads,
                                       max_position_embeddings=64, attn_implementation="eager", use_cache=False)
     torch.manual_seed(0)
@@ -54,7 +55,7 @@ def test_hugging_face_llama(tmp_path, num_kv_heads):
 
     rewritten = onnx.load(str(output))
     attention = [node_attributes(n) for n in rewritten.graph.node if n.op_type == "AsyncSoftmaxAttention"]
-    assert [(a["num_heads"], a["num_kv_heads"], a["head_dim"]) for a in attention] == [(4, num_kv_heads, 16)] * 2
+    assert [(a["num_heads"], a["num_kv_heads"], a["head_dim"]) for a in attention] == [(4, num_kv_heads, 64)] * 2
     gemms = [n for n in rewritten.graph.node if n.op_type == "FlatGemm"]
     assert len(gemms) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the lm_head
     assert not any(n.op_type in ("Softmax", "MatMul") for n in rewritten.graph.node)
