@@ -79,7 +79,8 @@ class AtomicOutputs:
         for path in self.paths:
             if path.is_dir():
                 example = path / self.example if path == self.main else None
-                fix = f"name a file, e.g. {self.option} {example}" if example else f"remove it or choose another {self.option}"
+                fix = (f"name a file, e.g. {self.option} {example}" if example
+                       else f"remove it or choose another {self.option}")
                 raise FdppError(f"{path} is a folder, not a file; {fix}")
         folder = existing_folder(self.main.parent)
         if not folder.is_dir():

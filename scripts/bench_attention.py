@@ -171,7 +171,7 @@ def stream_read_tbps(quick):
     import torch
 
     x = torch.ones(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
-    us, _ = try_time([lambda: x.sum()], quick)
+    us, _ = try_time([x.sum], quick)
     del x
     return (1 << 30) * 4 / (us * 1e-6) / 1e12, us
 
@@ -368,8 +368,9 @@ def print_table(rows, read_tbps):
             shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2, 3, 4)
                                for s in ("unified", "sync") if r.get(f"ours_{s}_cfg{c}_us"))
             print(f"         (tile shapes: {shapes})")
-        print(f"{r['phase']:8} {r['batch']:>2} {r['heads']:>3}/{r['kv_heads']:<2} {r['kv_len']:>6} {us('ours_unified')} "
-              f"{us('ours_sync')} {us('cudnn')} {us('flash')} {rate:>12} {r.get('speedup_vs_cudnn', float('nan')):7.3f} "
+        print(f"{r['phase']:8} {r['batch']:>2} {r['heads']:>3}/{r['kv_heads']:<2} {r['kv_len']:>6} "
+              f"{us('ours_unified')} {us('ours_sync')} {us('cudnn')} {us('flash')} {rate:>12} "
+              f"{r.get('speedup_vs_cudnn', float('nan')):7.3f} "
               f"{r.get('speedup_vs_flash', float('nan')):7.3f} {r.get('unified_speedup_over_sync', float('nan')):5.2f} "
               f"{r.get('splits', '-'):>6}")
 

@@ -154,7 +154,8 @@ def main():
             cfg = {"n_tile": 16, "k_tile": 512, "stages": 3, "split_k": 1}
         for m in (1, 8, 16):
             variants = {"pad8": (cfg, 8), "pad16": (cfg, 16), "pad64": (cfg, 64),
-                        "stages1_no_overlap": (dict(cfg, stages=1), 8), "stages2_double_buffer": (dict(cfg, stages=2), 8),
+                        "stages1_no_overlap": (dict(cfg, stages=1), 8),
+                        "stages2_double_buffer": (dict(cfg, stages=2), 8),
                         "stages_profiled": (cfg, 8)}
             if tma:
                 variants["tma_profiled"] = (plan["implb"], 8)
@@ -249,7 +250,8 @@ def bench_point(gemm, timer, bench, plan, name, n, k, m, copies):
             "dispatched_impl": gemm.select(m, plan),
             "tbps": moved / t["dispatched"] / 1e6, "tflops": 2 * m * n * k / t["dispatched"] / 1e6,
             "graph_tbps": moved / g["dispatched"] / 1e6,
-            "speedup_vs_cublas": t["cublas"] / t["dispatched"], "graph_speedup_vs_cublas": g["cublas"] / g["dispatched"],
+            "speedup_vs_cublas": t["cublas"] / t["dispatched"],
+            "graph_speedup_vs_cublas": g["cublas"] / g["dispatched"],
             "graph_no_pdl_speedup_vs_cublas": g["cublas"] / g["dispatched_no_pdl"],
             "vs_best_single": t["dispatched"] / min(singles), "graph_vs_best_single": g["dispatched"] / min(g_singles)}
 

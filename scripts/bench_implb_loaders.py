@@ -39,7 +39,6 @@ def main():
     require_gpu("bench_implb_loaders")
     import torch
 
-    from fdpp_rewrite.gpu import gemm
     from fdpp_rewrite.gpu.gemm_timing import Timer, capture_graph
     from fdpp_rewrite.profile import ShapeBench, weight_copies
 

@@ -2,7 +2,8 @@
 """The GPU half of calibration: our decode and prefill kernels on a held-out prompt's real q/k/v, with the calibrated
 phi per layer, counting the rows that take the exact fallback.
 
-    python -m fdpp_rewrite calibrate -o out/calibration/calibration.json --save-heldout-qkv out/calibration/heldout_qkv.pt
+    python -m fdpp_rewrite calibrate -o out/calibration/calibration.json \
+        --save-heldout-qkv out/calibration/heldout_qkv.pt
     PYTHONPATH=. python3 scripts/calibration_gpu_check.py --out out/calibration-gpu   # on the GPU machine
 
 Every held-out token is a query row of every head: the decode kernel runs them as one multi-token step (each row
@@ -72,7 +73,8 @@ def main(argv=None) -> int:
         totals["rows"] += row["rows"]
         report["layers"].append(row)
         print(f"layer {i:2}: phi {e['phi']:7.3f}  fallback rows decode {row['decode_fallback_rows']:5} "
-              f"prefill {row['prefill_fallback_rows']:5} (uncalibrated decode {row['decode_uncalibrated_fallback_rows']})"
+              f"prefill {row['prefill_fallback_rows']:5} "
+              f"(uncalibrated decode {row['decode_uncalibrated_fallback_rows']})"
               f" of {row['rows']}; max |err| {row['decode_max_abs_error']:.2e} / {row['prefill_max_abs_error']:.2e}")
     rates = {k: totals[k] / totals["rows"] for k in ("decode", "prefill", "decode_uncalibrated", "prefill_wgmma")}
     report.update(totals=totals, rates=rates, bar=BAR,

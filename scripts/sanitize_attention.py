@@ -4,8 +4,8 @@
     PYTHONPATH=. compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_attention.py
     PYTHONPATH=. compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_attention.py
 
-Decode (both softmax variants, both combines, GQA, odd lengths, several tokens, the fallback), prefill (both, causal with a
-past, bias), rowwise float32 and rope_append, each once on small shapes."""
+Decode (both softmax variants, both combines, GQA, odd lengths, several tokens, the fallback), prefill (both, causal
+with a past, bias), rowwise float32 and rope_append, each once on small shapes."""
 
 import sys
 
@@ -61,7 +61,8 @@ def main() -> int:
     q, k, v = inputs(2, 4, 2, 2, 100, 128, torch.float32)
     att.attention(q, k, v, torch.tensor([50, 98], device="cuda"), counters=counters)
     q, k_new, v_new = inputs(2, 4, 2, 2, 2, 64)
-    k_cache, v_cache = torch.zeros(2, 2, 64, 64, device="cuda", dtype=torch.float16), torch.zeros(2, 2, 64, 64, device="cuda", dtype=torch.float16)
+    k_cache = torch.zeros(2, 2, 64, 64, device="cuda", dtype=torch.float16)
+    v_cache = torch.zeros_like(k_cache)
     att.rope_append(q, k_new, v_new, k_cache, v_cache, torch.tensor([10, 63], device="cuda"), counters=counters)
     torch.cuda.synchronize()
     print(f"sanitize_attention: ran; fallback rows {counters.fallback_rows}, dropped/clamped {counters.clamped_rows}")

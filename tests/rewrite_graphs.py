@@ -1,7 +1,7 @@
 """Hand-made ONNX graphs for the rewrite tests, built with onnx.helper in the exact shape the docstring of
-fdpp_rewrite/onnx_builder.py fixes for `fdpp_rewrite export` (inputs input_ids, past_len, key_cache.i, value_cache.i; outputs logits and the updated
-caches; the grouped 5-D attention chain; the causal mask computed from past_len), plus variants: the 4-D
-Hugging Face layout with repeat_kv, a sliding-window mask (not past_len's rule), q/k/v biases.
+fdpp_rewrite/onnx_builder.py fixes for `fdpp_rewrite export` (inputs input_ids, past_len, key_cache.i, value_cache.i;
+outputs logits and the updated caches; the grouped 5-D attention chain; the causal mask computed from past_len), plus
+variants: the 4-D Hugging Face layout with repeat_kv, a sliding-window mask (not past_len's rule), q/k/v biases.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ def plan(m1, m2, implc="cublaslt", **implb):
     return {"m1": m1, "m2": m2, "implb": config, "implc": implc}
 
 
-@pytest.mark.parametrize("m, expected", [(1, "impla"), (2, "implb"), (32, "implb"), (33, "cublaslt"), (4096, "cublaslt")])
+@pytest.mark.parametrize("m, expected",
+                         [(1, "impla"), (2, "implb"), (32, "implb"), (33, "cublaslt"), (4096, "cublaslt")])
 def test_select_worked_example(m, expected):
     # gemm_heuristics.h: o_proj with m1 = 1, m2 = 32, ImplC = cuBLASLt.
     assert gemm().select(m, plan(1, 32)) == expected

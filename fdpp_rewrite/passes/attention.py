@@ -37,7 +37,8 @@ from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, consta
 from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 
 OP = "AsyncSoftmaxAttention"
-PAST_LEN_INPUT = "past_len"  # the exported graph's input name (the export contract, fdpp_rewrite/onnx_builder.py), not an exporter-made node name
+# the exported graph's input name (the export contract, fdpp_rewrite/onnx_builder.py), not an exporter-made node name
+PAST_LEN_INPUT = "past_len"
 SHAPE_ONLY_OPS = ("Shape", "Size")  # their output depends on the input's shape, never on its values
 NOT_FROM_MATMUL = "the scores do not come from a MatMul read only by this softmax chain"
 

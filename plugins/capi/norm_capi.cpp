@@ -58,8 +58,7 @@ fdpp_status fdpp_rms_norm(const fdpp_rms_norm_args* a, void* stream) {
     if (a->rows == 0) return FDPP_OK;
     const int esize = a->dtype == FDPP_FLOAT32 ? 4 : 2;
     fdpp_status st;
-    if ((st = check_pointer("x", a->x)) || (st = check_pointer("weight", a->weight)) ||
-        (st = check_pointer("y", a->y)))
+    if ((st = check_pointer("x", a->x)) || (st = check_pointer("weight", a->weight)) || (st = check_pointer("y", a->y)))
       return st;
     if ((st = row_stride("x_row_stride", a->x_row_stride, a->hidden, esize, &p.x_row_stride)) ||
         (st = row_stride("y_row_stride", a->y_row_stride, a->hidden, esize, &p.y_row_stride)))

@@ -18,9 +18,11 @@ typedef struct fdpp_rms_norm_args {
   int32_t hidden;  // H
   int64_t rows;    // product of the leading dimensions
   float epsilon;
-  const void* x;       int64_t x_row_stride;
+  const void* x;
+  int64_t x_row_stride;
   const void* weight;  // [hidden], x's dtype
-  void* y;             int64_t y_row_stride;
+  void* y;
+  int64_t y_row_stride;
 } fdpp_rms_norm_args;
 
 FDPP_API int fdpp_rms_norm_args_size(void);

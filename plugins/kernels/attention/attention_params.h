@@ -114,8 +114,8 @@ struct RopeAppendParams {
   // clang-format on
   const int64_t* past_len = nullptr;
   unsigned long long* counters = nullptr;  // [1] counts tokens dropped because their position is past the cache
-  int rope_dim = 0;                  // rotated channels per head (even, <= head_dim); 0: append only
-  const float* inv_freq = nullptr;   // [rope_dim / 2] angle per position of each pair; nullptr: theta^(-2i/rope_dim)
+  int rope_dim = 0;                        // rotated channels per head (even, <= head_dim); 0: append only
+  const float* inv_freq = nullptr;  // [rope_dim / 2] angle per position of each pair; nullptr: theta^(-2i/rope_dim)
 };
 
 // --- argument checks (attention_check.cpp): what the C ABI and the TensorRT adapter both run first ----------------

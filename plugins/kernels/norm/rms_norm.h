@@ -17,12 +17,14 @@ constexpr int kRmsNormAlign = 8;  // hidden must be a multiple of 8 (a 16-byte v
 
 struct RmsNormParams {
   NormDtype dtype = NormDtype::kFloat16;
-  int hidden = 0;        // H, a multiple of kRmsNormAlign, at most kRmsNormMaxHidden
-  int64_t rows = 0;      // product of the leading dimensions, < 2^31
+  int hidden = 0;    // H, a multiple of kRmsNormAlign, at most kRmsNormMaxHidden
+  int64_t rows = 0;  // product of the leading dimensions, < 2^31
   float epsilon = 0.f;
-  const void* x = nullptr;       int64_t x_row_stride = 0;  // elements between rows (>= hidden, 16-byte steps)
+  const void* x = nullptr;
+  int64_t x_row_stride = 0;      // elements between rows (>= hidden, 16-byte steps)
   const void* weight = nullptr;  // [hidden]
-  void* y = nullptr;             int64_t y_row_stride = 0;  // may equal x (in place)
+  void* y = nullptr;
+  int64_t y_row_stride = 0;  // may equal x (in place)
 };
 
 // y = to_dtype(to_dtype(x / sqrt(mean(x^2) + epsilon)) * weight), one CTA per row. Never synchronizes.
