@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 from fdpp_rewrite import __version__
 from fdpp_rewrite.errors import FdppError, environment_error
@@ -28,7 +29,8 @@ from fdpp_rewrite.errors import FdppError, environment_error
 PROG = "python -m fdpp_rewrite"
 EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 2, 3, 130
 
-# name -> (module, one-line help)
+# name -> (module, one-line help). The module has add_arguments(parser) and run(args); "module:name" names
+# module.HANDLERS[name] = (add_arguments, run) instead, for a module that serves several commands.
 COMMANDS = {
     "export": ("fdpp_rewrite.export", "export a preset or checkpoint to a standard-ops ONNX model"),
     "rewrite": ("fdpp_rewrite.rewrite", "swap attention and weight matmuls for fdpp plugin nodes"),
@@ -86,10 +88,19 @@ def build_parser(command=None) -> argparse.ArgumentParser:
     for name, (module_name, help_text) in commands.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == command:
-            module = importlib.import_module(module_name)
+            module = _command_module(module_name)
             module.add_arguments(command_parser)
             command_parser.set_defaults(_module=module)
     return parser
+
+
+def _command_module(spec: str):
+    module_name, _, handler = spec.partition(":")
+    module = importlib.import_module(module_name)
+    if not handler:
+        return module
+    add_arguments, run = module.HANDLERS[handler]
+    return SimpleNamespace(add_arguments=add_arguments, run=run)
 
 
 def _chosen_command(argv):

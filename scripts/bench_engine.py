@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     ]
     for step in steps:
         run([sys.executable, "-m", "fdpp_rewrite", *step])
-    engine_cli = [sys.executable, "-m", "fdpp_rewrite.engine"]
+    engine_cli = [sys.executable, "-m", "fdpp_rewrite"]
     run(engine_cli + ["build", str(work / "model.fdpp.onnx"), "-o", str(engine), "--max-batch", str(max(args.batch)),
                       "--max-seq", str(max_seq), "--backend", args.backend, "--force"])
     run(engine_cli + ["bench", str(engine), "--batch", *map(str, args.batch), "--context", *map(str, args.context),

@@ -19,7 +19,7 @@ WORK=${ENGINE_WORK:-/tmp/engine_job}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PY=python3 OUT WORK
-export ENGINE="$PY -m fdpp_rewrite.engine"
+export ENGINE="$PY -m fdpp_rewrite"
 declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180} [llama2]=${LLAMA2_TIMEOUT:-240})
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)

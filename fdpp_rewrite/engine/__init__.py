@@ -1,9 +1,9 @@
 """The GPU engine (DESIGN.md's torch backend): build a rewritten graph into an engine folder, run it with the
 plugin library's kernels and CUDA graphs, benchmark it.
 
-    python -m fdpp_rewrite.engine build model.fdpp.onnx -o engines/m [--max-batch 8 --max-seq 2048]
-    python -m fdpp_rewrite.engine run engines/m --prompt "..." [--max-new-tokens 64 --temperature 0.7 ...]
-    python -m fdpp_rewrite.engine bench engines/m [--batch 1 --context 128 --new-tokens 128]
+    python -m fdpp_rewrite build model.fdpp.onnx -o engines/m [--max-batch 8 --max-seq 2048]
+    python -m fdpp_rewrite run engines/m --prompt "..." [--max-new-tokens 64 --temperature 0.7 ...]
+    python -m fdpp_rewrite bench engines/m [--batch 1 --context 128 --new-tokens 128]
 
 Modules: build.py (lowering and the engine folder), fusion.py (glue fusions at build), ops.py (ONNX op ->
 torch), backends.py (fdpp ops -> kernels on `cuda`, reference math on `cpu`), interpreter.py (per-bucket

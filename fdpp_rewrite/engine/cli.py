@@ -1,13 +1,12 @@
-"""The engine's subcommands, `build`, `run` and `bench`, for the package CLI: `add_parsers(subparsers)` registers
-them (each with a `_module` default whose `run(args)` the CLI calls, as for every other command). Importing this
-module is cheap: torch and the engine load only when a command runs."""
+"""The engine's subcommands, `build`, `run` and `bench`, as the package CLI (fdpp_rewrite.cli) finds them: COMMANDS
+names HANDLERS[name] = (add_arguments, run). Importing this module is cheap: torch and the engine load only when a
+command runs."""
 
 from __future__ import annotations
 
 import shlex
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from fdpp_rewrite.errors import FdppError
 
@@ -162,13 +161,6 @@ def run_bench(args) -> int:
     return bench_command(args, command)
 
 
-COMMANDS = {"build": (add_build_arguments, run_build), "run": (add_run_arguments, run_run),
+HANDLERS = {"build": (add_build_arguments, run_build), "run": (add_run_arguments, run_run),
             "bench": (add_bench_arguments, run_bench)}
-
-
-def add_parsers(subparsers) -> None:
-    """Register build, run and bench on an argparse subparsers object."""
-    for name, (add_arguments, run) in COMMANDS.items():
-        parser = subparsers.add_parser(name, help=HELP[name], description=HELP[name])
-        add_arguments(parser)
-        parser.set_defaults(_module=SimpleNamespace(run=run))
+COMMANDS = {name: (f"{__name__}:{name}", HELP[name]) for name in HANDLERS}  # read by fdpp_rewrite.cli
