@@ -65,26 +65,14 @@ def test_engine_folder(built):
     assert not [p for p in engine_dir.parent.iterdir() if p.name.startswith(".engine")]  # no temp folder left
 
 
-# preset -> (RMSNorm chains fused, RoPE + cache writes fused): one per norm and per attention where the form
-# is plain; chatglm's interleaved half-width RoPE and OPT's LayerNorm keep their standard ops
-FUSED = {"tiny-llama": (5, 2), "tiny-smollm2": (7, 3), "tiny-chatglm": (5, 0), "tiny-opt": (0, 0)}
-
-
-def test_glue_fused(built, engine):
-    norms, ropes = FUSED[built[0]]
+def test_glue_ops_come_from_the_rewriter(built, engine):
+    """One RopeAppend per layer (the full, partial-interleaved and rope-free forms alike) and, where the family has
+    RMSNorm, two per layer plus the final one; no standard-op RoPE, cache write or norm chain is left."""
+    layers = engine.num_layers
+    norms = 0 if built[0] == "tiny-opt" else 2 * layers + 1
     ops = [n["op"] for n in engine.plan["nodes"]]
-    assert engine.manifest["fused"] == {"rms_norm": norms, "rope_append": ropes}
-    assert ops.count("RopeAppend") == ropes and ops.count("ScatterND") == 2 * (engine.num_layers - ropes)
-    if norms:
-        assert "ReduceMean" not in ops
-
-
-def test_rope_theta_of():
-    from fdpp_rewrite.engine.fusion import rope_theta_of
-
-    inv = 10000.0 ** (-np.arange(0, 64, 2) / 64)
-    assert rope_theta_of(inv.astype(np.float32)) == 10000.0
-    assert rope_theta_of(inv * np.linspace(1, 0.5, 32)) == 0.0  # a scaled RoPE: not plain theta
+    assert engine.manifest["glue_ops"] == {"rms_norm": norms, "rope_append": layers}
+    assert ops.count("RopeAppend") == layers and "ScatterND" not in ops and "ReduceMean" not in ops
 
 
 def test_greedy_tokens_equal_onnxruntime(built, engine):
@@ -275,7 +263,7 @@ def test_build_refuses_bad_input(built, tmp_path):
 
 
 def test_cli_run_and_bench(built, capsys, tmp_path):
-    from fdpp_rewrite.engine.__main__ import main
+    from fdpp_rewrite.cli import main
 
     assert main(["run", str(built[3]), "--token-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "5"]) == 0
     out = capsys.readouterr()

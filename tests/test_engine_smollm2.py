@@ -27,7 +27,7 @@ def smollm2(tmp_path_factory):
 
 
 def test_chat_answer_and_tokens_equal_onnxruntime(smollm2, capsys):
-    from fdpp_rewrite.engine.__main__ import main
+    from fdpp_rewrite.cli import main
 
     onnx_path, engine_dir = smollm2
     tokenizer = load_tokenizer_for(onnx_path)
@@ -44,7 +44,7 @@ def test_chat_answer_and_tokens_equal_onnxruntime(smollm2, capsys):
 
 
 def test_a_batch_of_prompts_from_a_file(smollm2, capsys, tmp_path):
-    from fdpp_rewrite.engine.__main__ import main
+    from fdpp_rewrite.cli import main
 
     questions = [QUESTION, "Name a primary colour."]
     prompts = tmp_path / "prompts.txt"

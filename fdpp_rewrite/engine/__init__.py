@@ -5,7 +5,7 @@ plugin library's kernels and CUDA graphs, benchmark it.
     python -m fdpp_rewrite run engines/m --prompt "..." [--max-new-tokens 64 --temperature 0.7 ...]
     python -m fdpp_rewrite bench engines/m [--batch 1 --context 128 --new-tokens 128]
 
-Modules: build.py (lowering and the engine folder), fusion.py (glue fusions at build), ops.py (ONNX op ->
+Modules: build.py (lowering and the engine folder), ops.py (ONNX op ->
 torch), backends.py (fdpp ops -> kernels on `cuda`, reference math on `cpu`), interpreter.py (per-bucket
 tracing into replayable Programs), runtime.py (KV cache, prefill, decode with CUDA graphs, sampling),
 bench.py, cli.py.
@@ -20,9 +20,8 @@ Decisions (what DESIGN.md leaves open):
   short context reads a short cache. Padding slots get past_len 0 and token 0; their rows are never read.
 - The KV cache is allocated once per engine, [max_batch, Hkv, max_seq, D] per layer (the graph's fixed capacity
   dimension replaced by max_seq); ScatterND into a cache input is an in-place index write, as is RopeAppend.
-- Glue fused at build (fusion.py): the exporter's RMSNorm chain becomes fdpp::RMSNorm (the norm kernel where the
-  library has one, else F.rms_norm), and each attention's RoPE on q and k plus its two ScatterND cache writes become
-  fdpp::RopeAppend (the rope_append kernel, writing the caches in place). A llama-family decode step is then 8
+- The glue ops come from the rewriter (fdpp_rewrite/passes/norm.py, rope_append.py): fdpp::RMSNorm runs the norm
+  kernel, fdpp::RopeAppend the rope_append kernel (writing the caches in place). A llama-family decode step is then 8
   launches per layer: 4 GEMMs, 2 norms, rope_append, attention.
 - Prefill runs one sequence at a time at batch 1 into its slot, right-padded to a prefill bucket (16, 32, ...) so
   every prompt length of a bucket replays one traced Program (exact: see Engine.prefill); decode steps of a

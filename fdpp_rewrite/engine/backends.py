@@ -13,7 +13,6 @@ scaled_dot_product_attention over the cache view (cuDNN / memory-efficient, as t
 
 from __future__ import annotations
 
-import inspect
 
 import numpy as np
 import torch
@@ -51,13 +50,15 @@ def rope_append_torch(attrs, query, k_new, v_new, key_cache, value_cache, past_l
     """fdpp::RopeAppend in torch: RoPE on the first rope_dim channels of query and k_new at positions
     past_len[b] + s, then k_new and v_new written into the caches in place. Returns (query_out, caches)."""
     batch, _, seq, dim = query.shape
-    rope_dim = int(attrs.get("rope_dim") or dim)
+    rope_dim = int(attrs.get("rope_dim", dim))  # 0: no rotation (OPT), the new rows are only appended
     interleaved = bool(attrs.get("interleaved", 0))
     positions = past_len.reshape(batch, 1) + torch.arange(seq, device=query.device).reshape(1, seq)
     angles = positions.float().reshape(batch, 1, seq, 1) * inv_freq.float().reshape(1, 1, 1, -1)
     cos, sin = angles.cos().to(query.dtype), angles.sin().to(query.dtype)
 
     def rotate(x):
+        if rope_dim == 0:
+            return x
         rotated = ops.rotary(x[..., :rope_dim], cos, sin, interleaved)
         return torch.cat((rotated, x[..., rope_dim:]), dim=-1) if rope_dim < dim else rotated
 
@@ -145,15 +146,6 @@ class CpuBackend:
         raise FdppError(f"the cpu backend has no fdpp::{op_type}")
 
 
-def _optional_rms_norm_kernel():
-    """fdpp_rewrite.gpu.norm.rms_norm when the library has it, else None (torch's F.rms_norm serves)."""
-    try:
-        from fdpp_rewrite.gpu import norm
-        return norm.rms_norm
-    except (ImportError, AttributeError, FdppError):
-        return None
-
-
 class CudaBackend:
     """The plugin library's kernels on the current CUDA device. Every launch goes on torch's current stream and
     allocates through torch, so a step is capturable in a CUDA graph."""
@@ -168,7 +160,6 @@ class CudaBackend:
         self.gemm_plans = gemm_plans
         self.softmax = softmax
         self.baseline = baseline
-        self.rms_norm_kernel = _optional_rms_norm_kernel()
 
     def lower(self, op_type: str, attrs: dict, name: str):
         fn = baseline_lowering(op_type, attrs) if self.baseline else None
@@ -204,36 +195,25 @@ class CudaBackend:
                 return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax, **options)
             return attention
         if op_type == "RMSNorm":
+            from fdpp_rewrite.gpu import norm
+
             eps = float(attrs.get("epsilon", 1e-5))
-            kernel = self.rms_norm_kernel
-            if kernel is not None:
-                return lambda x, weight: kernel(x.contiguous(), weight, eps)
-            return lambda x, weight: F.rms_norm(x, (x.shape[-1],), weight, eps)
+            return lambda x, weight: norm.rms_norm(x.contiguous(), weight, eps)
         if op_type == "RopeAppend":
             return self._rope_append(attrs)
         raise FdppError(f"the cuda backend has no fdpp::{op_type}")
 
     def _rope_append(self, attrs):
-        """The plugin library's rope_append kernel: the extended binding (inv_freq, rope_dim) when there is one,
-        else the current one for plain full-width RoPE (rope_theta from the build, 0 when inv_freq is not
-        theta^(-2j/D)); anything else runs the torch version. The query is rotated in place (it is a strided view
-        of the qkv GEMM's output that nothing else reads: the build's fusion checks that)."""
+        """The plugin library's rope_append kernel, writing the caches in place. The query is rotated in place: it
+        is a view of the qkv GEMM's output that nothing but this node reads (the rewriter's RopeAppend pass matches
+        exactly that form)."""
         from fdpp_rewrite.gpu import attention as gpu_attention
 
-        parameters = inspect.signature(gpu_attention.rope_append).parameters
-        interleaved = bool(attrs.get("interleaved", 0))
-        if "inv_freq" in parameters and "rope_dim" in parameters:
-            def extended(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
-                q_out = gpu_attention.rope_append(query, k_new, v_new, key_cache, value_cache, past_len,
-                                                  inv_freq=inv_freq, rope_dim=int(attrs["rope_dim"]),
-                                                  interleaved=interleaved)
-                return q_out, key_cache, value_cache
-            return extended
-        theta = float(attrs.get("rope_theta", 0.0))
-        if theta > 0 and int(attrs["rope_dim"]) == int(attrs["head_dim"]):
-            def kernel(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
-                q_out = gpu_attention.rope_append(query, k_new, v_new, key_cache, value_cache, past_len,
-                                                  rope_theta=theta, interleaved=interleaved)
-                return q_out, key_cache, value_cache
-            return kernel
-        return lambda *inputs: rope_append_torch(attrs, *inputs)
+        interleaved, rope_dim = bool(attrs.get("interleaved", 0)), int(attrs["rope_dim"])
+
+        def kernel(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
+            q_out = gpu_attention.rope_append(query, k_new, v_new, key_cache, value_cache, past_len,
+                                              inv_freq=inv_freq if rope_dim else None, rope_dim=rope_dim,
+                                              interleaved=interleaved)
+            return q_out, key_cache, value_cache
+        return kernel

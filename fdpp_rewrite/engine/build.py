@@ -2,11 +2,10 @@
 backend).
 
 Lowering, in order: read the graph without its weights; turn Constant nodes into initializers; drop nodes no
-output needs; fuse the exporter's RMSNorm chains into fdpp::RMSNorm and each attention's RoPE + cache writes into
-fdpp::RopeAppend (fusion.py), dropping what that leaves unused; check every op is one the
-interpreter knows; give every FlatGemm the plan the GPU's profile has for its [N, K] (profiling the shapes the
-profile lacks, here and now: an engine never runs an unprofiled GEMM); write the folder atomically (a temporary
-folder beside it, renamed into place):
+output needs; check every op is one the interpreter knows (the glue ops fdpp::RMSNorm and fdpp::RopeAppend come
+from the rewriter's passes; a graph rewritten without them runs their standard-op form); give every FlatGemm the
+plan the GPU's profile has for its [N, K] (profiling the shapes the profile lacks, here and now: an engine never
+runs an unprofiled GEMM); write the folder atomically (a temporary folder beside it, renamed into place):
 
     manifest.json        format version, backend, GPU name / compute capability / driver, plugin library ABI and
                          sha256, profile sha256, source ONNX sha256, dtype, limits, model config, tokenizer
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from fdpp_rewrite import __version__
-from fdpp_rewrite.engine import FORMAT_VERSION, fusion, ops
+from fdpp_rewrite.engine import FORMAT_VERSION, ops
 from fdpp_rewrite.errors import FdppError, cannot_load
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
@@ -308,9 +307,9 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
         raise FdppError(f"--max-seq {max_seq} exceeds the model's {limit} positions; pass --max-seq {limit} or less")
 
     prune(plan)
-    fused = {"rms_norm": fusion.fuse_rms_norm(plan, arrays), "rope_append": fusion.fuse_rope_append(plan, arrays)}
-    prune(plan)
     check_ops(plan)
+    op_types = [node["op"] for node in plan["nodes"]]
+    glue_ops = {"rms_norm": op_types.count("RMSNorm"), "rope_append": op_types.count("RopeAppend")}
     shapes = gemm_shapes(plan, arrays)
     library = library_facts()
     manifest = {
@@ -319,7 +318,7 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
         "source": str(source), "source_sha256": sha256_file(source), "dtype": plan["dtype"],
         "max_batch": int(max_batch), "max_seq": max_seq, "num_layers": plan["num_layers"],
         "library": library, "gpu": None, "profile": None, "profile_sha256": None, "gemm_shapes_profiled_now": [],
-        "fused": fused, "model": {"config": config, "source": (metadata or {}).get("source"),
+        "glue_ops": glue_ops, "model": {"config": config, "source": (metadata or {}).get("source"),
                                   "origin": (metadata or {}).get("origin")}, "tokenizer": None,
     }
     if backend == "cuda":

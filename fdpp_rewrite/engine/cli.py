@@ -24,7 +24,7 @@ def add_build_arguments(parser) -> None:
     parser.add_argument("--max-seq", type=int, help="longest sequence, prompt + new tokens (default: the graph's "
                                                     "cache capacity)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
-                        help="check the graph has this dtype (the engine keeps the graph's)")
+                        help="check the graph has this dtype (default: any; the engine keeps the graph's)")
     parser.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto",
                         help="cuda (this GPU's kernels), cpu (the reference ops), auto: cuda when a GPU is visible")
     parser.add_argument("--profile", type=Path, help="GEMM profile (default engines/profiles/<gpu>.json); shapes it "
@@ -35,16 +35,18 @@ def add_build_arguments(parser) -> None:
 def add_run_arguments(parser) -> None:
     parser.add_argument("engine", type=Path, help="an engine folder written by `build`")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="the prompt (or, with --chat, the user message)")
-    source.add_argument("--prompts-file", type=Path, help="a file of prompts, one per line, decoded as one batch")
-    source.add_argument("--token-ids", help="a prompt as comma-separated token ids (engines without a tokenizer)")
+    source.add_argument("--prompt", help="the prompt (or, with --chat, the user message; default: none)")
+    source.add_argument("--prompts-file", type=Path,
+                        help="a file of prompts, one per line, decoded as one batch (default: none)")
+    source.add_argument("--token-ids",
+                        help="a prompt as comma-separated token ids, for engines without a tokenizer (default: none)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     parser.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set with this mass")
-    parser.add_argument("--seed", type=int, help="seed of the sampler")
+    parser.add_argument("--seed", type=int, help="seed of the sampler (default: none, a fresh seed)")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    parser.add_argument("--system", help="a system message for --chat")
+    parser.add_argument("--system", help="a system message for --chat (default: none)")
     parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
 
 
@@ -59,7 +61,7 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--kernels", nargs="+", choices=["fdpp", "torch"], default=["fdpp"],
                         help="fdpp: this project's kernels; torch: the stock baseline (cuBLAS GEMMs with unfused "
                              "epilogues, SDPA attention; same graph, norms, RoPE, CUDA graphs). Both: the ratios")
-    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here (default: print only)")
     parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
 
 
@@ -70,8 +72,8 @@ def run_build(args) -> int:
                             max_seq=args.max_seq, dtype=args.dtype, profile=args.profile, force=args.force)
     gpu = manifest["gpu"]["name"] if manifest["gpu"] else "cpu"
     print(f"wrote {args.output} ({manifest['backend']} backend, {gpu}, {manifest['dtype']}, max batch "
-          f"{manifest['max_batch']}, max seq {manifest['max_seq']}, {manifest['fused']['rms_norm']} RMSNorm chains and "
-          f"{manifest['fused']['rope_append']} RoPE + cache writes fused, "
+          f"{manifest['max_batch']}, max seq {manifest['max_seq']}, {manifest['glue_ops']['rms_norm']} RMSNorm and "
+          f"{manifest['glue_ops']['rope_append']} RopeAppend nodes, "
           f"{len(manifest['gemm_shapes_profiled_now'])} GEMM shapes profiled now)")
     return 0
 

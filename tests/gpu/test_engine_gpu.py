@@ -26,7 +26,7 @@ def engine_dir(tmp_path_factory):
     out = folder / "engine"
     manifest = build_engine(rewritten, out, backend="cuda", max_batch=4, max_seq=384, stream=io.StringIO())
     assert manifest["gemm_shapes_profiled_now"] == []  # every shape came from the profile
-    assert manifest["fused"] == {"rms_norm": 5, "rope_append": 2}  # the rope_append kernel serves both layers
+    assert manifest["glue_ops"] == {"rms_norm": 5, "rope_append": 2}  # the rope_append kernel serves both layers
     return out
 
 
