@@ -512,7 +512,7 @@ def test_bad_inputs_raise_clear_errors():
         att.attention(q, k, v, torch.tensor([64]))
     with pytest.raises(FdppError, match="not a multiple"):
         att.attention(q[:, :3], k, v, past)
-    with pytest.raises(FdppError, match="exceeds the KV cache length"):
+    with pytest.raises(FdppError, match=r"max_kv_len 65 is outside \[1, 64\] \(the KV cache length\)"):
         att.attention(q, k, v, past, max_kv_len=65)
     storage = torch.zeros(q.numel() + 1, dtype=torch.float16, device="cuda")
     misaligned = storage[1:].view(q.shape)
@@ -533,7 +533,7 @@ def test_c_abi_rejects_bad_arguments_without_crashing():
     args.kv_capacity = 64
     args.max_kv_len = 100
     assert lib.fdpp_attention_forward(ctypes.byref(args), None, 0, None) == 1
-    assert b"exceeds the KV cache length" in lib.fdpp_last_error()
+    assert b"max_kv_len 100 is outside [1, 64] (the KV cache length)" in lib.fdpp_last_error()
     args.max_kv_len = 0
     args.head_dim = 80
     assert lib.fdpp_attention_forward(ctypes.byref(args), None, 0, None) == 2

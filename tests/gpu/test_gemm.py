@@ -161,9 +161,8 @@ def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
     (zero-filled rows past N), K a multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than
     SMs (up to ~10 per CTA); for rows also a K that is a multiple of 8 only (a partial 32-column group), M = 2,
     where rows at 3 stages has one reduction buffer (and a barrier after each block's sums), and M = 7, where rows
-    copies a zero eighth activation row. Above M = 16
-    the launcher takes the default cp.async config instead, which must be just as right. (These checks do not show
-    which kernel ran: a config the path wrongly refused would still pass through the fallback.)"""
+    copies a zero eighth activation row. Above M = 16 a 1024-column config is refused with a one-line error (the
+    launcher never substitutes another config; a plan keeps such configs to M <= 16)."""
     from fdpp_rewrite.gpu import gemm
 
     rows = config.get("loader") in ("rows", "rows1", "pair")  # cp.async: any K that is a multiple of 8
@@ -179,8 +178,14 @@ def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
             pytest.skip("the TMA pipeline needs K % 64 == 0 (the rows one takes any multiple of 8)")
         n, k = (1048, 2072) if silu else (1000, 2072)  # 2072 = 2 x 1024 + 24: a last group of 24 columns
     if m > 16 and shape != "short-last-unit":
-        pytest.skip("above M = 16 the cp.async fallback runs; the first shape covers it")
+        pytest.skip("above M = 16 the config is refused; the first shape checks that")
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 7)
+    if m > 16:
+        from fdpp_rewrite.errors import FdppError
+
+        with pytest.raises(FdppError, match="ImplB config handles M <= 16"):
+            _run("implb", x, w, bias, residual, epilogue, config=config)
+        return
     out = _run("implb", x, w, bias, residual, epilogue, config=config)
     ref, peer = _reference(x, w, bias, residual, silu, dtype)
     _check(out, ref, peer)
