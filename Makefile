@@ -25,7 +25,7 @@ test-fast: lib
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-gpu: lib
-	$(PY) -m pytest -q -m gpu tests/gpu
+	$(PY) -m pytest -q -m gpu tests
 
 # ruff (config in pyproject.toml) over the Python, clang-format (.clang-format) over the tracked C++/CUDA sources
 lint: setup

@@ -32,8 +32,8 @@ fi
 PYTEST_GPU="python3 -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu"
 SANITIZE="compute-sanitizer --error-exitcode 7 --tool"
 
-stage_wgmma_probe()       { timeout 60 $PYTEST_GPU tests/gpu/test_attention.py -k wgmma_smoke; }
-stage_attention_tests()   { timeout 240 $PYTEST_GPU tests/gpu/test_attention.py; }
+stage_wgmma_probe()       { timeout 60 $PYTEST_GPU tests/plugins/kernels/attention/test_attention.py -k wgmma_smoke; }
+stage_attention_tests()   { timeout 240 $PYTEST_GPU tests/plugins/kernels/attention/test_attention.py; }
 stage_attention_sanitize() {
   timeout 60 $SANITIZE memcheck python3 scripts/sanitize_attention.py \
     && timeout 60 $SANITIZE racecheck python3 scripts/sanitize_attention.py
@@ -43,8 +43,8 @@ stage_calibration_check() {
   timeout 60 python3 scripts/calibration_gpu_check.py --calibration "$CALIBRATION/calibration.json" \
     --qkv "$CALIBRATION/heldout_qkv.pt" --out "$RESULTS/calibration"
 }
-stage_gemm_tests()        { timeout 200 $PYTEST_GPU --maxfail=25 tests/gpu/test_gemm.py; }
-stage_gemm_sanitize()     { timeout 240 $PYTEST_GPU tests/gpu/test_gemm_sanitizer.py; }
+stage_gemm_tests()        { timeout 200 $PYTEST_GPU --maxfail=25 tests/plugins/kernels/gemm/test_gemm.py; }
+stage_gemm_sanitize()     { timeout 240 $PYTEST_GPU tests/plugins/kernels/gemm/test_gemm_sanitizer.py; }
 stage_gemm_bench() {  # with the plans of the profile made in this run, if there is one
   local plans=()
   [ -f "$RESULTS/profiles/h200.json" ] && plans=(--profile "$RESULTS/profiles/h200.json")

@@ -28,7 +28,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device ima
 fi
 
 stage_tests() {
-  timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu tests/gpu/test_engine_gpu.py
+  timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu tests/fdpp_rewrite/engine/test_engine_gpu.py
 }
 
 attach_tokenizer() {  # $1: the export's metadata json

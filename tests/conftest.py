@@ -1,4 +1,10 @@
+import sys
+from pathlib import Path
+
 import pytest
+
+# Shared test helpers (hand-built graphs, the attention reference, CLI output checks) import by module name.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 
 def _gpu_skip_reason():

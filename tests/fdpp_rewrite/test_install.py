@@ -16,7 +16,7 @@ from fdpp_rewrite import resources
 from fdpp_rewrite.contracts import OP_NAMES
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

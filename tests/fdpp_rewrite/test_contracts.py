@@ -38,7 +38,7 @@ def test_plugin_version_matches_the_contract_and_reaches_the_onnx_parser(op):
     from pathlib import Path
 
     contract = load_contract(op)
-    source = (Path(__file__).parents[1] / "plugins" / f"{op}Plugin" / f"{op}Plugin.cpp").read_text()
+    source = (Path(__file__).parents[2] / "plugins" / f"{op}Plugin" / f"{op}Plugin.cpp").read_text()
     # The adapter registers the contract's own version (fdpp_contract_constants.h, generated from contract.json).
     assert re.search(r"kPluginVersion = contract::k\w+VersionString;", source)
     registered = str(contract.version)
@@ -50,7 +50,7 @@ def test_flat_gemm_adapter_reads_every_loader_the_contract_allows():
     """The TensorRT adapter parses implb_loader by string compare: every contract choice must be spelled there."""
     from pathlib import Path
 
-    source = (Path(__file__).parents[1] / "plugins" / "FlatGemmPlugin" / "FlatGemmPlugin.cpp").read_text()
+    source = (Path(__file__).parents[2] / "plugins" / "FlatGemmPlugin" / "FlatGemmPlugin.cpp").read_text()
     for loader in load_contract("FlatGemm").attributes["implb_loader"]["choices"]:
         assert f'"{loader}"' in source, loader
 
@@ -154,7 +154,7 @@ def test_each_schema_string_is_written_once_in_the_package():
     import re
     from pathlib import Path
 
-    package = Path(__file__).parents[1] / "fdpp_rewrite"
+    package = Path(__file__).parents[2] / "fdpp_rewrite"
     where = {}
     for path in package.rglob("*.py"):
         strings = {node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 130  # the README is for users; measurements go to docs/benchmarks.md, history to the notes
 
 
