@@ -1,8 +1,8 @@
 """The FlatGemm dispatch rule in Python: which implementation serves a GEMM of M rows under a plan.
 
-It is the C ABI's `fdpp_gemm_select` (plugins/kernels/gemm_heuristics.h `select_impl`), written once here for the
-profiler, the CPU reference and the rewriter; tests/fdpp_rewrite/test_dispatch.py checks the two agree over a grid of M and
-plans. A plan is anything with `m1`, `m2` and optionally `implc` keys: a profile entry, a FlatGemm node's
+It is the C ABI's `fdpp_gemm_select` (plugins/kernels/gemm/gemm_heuristics.h `select_impl`), written once here for
+the profiler, the CPU reference and the rewriter; tests/fdpp_rewrite/test_dispatch.py checks the two agree over a
+grid of M and plans. A plan is anything with `m1`, `m2` and optionally `implc` keys: a profile entry, a FlatGemm node's
 attributes, `GemmChoice.attributes()`.
 
     select_impl(1, {"m1": 1, "m2": 32})                      -> "impla"
