@@ -32,14 +32,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fdpp_rewrite.contracts import attention_guard
+from fdpp_rewrite.contracts import attention_guard, load_contract
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 
 # The widest guard window the attention contract allows, [-80, 60]: e^-80 is still a normal float32, and
 # 2^20 keys x e^60 x 65504 stay below float32's max.
 GUARD_LO, GUARD_HI = attention_guard().lo_range[0], attention_guard().hi_range[1]
-PREFILL_FP16_HI = 11.0  # kFp16PrefillHi (plugins/kernels/attention_params.h): e^11 still fits float16
+# The float16 prefill's window above its anchor (the attention contract's fp16_prefill_window): e^11 fits float16.
+PREFILL_FP16_HI = float(load_contract("AsyncSoftmaxAttention").raw["fp16_prefill_window"]["guard_hi"])
 # The prefill kernel's tiling (PrefillTraits): query blocks, key tiles, anchor tiles (diagonal ones + tile 0).
 PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_ANCHOR_TILES = 128, 64, 4
 HIST_RANGE = (-64.0, 64.0)
