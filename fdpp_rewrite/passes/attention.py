@@ -31,8 +31,8 @@ import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.contracts import DOMAIN, attention_guard, load_contract
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, constant_value, dtype_name, is_constant,
-                                        is_standard, producer, producer_op, rank, scalar_value, skip_backward,
+from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, collect_matches, constant_value, dtype_name,
+                                        is_constant, producer, producer_op, rank, scalar_value, skip_backward,
                                         skip_forward, sole_consumer, static_dim)
 from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 
@@ -397,16 +397,7 @@ def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> Pa
     """Replace every attention chain; raise FdppError if there is none."""
     report = PassReport("attention")
     contract = load_contract(OP)
-    graph.toposort()
-    matches = []
-    for node in graph.nodes:
-        if node.op != "Softmax" or not is_standard(node):
-            continue
-        found = match_attention(graph, node)
-        if isinstance(found, str):
-            report.near_misses.append(f"Softmax '{node.name}' left as is: {found}")
-        else:
-            matches.append(found)
+    matches = collect_matches(graph, "Softmax", match_attention, report)
     if not matches:
         reasons = "; ".join(report.near_misses[:2]) or "the graph has no Softmax"
         raise FdppError(f"no attention pattern found ({reasons}); expected MatMul(q, k^T) -> scale -> mask -> "

@@ -55,6 +55,23 @@ def is_standard(node: gs.Node) -> bool:
     return node.domain in (None, "", "ai.onnx")
 
 
+def collect_matches(graph: gs.Graph, anchor_op: str, match, report) -> list:
+    """match(graph, node) for every standard `anchor_op` node, in topological order: the matches it returns, and a
+    near miss in `report` for each node where it returns a reason (a str) instead.
+        collect_matches(graph, "Softmax", match_attention, report) -> [AttentionMatch, ...]"""
+    graph.toposort()
+    matches = []
+    for node in graph.nodes:
+        if node.op != anchor_op or not is_standard(node):
+            continue
+        found = match(graph, node)
+        if isinstance(found, str):
+            report.near_misses.append(f"{anchor_op} '{node.name}' left as is: {found}")
+        else:
+            matches.append(found)
+    return matches
+
+
 def producer_op(tensor: gs.Tensor, *ops: str) -> gs.Node | None:
     node = producer(tensor)
     return node if node is not None and node.op in ops and is_standard(node) else None

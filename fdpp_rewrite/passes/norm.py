@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract
-from fdpp_rewrite.passes.common import (NameMaker, PassReport, constant_dtype, constant_shape, constant_value,
-                                        dtype_name, is_constant, is_standard, producer, rank, scalar_value,
-                                        sole_consumer, static_dim)
+from fdpp_rewrite.passes.common import (NameMaker, PassReport, collect_matches, constant_dtype, constant_shape,
+                                        constant_value, dtype_name, is_constant, is_standard, producer, rank,
+                                        scalar_value, sole_consumer, static_dim)
 
 OP = "RMSNorm"
 
@@ -115,16 +115,7 @@ def run(graph: gs.Graph) -> PassReport:
     report = PassReport("norm")
     contract = load_contract(OP)
     names = NameMaker(graph, "fdpp_norm")
-    graph.toposort()
-    matches = []
-    for node in graph.nodes:
-        if node.op != "ReduceMean" or not is_standard(node):
-            continue
-        found = match_norm(graph, node)
-        if isinstance(found, str):
-            report.near_misses.append(f"ReduceMean '{node.name}' left as is: {found}")
-        else:
-            matches.append(found)
+    matches = collect_matches(graph, "ReduceMean", match_norm, report)
     for match in matches:
         attrs = contract.validate_attributes({"epsilon": match.epsilon}, where=f"norm of '{match.x.name}'")
         match.output.inputs.clear()  # disconnects the old chain; cleanup() removes it
