@@ -37,7 +37,8 @@ CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
 
 def add_arguments(parser) -> None:
     parser.add_argument("original", help="the exported model (standard ops)")
-    parser.add_argument("rewritten", help="its rewrite (fdpp ops), e.g. model.fdpp.onnx")
+    parser.add_argument("rewritten", help="its rewrite (fdpp ops), e.g. model.fdpp.onnx, or an engine folder built "
+                        "from it (`build`): then the engine's kernels are compared")
     parser.add_argument("--batch", type=int, default=2, help="sequences per step (default 2; at least 2)")
     parser.add_argument("--prefill", type=int, default=6, help="prompt length of the first step (default 6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
@@ -389,7 +390,13 @@ def print_report(report: CompareReport, stream=None) -> None:
 
 
 def run(args) -> int:
-    report = compare_models(args.original, args.rewritten, batch=args.batch, prefill=args.prefill, seed=args.seed,
-                            progress=Progress())
+    from fdpp_rewrite.engine.compare_engine import compare_engine, is_engine_folder
+
+    if is_engine_folder(args.rewritten):  # an engine folder from `build`: its kernels against the original graph
+        report = compare_engine(args.original, args.rewritten, batch=args.batch, prefill=args.prefill,
+                                seed=args.seed, progress=Progress())
+    else:
+        report = compare_models(args.original, args.rewritten, batch=args.batch, prefill=args.prefill,
+                                seed=args.seed, progress=Progress())
     print_report(report)
     return 0 if report.passed else 1

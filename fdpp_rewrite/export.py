@@ -14,7 +14,7 @@ import datetime
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fdpp_rewrite.atomic import AtomicOutputs, existing_folder, rename_external_data
@@ -36,6 +36,8 @@ def add_arguments(parser):
     parser.add_argument("--max-cache", type=int, default=None,
                         help=f"KV cache length, a static input dimension (default: {DEFAULT_MAX_CACHE} or the model's "
                              "position limit if smaller; 0: a dynamic dimension)")
+    parser.add_argument("--max-position", type=int, help="raise the model's position limit (RoPE models) to time "
+                        "long contexts with random weights; a trained model is untested past its own limit")
     parser.add_argument("--layers", type=int, help="keep only the first N layers, 1 up to the model's own count "
                                                    "(for tests; default: all of them)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init (presets without weights)")
@@ -70,7 +72,8 @@ def default_output(source: str) -> Path:
 
 def export_model(source: str, output: Path, *, dtype: str = "float16", max_cache: int | None = None,
                  num_layers: int | None = None, seed: int = 0, random_init: bool = False, force: bool = False,
-                 progress: bool | Progress = True, command: str | None = None) -> ExportResult:
+                 progress: bool | Progress = True, command: str | None = None,
+                 max_position: int | None = None) -> ExportResult:
     """Export `source` to `output` (see the module docstring). max_cache: the static cache length; None: 2048
     or the model's position limit if smaller; 0: a symbolic (dynamic) cache length.
 
@@ -93,6 +96,14 @@ def export_model(source: str, output: Path, *, dtype: str = "float16", max_cache
     with progress.stage("load model"):
         model = load_model(source, dtype=dtype, num_layers=num_layers, seed=seed, random_init=random_init)
     config = model.config
+    if max_position is not None:
+        if config.learned_positions:
+            raise FdppError(f"--max-position: {source} has a learned position table of {config.max_position} rows; "
+                            "it cannot be raised (only RoPE models can)")
+        if max_position < config.max_position:
+            raise FdppError(f"--max-position {max_position} is below the model's {config.max_position}; pass a larger "
+                            "value or leave it out")
+        config = model.config = replace(config, max_position=max_position)
     if max_cache is None:
         max_cache = min(DEFAULT_MAX_CACHE, config.max_position)
     if max_cache and max_cache > config.max_position:
@@ -189,6 +200,8 @@ def _command_line(args, output: Path) -> str:
         parts += ["--max-cache", str(args.max_cache)]
     if args.layers:
         parts += ["--layers", str(args.layers)]
+    if args.max_position:
+        parts += ["--max-position", str(args.max_position)]
     if args.random_init:
         parts.append("--random-init")
     return " ".join(parts)
@@ -198,7 +211,7 @@ def run(args) -> int:
     output = args.output or default_output(args.source)
     result = export_model(args.source, output, dtype=args.dtype, max_cache=args.max_cache, num_layers=args.layers,
                           seed=args.seed, random_init=args.random_init, force=args.force,
-                          command=_command_line(args, output))
+                          command=_command_line(args, output), max_position=args.max_position)
     print(f"wrote {result.onnx_path} + {result.data_path.name} ({_size(result.total_bytes)}, "
           f"{result.num_params:,} parameters, {args.dtype}) in {result.seconds:.1f} s")
     print(f"weights: {result.origin}")

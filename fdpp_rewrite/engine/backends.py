@@ -9,6 +9,9 @@ a default: an engine never runs an unprofiled GEMM.
 issue's benchmark and ablation compare against: the same graph, norms, RoPE and CUDA graphs, but FlatGemm
 becomes torch's GEMM (cuBLAS) with SiLU-mul and the residual as separate ops, and the attention torch's
 scaled_dot_product_attention over the cache view (cuDNN / memory-efficient, as torch dispatches a masked call).
+
+`ablate=NAME` (cuda) switches one technique back to its baseline and keeps the others (ABLATIONS says which);
+`bench --ablate` runs each in turn to show what each technique buys end to end.
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ from fdpp_rewrite.engine import ops
 from fdpp_rewrite.errors import FdppError
 
 FDPP_OPS = ("FlatGemm", "AsyncSoftmaxAttention", "RMSNorm", "RopeAppend")
+
+# ablation -> what it switches back to its baseline (one technique each; the rest of the engine unchanged)
+ABLATIONS = {
+    "synchronized-softmax": "asynchronized softmax -> synchronized (per-tile max, rescaled partials)",
+    "cublaslt-gemm": "ImplA/ImplB -> cuBLASLt for every GEMM (epilogues still fused)",
+    "static-dispatch": "profiled per-shape dispatch -> ImplB with its default config for every shape",
+    "unfused-glue": "fused GEMM epilogues and RMSNorm kernel -> separate torch ops",
+    "sdpa-attention": "fdpp attention -> torch SDPA (cuDNN / memory-efficient)",
+}
 
 
 def _flat_gemm_math(x, weight, bias, residual, epilogue: str):
@@ -152,37 +164,30 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, gemm_plans: dict, softmax: str = "unified", baseline: bool = False):
+    def __init__(self, gemm_plans: dict, softmax: str = "unified", baseline: bool = False,
+                 ablate: str | None = None):
         from fdpp_rewrite.errors import require_gpu
 
         require_gpu("the cuda engine backend")
+        if ablate is not None and ablate not in ABLATIONS:
+            raise FdppError(f"unknown ablation {ablate!r}; use one of {', '.join(ABLATIONS)}")
         self.device = torch.device("cuda")
         self.gemm_plans = gemm_plans
-        self.softmax = softmax
+        self.ablate = ablate
+        self.softmax = "synchronized" if ablate == "synchronized-softmax" else softmax
         self.baseline = baseline
 
     def lower(self, op_type: str, attrs: dict, name: str):
         fn = baseline_lowering(op_type, attrs) if self.baseline else None
+        if self.ablate == "sdpa-attention" and op_type == "AsyncSoftmaxAttention":
+            fn = sdpa_attention(attrs)
+        if self.ablate == "unfused-glue" and op_type == "RMSNorm":
+            eps = float(attrs.get("epsilon", 1e-5))
+            fn = lambda x, weight: ops.rms_norm_torch(x, weight, eps)  # noqa: E731
         if fn is not None:
             return fn
         if op_type == "FlatGemm":
-            from fdpp_rewrite.gpu import gemm
-
-            plan = self.gemm_plans.get(name)
-            if plan is None:
-                raise FdppError(f"FlatGemm node {name} has no profiled plan in the engine; rebuild the engine")
-            epilogue = attrs.get("epilogue", "none")
-
-            # the C ABI's epilogue codes are none and silu_mul; a residual is added through its own pointer
-            kernel_epilogue = "silu_mul" if epilogue == "silu_mul" else "none"
-
-            def flat_gemm(*inputs):
-                x, weight, bias, residual = _gemm_inputs(attrs, inputs)
-                residual = None if residual is None else residual.contiguous()
-                return gemm.linear(x.contiguous(), weight, bias, residual, epilogue=kernel_epilogue, plan=plan)
-            if epilogue not in ("none", "silu_mul", "residual"):
-                raise FdppError(f"FlatGemm {name}: unknown epilogue {epilogue!r}")
-            return flat_gemm
+            return self._flat_gemm(attrs, name)
         if op_type == "AsyncSoftmaxAttention":
             from fdpp_rewrite.gpu import attention as gpu_attention
 
@@ -202,6 +207,40 @@ class CudaBackend:
         if op_type == "RopeAppend":
             return self._rope_append(attrs)
         raise FdppError(f"the cuda backend has no fdpp::{op_type}")
+
+    def _flat_gemm(self, attrs, name):
+        from fdpp_rewrite.gpu import gemm
+
+        plan = self.gemm_plans.get(name)
+        if plan is None:
+            raise FdppError(f"FlatGemm node {name} has no profiled plan in the engine; rebuild the engine")
+        epilogue = attrs.get("epilogue", "none")
+        if epilogue not in ("none", "silu_mul", "residual"):
+            raise FdppError(f"FlatGemm {name}: unknown epilogue {epilogue!r}")
+        if self.ablate == "cublaslt-gemm":
+            plan = {**plan, "m1": 0, "m2": 0}
+        unfused = self.ablate == "unfused-glue"
+        # the C ABI's epilogue codes are none and silu_mul; a residual is added through its own pointer
+        kernel_epilogue = "silu_mul" if epilogue == "silu_mul" and not unfused else "none"
+        static_plans = {}  # static-dispatch: the default plan of the weight's [N, K], made at the first (traced) call
+
+        def flat_gemm(*inputs):
+            x, weight, bias, residual = _gemm_inputs(attrs, inputs)
+            step_plan = plan
+            if self.ablate == "static-dispatch":
+                if not static_plans:
+                    default = gemm.default_plan(weight.shape[0], weight.shape[1], kernel_epilogue)
+                    static_plans["plan"] = {**default, "m1": 0, "m2": gemm.IMPLB_MAX_M}
+                step_plan = static_plans["plan"]
+            if unfused:
+                y = gemm.linear(x.contiguous(), weight, bias, None, epilogue="none", plan=step_plan)
+                if epilogue == "silu_mul":
+                    gate, up = y.chunk(2, dim=-1)
+                    return F.silu(gate) * up
+                return y + residual if epilogue == "residual" else y
+            residual = None if residual is None else residual.contiguous()
+            return gemm.linear(x.contiguous(), weight, bias, residual, epilogue=kernel_epilogue, plan=step_plan)
+        return flat_gemm
 
     def _rope_append(self, attrs):
         """The plugin library's rope_append kernel, writing the caches in place. The query is rotated in place: it

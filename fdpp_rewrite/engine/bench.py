@@ -4,7 +4,9 @@ sees it (sampling and the token readback included in every step).
 Per (batch, context): random prompt ids (seed 0), one warm-up generation (it traces and captures the buckets the
 run visits), then the timed generation. `--kernels fdpp torch` runs each point with this project's kernels and
 then with the stock-torch baseline (backends.py: cuBLAS GEMMs with unfused epilogues, SDPA attention; the same
-graph, norms, RoPE and CUDA graphs) and prints the ratios.
+graph, norms, RoPE and CUDA graphs) and prints the ratios. `--ablate` also runs the engine once per ablation
+(backends.ABLATIONS: one technique switched back to its baseline, everything else unchanged) and prints what
+each technique buys: fdpp's tokens/s over the ablated engine's, per point.
 
 Reported: decode tokens/s (batch / mean step); ms per step (mean and median); first-token time (prefill of every
 prompt + the first token); the memory roofline (weight bytes + KV bytes a step reads, over a streaming read
@@ -114,15 +116,45 @@ def bench_point(engine, batch: int, context: int, new_tokens: int, bandwidth: fl
     return point
 
 
+def configurations(kernels: list, ablate: bool) -> list:
+    """(label, Engine options) of each engine the bench runs, in order: fdpp, each ablation, torch."""
+    from fdpp_rewrite.engine.backends import ABLATIONS
+
+    runs = [("fdpp", {})] if "fdpp" in kernels or ablate else []
+    if ablate:
+        runs += [(f"-{name}", {"ablate": name}) for name in ABLATIONS]
+    if "torch" in kernels or ablate:
+        runs.append(("torch", {"baseline": True}))
+    return runs
+
+
+def print_ablation(points: list, stream=None) -> None:
+    """What each technique buys: fdpp tokens/s over the tokens/s with that technique switched off."""
+    from fdpp_rewrite.engine.backends import ABLATIONS
+
+    ours = {(p["batch"], p["context"]): p for p in points if p["kernels"] == "fdpp"}
+    ablated = [p for p in points if p["kernels"].startswith("-") and (p["batch"], p["context"]) in ours]
+    if not ablated:
+        return
+    print("ablation (fdpp tokens/s over the engine with one technique switched to its baseline):", file=stream)
+    for p in ablated:
+        mine = ours[(p["batch"], p["context"])]
+        name = p["kernels"][1:]
+        buys = mine["tokens_per_s"] / p["tokens_per_s"]
+        print(f"  batch {p['batch']:>2} context {p['context']:>5}  {name:<20} {buys:.3f}x  ({ABLATIONS[name]})",
+              file=stream)
+
+
 def print_table(points: list, stream=None) -> None:
-    header = f"{'kernels':>7} {'batch':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'median':>7} " \
+    header = f"{'kernels':>21} {'batch':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'median':>7} " \
              f"{'1st tok ms':>10} {'roofline ms':>11} {'roofline %':>10} {'launches/layer':>14}"
     print(header, file=stream)
     for p in points:
         roof = f"{p['roofline_ms']:>11.3f} {p['roofline_pct']:>10.1f}" if "roofline_ms" in p else f"{'-':>11} {'-':>10}"
         launches = f"{p['launches']['per_layer']:>14.2f}" if "launches" in p else f"{'-':>14}"
-        print(f"{p['kernels']:>7} {p['batch']:>5} {p['context']:>7} {p['tokens_per_s']:>9.1f} {p['ms_per_step']:>8.3f} "
-              f"{p['ms_per_step_median']:>7.3f} {p['first_token_ms']:>10.2f} {roof} {launches}", file=stream)
+        print(f"{p['kernels']:>21} {p['batch']:>5} {p['context']:>7} {p['tokens_per_s']:>9.1f} "
+              f"{p['ms_per_step']:>8.3f} {p['ms_per_step_median']:>7.3f} {p['first_token_ms']:>10.2f} "
+              f"{roof} {launches}", file=stream)
     ours = {(p["batch"], p["context"]): p for p in points if p["kernels"] == "fdpp"}
     for p in points:
         mine = ours.get((p["batch"], p["context"]))
@@ -138,6 +170,8 @@ def bench_command(args, command: str) -> int:
 
     limits = read_manifest(args.engine)
     max_batch, max_seq = limits["max_batch"], limits["max_seq"]
+    if args.ablate and (args.backend or limits["backend"]) != "cuda":
+        raise FdppError("--ablate switches GPU kernels: it needs a cuda engine (build --backend cuda)")
     for batch in args.batch:
         if batch > max_batch:
             raise FdppError(f"--batch {batch} exceeds the engine's max batch {max_batch}; rebuild with "
@@ -147,18 +181,19 @@ def bench_command(args, command: str) -> int:
             raise FdppError(f"--context {context} + --new-tokens {args.new_tokens} exceed the engine's max sequence "
                             f"{max_seq}; rebuild with a larger --max-seq")
     points, bandwidth = [], None
-    for kernels in args.kernels:  # one engine at a time: the weights are on the device once
-        engine = Engine(args.engine, backend=args.backend, use_graphs=not args.no_graphs, baseline=kernels == "torch")
+    for label, options in configurations(args.kernels, args.ablate):  # one engine at a time: weights on the GPU once
+        engine = Engine(args.engine, backend=args.backend, use_graphs=not args.no_graphs, **options)
         if bandwidth is None and engine.backend.name == "cuda":
             bandwidth = stream_read_bytes_per_s(args.stream_gib)
         for context in args.context:
             for batch in args.batch:
-                points.append(dict(kernels=kernels, **bench_point(engine, batch, context, args.new_tokens, bandwidth)))
+                points.append(dict(kernels=label, **bench_point(engine, batch, context, args.new_tokens, bandwidth)))
         backend_name, graphs, manifest = engine.backend.name, engine.use_graphs, engine.manifest
         engine = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     print_table(points)
+    print_ablation(points)
     if bandwidth:
         print(f"streaming read: {bandwidth / 1e12:.2f} TB/s (torch.sum over {args.stream_gib} GiB)")
     if args.out:

@@ -141,7 +141,7 @@ class GenerateResult:
 
 class Engine:
     def __init__(self, folder, backend: str | None = None, use_graphs: bool = True, softmax: str = "unified",
-                 baseline: bool = False):
+                 baseline: bool = False, ablate: str | None = None):
         from safetensors.torch import load_file
 
         from fdpp_rewrite.engine.backends import CpuBackend, CudaBackend
@@ -158,7 +158,9 @@ class Engine:
         except json.JSONDecodeError:
             raise FdppError(f"{self.folder}/plan.json is not valid JSON (a truncated engine?); rebuild it") from None
         if backend == "cuda":
-            self.backend = CudaBackend(self.plan["gemm_plans"], softmax, baseline=baseline)
+            self.backend = CudaBackend(self.plan["gemm_plans"], softmax, baseline=baseline, ablate=ablate)
+        elif ablate is not None:
+            raise FdppError("--ablate needs the cuda backend (it switches GPU kernels)")
         else:
             self.backend = CpuBackend(baseline=baseline)
         device = self.backend.device

@@ -277,6 +277,9 @@ def test_cli_run_and_bench(built, capsys, tmp_path):
     assert "the torch baseline's decode tokens/s" in capsys.readouterr().out
     assert main(["run", str(built[3]), "--prompt", "hi"]) == 2
     assert "has no tokenizer" in capsys.readouterr().err
+    assert main(["bench", str(built[3]), "--ablate"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a cuda engine" in err and len(err.strip().splitlines()) == 1
 
 
 def test_bench_engine_script(tmp_path):

@@ -128,3 +128,25 @@ def test_kernel_launches_are_counted(engine_dir):
     engine.active = 1
     counts = count_kernels(engine, 1)
     assert counts["eager"] > 0 and counts.get("graph", counts["eager"]) > 0
+
+
+@pytest.mark.parametrize("ablation", ["synchronized-softmax", "cublaslt-gemm", "static-dispatch", "unfused-glue",
+                                      "sdpa-attention"])
+def test_each_ablation_computes_the_same_model(engine_dir, ablation):
+    """bench --ablate's engines switch one technique each; the model they compute is the same (fp16 rounding)."""
+    from fdpp_rewrite.engine.backends import ABLATIONS
+    from fdpp_rewrite.engine.bench import count_kernels
+
+    assert ablation in ABLATIONS
+    ours_tokens, ours = _greedy_with_logits(_engine(engine_dir), [PROMPT, PROMPT[:5]], 6)
+    engine = _engine(engine_dir, ablate=ablation)
+    theirs_tokens, theirs = _greedy_with_logits(engine, [PROMPT, PROMPT[:5]], 6)
+    assert (ours[0] - theirs[0]).abs().max().item() < 0.1
+    assert ours_tokens[0][:2] == theirs_tokens[0][:2]
+    fused = _engine(engine_dir)
+    for e in (engine, fused):  # a batch-1 run, whose decode bucket count_kernels replays
+        e.generate([PROMPT], 4)
+        e.active = 1
+    launches, fused_launches = count_kernels(engine, 1)["per_layer"], count_kernels(fused, 1)["per_layer"]
+    if ablation == "unfused-glue":  # the separate SiLU-mul, residual add and norm ops are more launches
+        assert launches > fused_launches

@@ -1,0 +1,142 @@
+"""`compare model.onnx ENGINE_DIR`: the original graph in onnxruntime (CPU) against a built engine (its GPU
+kernels, or the cpu backend), through polygraphy's Comparator, on the steps `compare` feeds two graphs
+(fdpp_rewrite.compare.make_steps: a prefill, a decode step with a different past_len per sequence, a chunk),
+with the op contracts' tolerances.
+
+The engine runs each step as a runtime does: the step's caches are copied into the engine's KV cache slots, the
+step's Program runs on the cache views of its bucket (the kernels write the new rows in place), and the outputs
+are the logits and the caches read back (rows past the engine's bucket are the step's own: nothing writes them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from fdpp_rewrite.errors import FdppError, cannot_load
+from fdpp_rewrite.progress import QUIET, Progress
+
+
+def is_engine_folder(path) -> bool:
+    return Path(path).is_dir() and (Path(path) / "manifest.json").is_file()
+
+
+def _engine_runner(engine, session, progress: Progress, steps: int):
+    import torch
+    from polygraphy.backend.base import BaseRunner
+
+    from fdpp_rewrite.engine.runtime import pick
+
+    class EngineRunner(BaseRunner):
+        def __init__(self):
+            super().__init__(name=f"fdpp-engine-{engine.backend.name}")
+
+        def activate_impl(self):
+            self._stage = progress.start(f"engine ({engine.backend.name} backend)", total=steps, unit="step")
+
+        def get_input_metadata_impl(self):  # the original graph's interface, which the engine's graph shares
+            from polygraphy.common import TensorMetadata
+            from polygraphy.datatype import DataType
+
+            meta = TensorMetadata()
+            for node in session.get_inputs():
+                meta.add(node.name, dtype=DataType.from_dtype(node.type, "onnxruntime"), shape=node.shape)
+            return meta
+
+        def infer_impl(self, feed_dict):
+            ids = torch.from_numpy(np.ascontiguousarray(feed_dict["input_ids"])).to(engine.device)
+            past = torch.from_numpy(np.ascontiguousarray(feed_dict["past_len"])).to(engine.device)
+            batch, seq = ids.shape
+            if batch > engine.max_batch:
+                raise FdppError(f"the comparison feeds {batch} sequences, the engine takes {engine.max_batch}; "
+                                f"pass --batch {engine.max_batch} or less")
+            longest = int(feed_dict["past_len"].max()) + seq
+            if longest > engine.max_seq:
+                raise FdppError(f"the comparison needs {longest} positions, the engine holds {engine.max_seq}; "
+                                "pass a smaller --prefill")
+            kv_len = pick(longest, engine.kv_buckets)
+            for name, cache in zip(engine.cache_names, engine.caches):
+                values = torch.from_numpy(np.ascontiguousarray(feed_dict[name][:, :, :kv_len]))
+                cache[:batch, :, :kv_len].copy_(values.to(device=engine.device, dtype=cache.dtype))
+            start = time.perf_counter()
+            logits = engine.forward(engine.feeds(ids, past, slice(0, batch), kv_len), cache_program=False)
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.inference_time = time.perf_counter() - start
+            outputs = OrderedDict(logits=logits.float().cpu().numpy().astype(feed_dict[engine.cache_names[0]].dtype))
+            for name, cache in zip(engine.cache_names, engine.caches):
+                full = np.array(feed_dict[name], copy=True)
+                full[:, :, :kv_len] = cache[:batch, :, :kv_len].float().cpu().numpy()
+                outputs[name.replace("_cache.", "_cache_out.")] = full
+            self._stage.update()
+            return outputs
+
+        def deactivate_impl(self):
+            if self._stage.count == steps:
+                self._stage.finish()
+            else:
+                self._stage.close()
+
+    return EngineRunner()
+
+
+def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed: int = 0, backend: str | None = None,
+                   progress: Progress = QUIET):
+    """CompareReport of the original graph (onnxruntime) against the engine on the same steps."""
+    from fdpp_rewrite.compare import (DTYPE_NAMES, CompareReport, CompareRow, check_prefill, contract_tolerance,
+                                      make_steps)
+    from fdpp_rewrite.engine.runtime import Engine
+    from fdpp_rewrite.generate import ORT_DTYPES
+    from fdpp_rewrite.onnx_files import load_structure
+    from fdpp_rewrite.quiet import quiet_onnxruntime, quiet_polygraphy, session_options
+
+    if batch < 2:
+        raise FdppError("--batch must be at least 2 (sequences with different past_len are part of the check)")
+    check_prefill(None, prefill)
+    with progress.stage("load engine"):
+        engine = Engine(engine_dir, backend=backend, use_graphs=False)
+    model = load_structure(original)
+    if any(node.domain == "fdpp" for node in model.graph.node):
+        raise FdppError("the first model has fdpp nodes; pass the exported model (model.onnx) first")
+    inputs = {value.name: value for value in model.graph.input}
+    missing = [n for n in ["input_ids", "past_len", *engine.cache_names] if n not in inputs]
+    dims = [d.dim_value for d in inputs[engine.cache_names[0]].type.tensor_type.shape.dim] if not missing else []
+    if missing or dims[1] != engine.plan["num_kv_heads"] or dims[3] != engine.plan["head_dim"]:
+        raise FdppError(f"{original} is not the graph {engine_dir} was built from (its inputs differ); pass the "
+                        "model.onnx the engine's model.fdpp.onnx was rewritten from")
+    ort = quiet_onnxruntime()
+    quiet_polygraphy()
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+
+    from fdpp_rewrite.gpu import attention as gpu_attention
+
+    with progress.stage("inputs"):
+        try:
+            session = ort.InferenceSession(str(original), session_options(), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for corrupt models / missing data
+            raise cannot_load(str(original), exc) from None
+        steps = make_steps(session, model, batch, prefill, seed)
+    dtype = DTYPE_NAMES.get(ORT_DTYPES.get(session.get_outputs()[0].type), "float32")
+    atol, rtol = contract_tolerance(dtype)
+    on_gpu = engine.device.type == "cuda"
+    if on_gpu:
+        gpu_attention.read_library_counters(reset=True)
+    results = Comparator.run([OnnxrtRunner(session, name="onnxruntime-original"), _engine_runner(engine, session,
+                                                                                                 progress, len(steps))],
+                             data_loader=steps)
+    accuracy = Comparator.compare_accuracy(
+        results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat="elemwise"))
+    fallback = gpu_attention.read_library_counters()[0] if on_gpu else 0
+    heads = sum(int(n["attrs"]["num_heads"]) for n in engine.plan["nodes"] if n["op"] == "AsyncSoftmaxAttention")
+    rows = sum(heads * step["input_ids"].size for step in steps)  # one row per query head and position
+    report = CompareReport(atol=atol, rtol=rtol, dtype=dtype, fallback_rows=fallback, attention_rows=rows)
+    step_names = ["prefill", "decode", "chunk"] if len(steps) == 3 else [f"step{i}" for i in range(len(steps))]
+    for per_iteration in accuracy[0].values():
+        for step, outputs in zip(step_names, per_iteration):
+            for name, result in outputs.items():
+                report.rows.append(CompareRow(step, name, result.max_absdiff, result.max_reldiff, bool(result)))
+    return report

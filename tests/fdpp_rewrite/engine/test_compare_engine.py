@@ -1,0 +1,56 @@
+"""`compare model.onnx ENGINE`: the original graph in onnxruntime against a built engine through polygraphy, on
+the cpu backend here and (marked gpu) on the GPU kernels for a tiny preset of each family."""
+
+import io
+
+import pytest
+
+from fdpp_rewrite.engine.build import build_engine
+from fdpp_rewrite.engine.compare_engine import compare_engine
+from fdpp_rewrite.errors import FdppError
+
+FAMILIES = ["tiny-llama", "tiny-opt", "tiny-smollm2", "tiny-chatglm"]
+
+
+def _export_build(folder, preset, dtype, backend):
+    from fdpp_rewrite.export import export_model
+    from fdpp_rewrite.rewrite import rewrite_file
+
+    onnx_path = folder / "model.onnx"
+    export_model(preset, onnx_path, dtype=dtype, max_cache=64, progress=False)
+    rewritten = rewrite_file(onnx_path, stream=io.StringIO())
+    build_engine(rewritten, folder / "engine", backend=backend, max_batch=4, max_seq=64, stream=io.StringIO())
+    return onnx_path, folder / "engine"
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_cpu_engine_matches_the_original(tmp_path, preset):
+    onnx_path, engine = _export_build(tmp_path, preset, "float32", "cpu")
+    report = compare_engine(onnx_path, engine, batch=3)
+    assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
+    assert {r.step for r in report.rows} == {"prefill", "decode", "chunk"}
+    assert any(r.output == "logits" for r in report.rows) and report.attention_rows > 0
+
+
+def test_another_models_graph_is_refused(tmp_path):
+    _, engine = _export_build(tmp_path / "a", "tiny-llama", "float32", "cpu")
+    other, _ = _export_build(tmp_path / "b", "tiny-chatglm", "float32", "cpu")
+    with pytest.raises(FdppError, match="is not the graph"):
+        compare_engine(other, engine)
+
+
+def test_cli_compares_an_engine_folder(tmp_path, capsys):
+    from fdpp_rewrite.cli import main
+
+    onnx_path, engine = _export_build(tmp_path, "tiny-llama", "float32", "cpu")
+    assert main(["compare", str(onnx_path), str(engine)]) == 0
+    assert "PASS: tolerance float32" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_gpu_engine_matches_the_original(tmp_path, preset):
+    onnx_path, engine = _export_build(tmp_path, preset, "float16", "cuda")
+    report = compare_engine(onnx_path, engine, batch=3)
+    assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
+    assert report.fallback_rows == 0
