@@ -20,7 +20,8 @@ from fdpp_rewrite.models.hf import save_hf_checkpoint
 from fdpp_rewrite.models.reference import ReferenceModel
 from fdpp_rewrite.onnx_graph import ALIGNMENT
 
-TINY = ["tiny-llama", "tiny-smollm2", "tiny-opt", "tiny-chatglm"]
+TINY = ["tiny-llama", "tiny-smollm2", "tiny-opt", "tiny-chatglm", "tiny-llama3", "tiny-qwen2", "tiny-mistral",
+        "tiny-gpt2"]
 
 
 def _session(path):
@@ -199,8 +200,13 @@ def test_refuses_to_overwrite_without_force(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-    with pytest.raises(FdppError, match="exceeds the 512 positions"):
+    with pytest.raises(FdppError, match=r"exceeds the 512 positions this model supports; pass --max-cache 512 or"):
         export_model("tiny-opt", tmp_path / "a.onnx", max_cache=600, progress=False)
+    with pytest.raises(FdppError, match=r"exceeds the 256 positions .*\(mistral attends within a sliding window "
+                                        "of 256 tokens, which the exported graph does not mask"):
+        export_model("tiny-mistral", tmp_path / "a.onnx", max_cache=257, progress=False)
+    with pytest.raises(FdppError, match=r"--max-cache 0\) could outgrow mistral's sliding window of 256 tokens"):
+        export_model("tiny-mistral", tmp_path / "a.onnx", max_cache=0, progress=False)
     with pytest.raises(FdppError, match="must end in .onnx"):
         export_model("tiny-opt", tmp_path / "a.txt", progress=False)
     with pytest.raises(FdppError, match="unknown preset"):
