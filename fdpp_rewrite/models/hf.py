@@ -191,6 +191,10 @@ def _rope(cfg: dict, where: str) -> dict:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type")) or "default"
     fields = {"rope_theta": float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))}
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
+    if partial != 1.0:
+        raise FdppError(f"{where}: partial_rotary_factor {partial} is not supported for {cfg['model_type']} "
+                        "(RoPE on every channel only)")
     if rope_type not in ROPE_TYPES:
         raise FdppError(f"{where}: rope scaling type {rope_type!r} is not supported "
                         f"(supported: {', '.join(ROPE_TYPES)})")

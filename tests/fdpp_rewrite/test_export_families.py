@@ -171,6 +171,9 @@ def test_unsupported_rope_type_and_activation_name_the_supported_ones(tmp_path):
                     r"rope scaling type 'yarn' is not supported \(supported: default, linear, llama3, dynamic\)")
     _edit_config(tmp_path / "llama", rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4})
     _one_line_error(lambda: load_model(str(tmp_path / "llama")), "llama3 rope scaling lacks 'low_freq_factor'")
+    _edit_config(tmp_path / "llama", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                      "partial_rotary_factor": 0.5})
+    _one_line_error(lambda: load_model(str(tmp_path / "llama")), "partial_rotary_factor 0.5 is not supported")
 
     _checkpoint(tmp_path / "gpt2", *_gpt2())
     _edit_config(tmp_path / "gpt2", activation_function="relu")
