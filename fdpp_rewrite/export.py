@@ -106,8 +106,13 @@ def export_model(source: str, output: Path, *, dtype: str = "float16", max_cache
         config = model.config = replace(config, max_position=max_position)
     if max_cache is None:
         max_cache = min(DEFAULT_MAX_CACHE, config.max_position)
+    reason = config.position_limit_reason()
     if max_cache and max_cache > config.max_position:
-        raise FdppError(f"--max-cache {max_cache} exceeds the {config.max_position} positions this model supports; "
+        raise FdppError(f"--max-cache {max_cache} exceeds the {config.max_position} positions this model supports"
+                        f"{f' ({reason})' if reason else ''}; pass --max-cache {config.max_position} or less")
+    if not max_cache and config.sliding_window:
+        raise FdppError(f"a dynamic cache length (--max-cache 0) could outgrow {config.family}'s sliding window of "
+                        f"{config.sliding_window} tokens, which the exported graph does not mask; "
                         f"pass --max-cache {config.max_position} or less")
     _check_disk_space(output.parent, config, dtype)
 

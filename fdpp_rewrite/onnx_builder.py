@@ -190,9 +190,20 @@ class DecoderGraph:
             gate = self.linear(h, p + "gate", c.linear_bias)
             up = self.linear(h, p + "up", c.linear_bias)
             hidden = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # silu(gate) * up
+        elif c.activation == "gelu_tanh":
+            hidden = self.gelu_tanh(self.linear(h, p + "up", c.linear_bias))
         else:
             hidden = g.op("Relu", [self.linear(h, p + "up", c.linear_bias)])
         return self.linear(hidden, p + "down", c.linear_bias)
+
+    def gelu_tanh(self, x: str) -> str:
+        """GELU, tanh form: 0.5 x (1 + tanh(z)) = x sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3).
+        In float32: x^3 of an fp16 activation overflows above 40."""
+        g = self.g
+        x32 = self.to_float32(x)
+        cubic = g.op("Add", [g.const(1.0, F32), g.op("Mul", [g.const(0.044715, F32), g.op("Mul", [x32, x32])])])
+        z2 = g.op("Mul", [g.op("Mul", [x32, cubic]), g.const(2 * math.sqrt(2 / math.pi), F32)])
+        return self.to_model_dtype(g.op("Mul", [x32, g.op("Sigmoid", [z2])]))
 
     # -- the whole model -----------------------------------------------------------------------------------
 

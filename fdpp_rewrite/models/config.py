@@ -1,19 +1,30 @@
 """ModelConfig: everything the reference model and the exporter need to know about an architecture.
 
-Three families share one decoder-only layout (embedding, N x [norm, attention, residual, norm, MLP, residual],
+The families share one decoder-only layout (embedding, N x [norm, attention, residual, norm, MLP, residual],
 final norm, lm_head) and differ only in the switches below:
 
     family   norm       MLP                 positions            biases
-    llama    RMSNorm    SwiGLU (gate, up)   RoPE, rotate-half    none (qkv_bias optional)
+    llama    RMSNorm    SwiGLU (gate, up)   RoPE, rotate-half    none (qkv_bias optional); Llama 3 rope scaling
+    qwen2    RMSNorm    SwiGLU (gate, up)   RoPE, rotate-half    q, k, v only
+    mistral  RMSNorm    SwiGLU (gate, up)   RoPE, rotate-half    none; sliding-window attention
     opt      LayerNorm  ReLU (up = fc1)     learned, offset 2    every linear and norm
+    gpt2     LayerNorm  GELU (tanh approx)  learned, offset 0    every linear and norm
     chatglm  RMSNorm    SwiGLU (gate, up)   RoPE on half of each head, interleaved pairs   qkv only
+
+A sliding window is not masked by the exported graph: a windowed model's max_position is at most its window, so
+every sequence it runs fits the window and full causal attention is exact.
 """
 
 from dataclasses import asdict, dataclass, fields, replace
 
 from fdpp_rewrite.errors import FdppError
 
-FAMILIES = ("llama", "opt", "chatglm")
+FAMILIES = ("llama", "qwen2", "mistral", "opt", "gpt2", "chatglm")
+ACTIVATIONS = ("swiglu", "relu", "gelu_tanh")
+# RoPE scalings (Hugging Face's rope_type), each a fixed change of the inverse frequencies (reference.rope_inv_freq).
+# "dynamic" (NTK) rescales only past max_position_embeddings, which is where our max_position stops: below it the
+# frequencies are plain RoPE's.
+ROPE_TYPES = ("default", "linear", "llama3", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -35,9 +46,15 @@ class ModelConfig:
     qkv_bias: bool = False       # bias on the q, k, v projections
     linear_bias: bool = False    # bias on the attention output and MLP projections
     norm: str = "rmsnorm"        # "rmsnorm" | "layernorm" (layernorm has a bias)
-    activation: str = "swiglu"   # "swiglu" (silu(gate) * up) | "relu" (relu(up))
-    learned_positions: bool = False  # OPT: a position embedding table added to the token embedding
+    activation: str = "swiglu"   # "swiglu" (silu(gate) * up) | "relu" (relu(up)) | "gelu_tanh" (gelu(up), tanh form)
+    learned_positions: bool = False  # OPT, GPT-2: a position embedding table added to the token embedding
     position_offset: int = 0     # OPT stores position p at row p + 2
+    rope_type: str = "default"   # one of ROPE_TYPES
+    rope_factor: float = 1.0     # linear, llama3: how much longer the context is than the one trained at first
+    rope_low_freq_factor: float = 1.0    # llama3: wavelengths above original / low are divided by the factor
+    rope_high_freq_factor: float = 4.0   # llama3: wavelengths below original / high are kept
+    rope_original_max_position: int = 0  # llama3: the context length before the extension
+    sliding_window: int = 0      # each query sees only this many latest keys (mistral); 0: no window
 
     def __post_init__(self):
         problems = []
@@ -53,8 +70,19 @@ class ModelConfig:
             problems.append(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
         if self.norm not in ("rmsnorm", "layernorm"):
             problems.append(f"norm {self.norm!r} is not rmsnorm or layernorm")
-        if self.activation not in ("swiglu", "relu"):
-            problems.append(f"activation {self.activation!r} is not swiglu or relu")
+        if self.activation not in ACTIVATIONS:
+            problems.append(f"activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.rope_type not in ROPE_TYPES:
+            problems.append(f"rope_type {self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}")
+        if self.rope_type == "llama3" and (self.rope_original_max_position <= 0
+                                           or self.rope_high_freq_factor <= self.rope_low_freq_factor):
+            problems.append("llama3 rope scaling needs rope_original_max_position > 0 and "
+                            "rope_high_freq_factor > rope_low_freq_factor")
+        if self.rope_factor <= 0:
+            problems.append(f"rope_factor must be positive, got {self.rope_factor}")
+        if self.sliding_window and self.max_position > self.sliding_window:
+            problems.append(f"max_position {self.max_position} exceeds sliding_window {self.sliding_window} "
+                            "(the exported graph does not mask the window)")
         if problems:
             raise FdppError("invalid model config: " + "; ".join(problems))
 
@@ -64,6 +92,16 @@ class ModelConfig:
         if self.learned_positions:
             return 0
         return self.rotary_dim or self.head_dim
+
+    def position_limit_reason(self) -> str:
+        """Why sequences stop at max_position when that is not simply the model's trained length ("" then),
+        for the errors that enforce the limit."""
+        if self.sliding_window and self.max_position == self.sliding_window:
+            return (f"{self.family} attends within a sliding window of {self.sliding_window} tokens, which the "
+                    "exported graph does not mask: sequences must fit the window")
+        if self.rope_type == "dynamic":
+            return f"dynamic NTK RoPE is plain RoPE up to {self.max_position} positions and rescales beyond"
+        return ""
 
     @property
     def group_size(self) -> int:

@@ -2,7 +2,8 @@
 
 One declarative table per family maps checkpoint names to ours. A tuple on the right means the checkpoint
 stores those tensors concatenated along dim 0 (ChatGLM2's fused query_key_value and dense_h_to_4h); the split
-sizes come from our shapes."""
+sizes come from our shapes. Names in a family's TRANSPOSED set are stored [in_features, out_features] (GPT-2's
+Conv1D) and are transposed as they are read, before any split."""
 
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import torch
 
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.models.config import ModelConfig
+from fdpp_rewrite.models.config import ROPE_TYPES, ModelConfig
 from fdpp_rewrite.models.names import weight_shapes
 from fdpp_rewrite.models.weights import Weights
 
@@ -78,10 +79,42 @@ CHATGLM_NAMES = {
     "transformer.output_layer.weight": "lm_head.weight",
 }
 
-NAME_MAPS = {"llama": LLAMA_NAMES, "opt": OPT_NAMES, "chatglm": CHATGLM_NAMES}
+GPT2_NAMES = {
+    "transformer.wte.weight": "embed.weight",
+    "transformer.wpe.weight": "pos_embed.weight",
+    "transformer.h.{i}.ln_1.weight": "layers.{i}.attn_norm.weight",
+    "transformer.h.{i}.ln_1.bias": "layers.{i}.attn_norm.bias",
+    "transformer.h.{i}.attn.c_attn.weight": ("layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight",
+                                             "layers.{i}.attn.v.weight"),
+    "transformer.h.{i}.attn.c_attn.bias": ("layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias",
+                                           "layers.{i}.attn.v.bias"),
+    "transformer.h.{i}.attn.c_proj.weight": "layers.{i}.attn.o.weight",
+    "transformer.h.{i}.attn.c_proj.bias": "layers.{i}.attn.o.bias",
+    "transformer.h.{i}.ln_2.weight": "layers.{i}.mlp_norm.weight",
+    "transformer.h.{i}.ln_2.bias": "layers.{i}.mlp_norm.bias",
+    "transformer.h.{i}.mlp.c_fc.weight": "layers.{i}.mlp.up.weight",
+    "transformer.h.{i}.mlp.c_fc.bias": "layers.{i}.mlp.up.bias",
+    "transformer.h.{i}.mlp.c_proj.weight": "layers.{i}.mlp.down.weight",
+    "transformer.h.{i}.mlp.c_proj.bias": "layers.{i}.mlp.down.bias",
+    "transformer.ln_f.weight": "final_norm.weight",
+    "transformer.ln_f.bias": "final_norm.bias",
+    "lm_head.weight": "lm_head.weight",  # absent from GPT-2 checkpoints: tied to wte
+}
 
-# Older OPT checkpoints (facebook/opt-*) were saved from OPTModel: "decoder.layers..." without "model.".
-KEY_ALIASES = {"opt": [("decoder.", "model.decoder.")]}
+# Qwen2 and Mistral checkpoints use Llama's names (Qwen2 adds the q/k/v biases, which LLAMA_NAMES has).
+NAME_MAPS = {"llama": LLAMA_NAMES, "qwen2": LLAMA_NAMES, "mistral": LLAMA_NAMES, "opt": OPT_NAMES,
+             "gpt2": GPT2_NAMES, "chatglm": CHATGLM_NAMES}
+
+# GPT-2's Conv1D layers store their weight as [in_features, out_features].
+TRANSPOSED = {"gpt2": {"transformer.h.{i}.attn.c_attn.weight", "transformer.h.{i}.attn.c_proj.weight",
+                       "transformer.h.{i}.mlp.c_fc.weight", "transformer.h.{i}.mlp.c_proj.weight"}}
+
+KEY_ALIASES = {
+    # Older OPT checkpoints (facebook/opt-*) were saved from OPTModel: "decoder.layers..." without "model.".
+    "opt": [("decoder.", "model.decoder.")],
+    # The original gpt2 checkpoints were saved from GPT2Model: "h.0...", "wte.weight" without "transformer.".
+    "gpt2": [(prefix, "transformer." + prefix) for prefix in ("wte.", "wpe.", "h.", "ln_f.")],
+}
 
 
 def expand_name_map(config: ModelConfig) -> dict[str, tuple[str, ...]]:
@@ -101,65 +134,142 @@ def expand_name_map(config: ModelConfig) -> dict[str, tuple[str, ...]]:
     return expanded
 
 
-def _rope_theta(cfg: dict, default: float) -> float:
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise FdppError(f"rope scaling type {rope_type!r} is not supported (only plain RoPE); "
-                        "use a checkpoint without rope_scaling")
-    return float(params.get("rope_theta", cfg.get("rope_theta", default)))
+def transposed_names(config: ModelConfig) -> set[str]:
+    """The checkpoint names of this config that are stored [in_features, out_features]."""
+    return {pattern.format(i=i) for pattern in TRANSPOSED.get(config.family, ())
+            for i in (range(config.num_layers) if "{i}" in pattern else [None])}
 
 
 def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
     """Our ModelConfig from a Hugging Face config.json dict."""
     model_type = cfg.get("model_type")
+    reader = CONFIG_READERS.get(model_type)
+    if reader is None:
+        raise FdppError(f"{where}: model_type {model_type!r} is not supported "
+                        f"(supported: {', '.join(CONFIG_READERS)}); use a checkpoint of one of those")
     try:
-        if model_type == "llama":
-            heads = cfg["num_attention_heads"]
-            return ModelConfig(
-                family="llama", hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-                num_layers=cfg["num_hidden_layers"], num_heads=heads,
-                num_kv_heads=cfg.get("num_key_value_heads") or heads,
-                head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab_size=cfg["vocab_size"],
-                max_position=cfg.get("max_position_embeddings", 2048), norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                rope_theta=_rope_theta(cfg, 10000.0), tie_embeddings=cfg.get("tie_word_embeddings", False),
-                qkv_bias=cfg.get("attention_bias", False), linear_bias=_llama_linear_bias(cfg))
-        if model_type == "opt":
-            _check(cfg, "do_layer_norm_before", True, "post-LayerNorm OPT (opt-350m) is not supported")
-            _check(cfg, "activation_function", "relu", "only the ReLU MLP of OPT is supported")
-            _check(cfg, "enable_bias", True, "OPT without biases is not supported")
-            _check(cfg, "layer_norm_elementwise_affine", True, "OPT without LayerNorm affine is not supported")
-            if cfg.get("word_embed_proj_dim", cfg["hidden_size"]) != cfg["hidden_size"]:
-                raise FdppError(f"{where}: OPT with word_embed_proj_dim != hidden_size (project_in/out) "
-                                "is not supported")
-            heads = cfg["num_attention_heads"]
-            return ModelConfig(
-                family="opt", hidden_size=cfg["hidden_size"], intermediate_size=cfg["ffn_dim"],
-                num_layers=cfg["num_hidden_layers"], num_heads=heads, num_kv_heads=heads,
-                head_dim=cfg["hidden_size"] // heads, vocab_size=cfg["vocab_size"],
-                max_position=cfg["max_position_embeddings"], norm_eps=1e-5, norm="layernorm", activation="relu",
-                qkv_bias=True, linear_bias=True, learned_positions=True, position_offset=2,
-                tie_embeddings=cfg.get("tie_word_embeddings", True))
-        if model_type == "chatglm":
-            _check(cfg, "rmsnorm", True, "ChatGLM with LayerNorm is not supported")
-            _check(cfg, "post_layer_norm", True, "ChatGLM without a final norm is not supported")
-            _check(cfg, "add_bias_linear", False, "ChatGLM with linear biases is not supported")
-            _check(cfg, "apply_residual_connection_post_layernorm", False,
-                   "ChatGLM with post-norm residuals is not supported")
-            heads = cfg["num_attention_heads"]
-            kv_heads = cfg.get("multi_query_group_num", heads) if cfg.get("multi_query_attention") else heads
-            head_dim = cfg.get("kv_channels") or cfg["hidden_size"] // heads
-            return ModelConfig(
-                family="chatglm", hidden_size=cfg["hidden_size"], intermediate_size=cfg["ffn_hidden_size"],
-                num_layers=cfg["num_layers"], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                rotary_dim=head_dim // 2, rope_interleaved=True, vocab_size=cfg["padded_vocab_size"],
-                max_position=cfg.get("seq_length", 32768), norm_eps=cfg.get("layernorm_epsilon", 1e-5),
-                rope_theta=10000.0 * cfg.get("rope_ratio", 1), qkv_bias=cfg.get("add_qkv_bias", True),
-                tie_embeddings=False)
+        return reader(cfg, where)
     except KeyError as exc:
         raise FdppError(f"{where} lacks the field {exc.args[0]!r} that a {model_type} config needs") from None
-    raise FdppError(f"{where}: model_type {model_type!r} is not supported "
-                    f"(supported: {', '.join(NAME_MAPS)}); use a llama, opt or chatglm checkpoint")
+
+
+def _llama_like(cfg: dict, where: str) -> ModelConfig:
+    """llama, qwen2 and mistral: one layout, differing in biases and mistral's (or qwen2's) sliding window."""
+    family = cfg["model_type"]
+    _check(cfg, "hidden_act", "silu", f"{family} with another MLP activation than silu is not supported")
+    if family == "llama":
+        qkv_bias, linear_bias = cfg.get("attention_bias", False), _llama_linear_bias(cfg)
+    else:  # qwen2: bias on q, k, v only; mistral: none
+        qkv_bias, linear_bias = family == "qwen2", False
+    heads = cfg["num_attention_heads"]
+    window = _sliding_window(cfg)
+    max_position = cfg.get("max_position_embeddings", 2048)
+    return ModelConfig(
+        family=family, hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"], num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab_size=cfg["vocab_size"],
+        max_position=min(max_position, window) if window else max_position, norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        tie_embeddings=cfg.get("tie_word_embeddings", False), qkv_bias=qkv_bias, linear_bias=linear_bias,
+        sliding_window=window, **_rope(cfg, where))
+
+
+def _sliding_window(cfg: dict) -> int:
+    """The attention window in tokens (0: none). Qwen2 windows only layers >= max_window_layers, and only with
+    use_sliding_window; any windowed layer limits the whole model's sequences."""
+    window = cfg.get("sliding_window") or 0
+    if cfg["model_type"] == "qwen2":
+        layer_types = cfg.get("layer_types")
+        windowed = ("sliding_attention" in layer_types if layer_types
+                    else cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"])
+        return window if cfg.get("use_sliding_window", False) and windowed else 0
+    return window if cfg["model_type"] == "mistral" else 0
+
+
+def _rope(cfg: dict, where: str) -> dict:
+    """The ModelConfig rope fields of a config.json: rope_parameters (transformers 5) or rope_scaling and
+    rope_theta (older files)."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    fields = {"rope_theta": float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))}
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
+    if partial != 1.0:
+        raise FdppError(f"{where}: partial_rotary_factor {partial} is not supported for {cfg['model_type']} "
+                        "(RoPE on every channel only)")
+    if rope_type not in ROPE_TYPES:
+        raise FdppError(f"{where}: rope scaling type {rope_type!r} is not supported "
+                        f"(supported: {', '.join(ROPE_TYPES)})")
+    if rope_type == "default":
+        return fields
+    if "factor" not in params:
+        raise FdppError(f"{where}: {rope_type} rope scaling lacks its 'factor'")
+    fields.update(rope_type=rope_type, rope_factor=float(params["factor"]))
+    if rope_type == "llama3":
+        try:
+            fields.update(rope_low_freq_factor=float(params["low_freq_factor"]),
+                          rope_high_freq_factor=float(params["high_freq_factor"]),
+                          rope_original_max_position=int(params["original_max_position_embeddings"]))
+        except KeyError as exc:
+            raise FdppError(f"{where}: llama3 rope scaling lacks {exc.args[0]!r}") from None
+    return fields
+
+
+def _opt(cfg: dict, where: str) -> ModelConfig:
+    _check(cfg, "do_layer_norm_before", True, "post-LayerNorm OPT (opt-350m) is not supported")
+    _check(cfg, "activation_function", "relu", "only the ReLU MLP of OPT is supported")
+    _check(cfg, "enable_bias", True, "OPT without biases is not supported")
+    _check(cfg, "layer_norm_elementwise_affine", True, "OPT without LayerNorm affine is not supported")
+    if cfg.get("word_embed_proj_dim", cfg["hidden_size"]) != cfg["hidden_size"]:
+        raise FdppError(f"{where}: OPT with word_embed_proj_dim != hidden_size (project_in/out) is not supported")
+    heads = cfg["num_attention_heads"]
+    return ModelConfig(
+        family="opt", hidden_size=cfg["hidden_size"], intermediate_size=cfg["ffn_dim"],
+        num_layers=cfg["num_hidden_layers"], num_heads=heads, num_kv_heads=heads,
+        head_dim=cfg["hidden_size"] // heads, vocab_size=cfg["vocab_size"],
+        max_position=cfg["max_position_embeddings"], norm_eps=1e-5, norm="layernorm", activation="relu",
+        qkv_bias=True, linear_bias=True, learned_positions=True, position_offset=2,
+        tie_embeddings=cfg.get("tie_word_embeddings", True))
+
+
+# GPT-2 spells the tanh-approximated GELU two ways; both are 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+GPT2_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")
+
+
+def _gpt2(cfg: dict, where: str) -> ModelConfig:
+    if cfg.get("activation_function", "gelu_new") not in GPT2_GELU_TANH:
+        raise FdppError(f"{where}: GPT-2 with activation_function {cfg['activation_function']!r} is not supported "
+                        f"(supported: {', '.join(GPT2_GELU_TANH)})")
+    _check(cfg, "scale_attn_weights", True, "GPT-2 without the 1/sqrt(head_dim) attention scale is not supported")
+    _check(cfg, "scale_attn_by_inverse_layer_idx", False, "GPT-2 with per-layer attention scaling is not supported")
+    _check(cfg, "add_cross_attention", False, "GPT-2 with cross-attention is not supported")
+    hidden, heads = cfg["n_embd"], cfg["n_head"]
+    return ModelConfig(
+        family="gpt2", hidden_size=hidden, intermediate_size=cfg.get("n_inner") or 4 * hidden,
+        num_layers=cfg["n_layer"], num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+        vocab_size=cfg["vocab_size"], max_position=cfg["n_positions"], norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+        norm="layernorm", activation="gelu_tanh", qkv_bias=True, linear_bias=True, learned_positions=True,
+        tie_embeddings=cfg.get("tie_word_embeddings", True))
+
+
+def _chatglm(cfg: dict, where: str) -> ModelConfig:
+    _check(cfg, "rmsnorm", True, "ChatGLM with LayerNorm is not supported")
+    _check(cfg, "post_layer_norm", True, "ChatGLM without a final norm is not supported")
+    _check(cfg, "add_bias_linear", False, "ChatGLM with linear biases is not supported")
+    _check(cfg, "apply_residual_connection_post_layernorm", False, "ChatGLM with post-norm residuals is not supported")
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("multi_query_group_num", heads) if cfg.get("multi_query_attention") else heads
+    head_dim = cfg.get("kv_channels") or cfg["hidden_size"] // heads
+    return ModelConfig(
+        family="chatglm", hidden_size=cfg["hidden_size"], intermediate_size=cfg["ffn_hidden_size"],
+        num_layers=cfg["num_layers"], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        rotary_dim=head_dim // 2, rope_interleaved=True, vocab_size=cfg["padded_vocab_size"],
+        max_position=cfg.get("seq_length", 32768), norm_eps=cfg.get("layernorm_epsilon", 1e-5),
+        rope_theta=10000.0 * cfg.get("rope_ratio", 1), qkv_bias=cfg.get("add_qkv_bias", True),
+        tie_embeddings=False)
+
+
+# config.json's model_type -> the reader of its config (our family of the same name)
+CONFIG_READERS = {"llama": _llama_like, "qwen2": _llama_like, "mistral": _llama_like, "opt": _opt, "gpt2": _gpt2,
+                  "chatglm": _chatglm}
 
 
 def _llama_linear_bias(cfg: dict) -> bool:
@@ -243,13 +353,15 @@ def load_hf_checkpoint(directory: Path, dtype: str, num_layers: int | None):
             source_of[part] = (hf_name, offset, offset + rows)
             offset += rows
 
+    transposed = transposed_names(config)
     last = {}  # the most recent fused tensor, so q, k, v of one layer read query_key_value once
 
     def fetch(name: str) -> torch.Tensor:
         hf_name, start, stop = source_of[name]
         if last.get("name") != hf_name:
             last.clear()
-            last.update(name=hf_name, tensor=index.get(hf_name))
+            tensor = index.get(hf_name)
+            last.update(name=hf_name, tensor=tensor.T if hf_name in transposed else tensor)
         tensor = last["tensor"]
         if len(name_map[hf_name]) > 1:
             expected_rows = sum(shapes[p][0] for p in name_map[hf_name])
@@ -268,24 +380,19 @@ def hf_state_dict(config: ModelConfig, weights) -> dict[str, torch.Tensor]:
     """The inverse map: our weights under the checkpoint's names (fused tensors concatenated).
     Used to write test checkpoints and to load our weights into transformers' models."""
     state = {}
+    transposed = transposed_names(config)
     for hf_name, parts in expand_name_map(config).items():
         tensors = [weights[p] for p in parts]
-        state[hf_name] = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        tensor = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        state[hf_name] = tensor.T.contiguous() if hf_name in transposed else tensor
     return state
 
 
 def hf_config_json(config: ModelConfig) -> dict:
     """The config.json a Hugging Face checkpoint of this architecture has (the inverse of config_from_hf)."""
     c = config
-    if c.family == "llama":
-        if c.qkv_bias != c.linear_bias:
-            raise FdppError("a llama config.json cannot express qkv_bias != linear_bias")
-        return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.hidden_size,
-                "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
-                "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-                "vocab_size": c.vocab_size, "max_position_embeddings": c.max_position, "rms_norm_eps": c.norm_eps,
-                "rope_theta": c.rope_theta, "tie_word_embeddings": c.tie_embeddings, "attention_bias": c.qkv_bias,
-                "mlp_bias": c.linear_bias, "hidden_act": "silu"}
+    if c.family in ("llama", "qwen2", "mistral"):
+        return _llama_like_json(c)
     if c.family == "opt":
         return {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": c.hidden_size,
                 "ffn_dim": c.intermediate_size, "num_hidden_layers": c.num_layers,
@@ -293,6 +400,12 @@ def hf_config_json(config: ModelConfig) -> dict:
                 "max_position_embeddings": c.max_position, "word_embed_proj_dim": c.hidden_size,
                 "do_layer_norm_before": True, "activation_function": "relu", "enable_bias": True,
                 "layer_norm_elementwise_affine": True, "tie_word_embeddings": c.tie_embeddings}
+    if c.family == "gpt2":
+        return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": c.hidden_size,
+                "n_inner": c.intermediate_size, "n_layer": c.num_layers, "n_head": c.num_heads,
+                "vocab_size": c.vocab_size, "n_positions": c.max_position, "layer_norm_epsilon": c.norm_eps,
+                "activation_function": "gelu_new", "scale_attn_weights": True,
+                "tie_word_embeddings": c.tie_embeddings}
     return {"model_type": "chatglm", "architectures": ["ChatGLMModel"], "num_layers": c.num_layers,
             "hidden_size": c.hidden_size, "ffn_hidden_size": c.intermediate_size, "num_attention_heads": c.num_heads,
             "multi_query_attention": c.num_kv_heads != c.num_heads, "multi_query_group_num": c.num_kv_heads,
@@ -300,6 +413,34 @@ def hf_config_json(config: ModelConfig) -> dict:
             "layernorm_epsilon": c.norm_eps, "rope_ratio": c.rope_theta / 10000.0, "rmsnorm": True,
             "add_qkv_bias": c.qkv_bias, "add_bias_linear": False, "post_layer_norm": True,
             "apply_residual_connection_post_layernorm": False}
+
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+def _llama_like_json(c: ModelConfig) -> dict:
+    expected_biases = {"llama": (c.linear_bias, c.linear_bias), "qwen2": (True, False), "mistral": (False, False)}
+    if (c.qkv_bias, c.linear_bias) != expected_biases[c.family]:
+        raise FdppError(f"a {c.family} config.json cannot express qkv_bias={c.qkv_bias}, linear_bias={c.linear_bias}")
+    data = {"model_type": c.family, "architectures": [ARCHITECTURES[c.family]], "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "vocab_size": c.vocab_size, "max_position_embeddings": c.max_position, "rms_norm_eps": c.norm_eps,
+            "rope_theta": c.rope_theta, "tie_word_embeddings": c.tie_embeddings, "hidden_act": "silu"}
+    if c.family == "llama":
+        data.update(attention_bias=c.qkv_bias, mlp_bias=c.linear_bias)
+    if c.family == "mistral":
+        data["sliding_window"] = c.sliding_window or None
+    if c.family == "qwen2":  # every layer windowed, or none
+        data.update(use_sliding_window=bool(c.sliding_window), sliding_window=c.sliding_window or None,
+                    max_window_layers=0 if c.sliding_window else c.num_layers)
+    if c.rope_type != "default":
+        data["rope_scaling"] = {"rope_type": c.rope_type, "factor": c.rope_factor}
+        if c.rope_type == "llama3":
+            data["rope_scaling"].update(low_freq_factor=c.rope_low_freq_factor,
+                                        high_freq_factor=c.rope_high_freq_factor,
+                                        original_max_position_embeddings=c.rope_original_max_position)
+    return data
 
 
 def save_hf_checkpoint(config: ModelConfig, weights, directory: Path, shards: int = 1) -> None:

@@ -15,8 +15,8 @@ and the exporter consume exactly these. Linear weights keep the torch layout [ou
     final_norm.weight                [hidden]         (+ .bias for LayerNorm)
     lm_head.weight                   [vocab, hidden]                        (absent when tied)
 
-Q and K rows are in the order our rotary code expects: rotate-half pairs (i, i + R/2) for llama/opt, adjacent
-pairs (2i, 2i + 1) for chatglm. Loaders that read other layouts (GGUF) convert on the way in.
+Q and K rows are in the order our rotary code expects: rotate-half pairs (i, i + R/2) for llama, qwen2 and mistral,
+adjacent pairs (2i, 2i + 1) for chatglm. Loaders that read other layouts (GGUF) convert on the way in.
 """
 
 from fdpp_rewrite.models.config import ModelConfig

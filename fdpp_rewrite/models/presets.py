@@ -19,6 +19,23 @@ def _opt(**kw) -> ModelConfig:
                        learned_positions=True, position_offset=2, tie_embeddings=True, **kw)
 
 
+def _qwen2(**kw) -> ModelConfig:
+    # Qwen2 / Qwen2.5: Llama's layer with a bias on q, k and v.
+    return ModelConfig(family="qwen2", qkv_bias=True, **kw)
+
+
+def _mistral(**kw) -> ModelConfig:
+    # Mistral 7B v0.1: Llama's layer, GQA, attention within a sliding window; max_position is cut to the window
+    # (the exported graph does not mask it, see config.py).
+    return ModelConfig(family="mistral", **kw)
+
+
+def _gpt2(**kw) -> ModelConfig:
+    # GPT-2: pre-LayerNorm, GELU (tanh form) MLP, biases everywhere, learned positions, lm_head tied to wte.
+    return ModelConfig(family="gpt2", norm="layernorm", activation="gelu_tanh", qkv_bias=True, linear_bias=True,
+                       learned_positions=True, tie_embeddings=True, **kw)
+
+
 def _chatglm(**kw) -> ModelConfig:
     # ChatGLM2: RMSNorm, SwiGLU, bias on the fused query_key_value only, multi-query attention with a few KV
     # groups, RoPE on the first half of each head's channels in interleaved pairs.
@@ -39,6 +56,21 @@ PRESETS: dict[str, ModelConfig] = {
     "chatglm2-6b": _chatglm(hidden_size=4096, intermediate_size=13696, num_layers=28, num_heads=32, num_kv_heads=2,
                             head_dim=128, rotary_dim=64, vocab_size=65024, max_position=32768, norm_eps=1e-5,
                             rope_theta=10000.0),
+    # meta-llama/Llama-3.1-8B: Llama 3 8B's dimensions, with the llama3 rope scaling of its 128k context
+    "llama3-8b": _llama(hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+                        head_dim=128, vocab_size=128256, max_position=131072, norm_eps=1e-5, rope_theta=500000.0,
+                        rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                        rope_original_max_position=8192),
+    # mistralai/Mistral-7B-v0.1 (max_position_embeddings 32768, cut to its sliding window of 4096)
+    "mistral-7b": _mistral(hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+                           head_dim=128, vocab_size=32000, max_position=4096, norm_eps=1e-5, rope_theta=10000.0,
+                           sliding_window=4096),
+    # Qwen/Qwen2.5-7B (use_sliding_window false: no window)
+    "qwen2.5-7b": _qwen2(hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
+                         head_dim=128, vocab_size=152064, max_position=131072, norm_eps=1e-6, rope_theta=1000000.0),
+    # openai-community/gpt2
+    "gpt2": _gpt2(hidden_size=768, intermediate_size=3072, num_layers=12, num_heads=12, num_kv_heads=12,
+                  head_dim=64, vocab_size=50257, max_position=1024, norm_eps=1e-5),
     # HuggingFaceTB/SmolLM2-135M(-Instruct)
     "smollm2-135m": _llama(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
                            head_dim=64, vocab_size=49152, max_position=8192, norm_eps=1e-5, rope_theta=100000.0,
@@ -54,6 +86,20 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-chatglm": _chatglm(hidden_size=512, intermediate_size=344, num_layers=2, num_heads=4, num_kv_heads=2,
                              head_dim=128, rotary_dim=64, vocab_size=389, max_position=512, norm_eps=1e-5,
                              rope_theta=10000.0),
+    # llama3 rope scaling with an original context of 64: with head_dim 64, wavelengths fall in all three bands
+    # (kept, blended, divided by the factor)
+    "tiny-llama3": _llama(hidden_size=192, intermediate_size=344, num_layers=2, num_heads=3, num_kv_heads=1,
+                          head_dim=64, vocab_size=409, max_position=512, norm_eps=1e-5, rope_theta=500000.0,
+                          rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                          rope_original_max_position=64),
+    "tiny-qwen2": _qwen2(hidden_size=256, intermediate_size=344, num_layers=2, num_heads=4, num_kv_heads=2,
+                         head_dim=64, vocab_size=401, max_position=512, norm_eps=1e-6, rope_theta=1000000.0,
+                         tie_embeddings=True),
+    "tiny-mistral": _mistral(hidden_size=160, intermediate_size=344, num_layers=2, num_heads=4, num_kv_heads=2,
+                             head_dim=64, vocab_size=379, max_position=256, norm_eps=1e-5, rope_theta=10000.0,
+                             sliding_window=256),
+    "tiny-gpt2": _gpt2(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=2, num_kv_heads=2,
+                       head_dim=64, vocab_size=331, max_position=512, norm_eps=1e-5),
 }
 
 

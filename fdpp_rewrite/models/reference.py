@@ -19,9 +19,24 @@ ScoreHook = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """theta^(-2i/R) for i < R/2, R = the rotated channels per head."""
-    r = config.rope_dim
-    return 1.0 / config.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+    """theta^(-2i/R) for i < R/2, R = the rotated channels per head, with the config's rope scaling applied
+    (the one place it is computed: the exporter bakes this table into the graph)."""
+    c = config
+    r = c.rope_dim
+    inv_freq = 1.0 / c.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+    if c.rope_type == "linear":  # positions divided by the factor
+        return inv_freq / c.rope_factor
+    if c.rope_type == "llama3":
+        # Llama 3.1: long wavelengths (low frequencies) are slowed down by the factor, short ones kept, and the
+        # band between moves smoothly from one to the other.
+        wavelength = 2 * math.pi / inv_freq
+        original = c.rope_original_max_position
+        low, high = c.rope_low_freq_factor, c.rope_high_freq_factor
+        smooth = (original / wavelength - low) / (high - low)  # 0 at wavelength original / low, 1 at original / high
+        blended = (1 - smooth) * inv_freq / c.rope_factor + smooth * inv_freq
+        scaled = torch.where(wavelength > original / low, inv_freq / c.rope_factor, blended)
+        return torch.where(wavelength < original / high, inv_freq, scaled)
+    return inv_freq  # default, and dynamic below its max_position (see config.ROPE_TYPES)
 
 
 class ReferenceModel:
@@ -54,7 +69,10 @@ class ReferenceModel:
         if c.learned_positions:
             x = x + self.w["pos_embed.weight"][positions + c.position_offset]
 
-        visible = torch.arange(max_cache)[None, None, :] <= positions[:, :, None]  # [B, S, L]
+        keys = torch.arange(max_cache)[None, None, :]
+        visible = keys <= positions[:, :, None]  # [B, S, L]
+        if c.sliding_window:  # the model's own rule; exports stay inside the window, where it masks nothing
+            visible &= keys > positions[:, :, None] - c.sliding_window
         mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill(~visible, -math.inf)[:, None]
         angles = positions.float()[..., None] * self.inv_freq if self.inv_freq is not None else None  # [B, S, R/2]
 
@@ -128,6 +146,8 @@ class ReferenceModel:
     def _mlp(self, p, h):
         if self.config.gated_mlp:
             hidden = F.silu(self._linear(h, p + "mlp.gate")) * self._linear(h, p + "mlp.up")
+        elif self.config.activation == "gelu_tanh":
+            hidden = F.gelu(self._linear(h, p + "mlp.up"), approximate="tanh")
         else:
             hidden = torch.relu(self._linear(h, p + "mlp.up"))
         return self._linear(hidden, p + "mlp.down")

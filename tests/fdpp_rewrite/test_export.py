@@ -20,7 +20,8 @@ from fdpp_rewrite.models.hf import save_hf_checkpoint
 from fdpp_rewrite.models.reference import ReferenceModel
 from fdpp_rewrite.onnx_graph import ALIGNMENT
 
-TINY = ["tiny-llama", "tiny-smollm2", "tiny-opt", "tiny-chatglm"]
+TINY = ["tiny-llama", "tiny-smollm2", "tiny-opt", "tiny-chatglm", "tiny-llama3", "tiny-qwen2", "tiny-mistral",
+        "tiny-gpt2"]
 
 
 def _session(path):
@@ -77,12 +78,13 @@ def test_tiny_presets_match_the_reference(tmp_path, preset):
     _check_against_reference(result.onnx_path, load_model(preset), 24, "float32", atol=2e-5)
 
 
-def test_float16_export_runs_in_onnxruntime(tmp_path):
-    result = export_model("tiny-chatglm", tmp_path / "model.onnx", dtype="float16", max_cache=16, progress=False)
+@pytest.mark.parametrize("preset", ["tiny-chatglm", "tiny-gpt2"])  # gpt2: the GELU's float32 island
+def test_float16_export_runs_in_onnxruntime(tmp_path, preset):
+    result = export_model(preset, tmp_path / "model.onnx", dtype="float16", max_cache=16, progress=False)
     model = onnx.load(str(result.onnx_path), load_external_data=False)
     assert model.graph.input[2].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
-    _check_against_reference(result.onnx_path, load_model("tiny-chatglm"), 16, "float16", atol=1e-2, rtol=1e-2)
+    _check_against_reference(result.onnx_path, load_model(preset), 16, "float16", atol=1e-2, rtol=1e-2)
 
 
 def test_dynamic_cache_length(tmp_path):
@@ -199,8 +201,13 @@ def test_refuses_to_overwrite_without_force(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-    with pytest.raises(FdppError, match="exceeds the 512 positions"):
+    with pytest.raises(FdppError, match=r"exceeds the 512 positions this model supports; pass --max-cache 512 or"):
         export_model("tiny-opt", tmp_path / "a.onnx", max_cache=600, progress=False)
+    with pytest.raises(FdppError, match=r"exceeds the 256 positions .*\(mistral attends within a sliding window "
+                                        "of 256 tokens, which the exported graph does not mask"):
+        export_model("tiny-mistral", tmp_path / "a.onnx", max_cache=257, progress=False)
+    with pytest.raises(FdppError, match=r"--max-cache 0\) could outgrow mistral's sliding window of 256 tokens"):
+        export_model("tiny-mistral", tmp_path / "a.onnx", max_cache=0, progress=False)
     with pytest.raises(FdppError, match="must end in .onnx"):
         export_model("tiny-opt", tmp_path / "a.txt", progress=False)
     with pytest.raises(FdppError, match="unknown preset"):
@@ -264,7 +271,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["llama2-7b", "llama2-13b", "opt-6.7b", "chatglm2-6b"])
+@pytest.mark.parametrize("preset", ["llama2-7b", "llama2-13b", "opt-6.7b", "chatglm2-6b", "llama3-8b", "mistral-7b",
+                                    "qwen2.5-7b", "gpt2"])
 def test_real_dimensions_one_layer_float16(tmp_path, preset):
     """The real presets' shapes (one layer, the GPU dtype) export and run in onnxruntime like the reference."""
     result = export_model(preset, tmp_path / "model.onnx", dtype="float16", max_cache=16, num_layers=1,

@@ -12,6 +12,7 @@ import pytest
 from fdpp_rewrite.engine.build import build_engine
 from fdpp_rewrite.engine.runtime import Engine, Sampler, batch_buckets, kv_buckets, prefill_buckets
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.models import get_config
 
 PROMPT = [5, 17, 42, 8, 99, 3, 250, 11]
 
@@ -25,7 +26,8 @@ def _export_rewrite(folder, preset, max_cache=160):
     return onnx_path, rewrite_file(onnx_path, stream=io.StringIO())
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-opt", "tiny-smollm2", "tiny-chatglm"])
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-opt", "tiny-smollm2", "tiny-chatglm", "tiny-llama3",
+                                        "tiny-qwen2", "tiny-mistral", "tiny-gpt2"])
 def built(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     onnx_path, rewritten = _export_rewrite(folder, request.param)
@@ -69,7 +71,7 @@ def test_glue_ops_come_from_the_rewriter(built, engine):
     """One RopeAppend per layer (the full, partial-interleaved and rope-free forms alike) and, where the family has
     RMSNorm, two per layer plus the final one; no standard-op RoPE, cache write or norm chain is left."""
     layers = engine.num_layers
-    norms = 0 if built[0] == "tiny-opt" else 2 * layers + 1
+    norms = 0 if get_config(built[0]).norm == "layernorm" else 2 * layers + 1
     ops = [n["op"] for n in engine.plan["nodes"]]
     assert engine.manifest["glue_ops"] == {"rms_norm": norms, "rope_append": layers}
     assert ops.count("RopeAppend") == layers and "ScatterND" not in ops and "ReduceMean" not in ops

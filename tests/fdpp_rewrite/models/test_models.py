@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models import PRESETS, get_config, load_model, smollm2_gguf_path
+from fdpp_rewrite.models.config import FAMILIES
 from fdpp_rewrite.models.gguf_file import config_from_gguf, open_gguf, unpermute_rows
 from fdpp_rewrite.models.hf import config_from_hf, hf_config_json, hf_state_dict, save_hf_checkpoint
 from fdpp_rewrite.models.names import parameter_count, weight_shapes
@@ -20,6 +21,10 @@ PUBLISHED_PARAMETERS = {
     "opt-6.7b": 6_658_473_984,
     "chatglm2-6b": 6_243_584_000,
     "smollm2-135m": 134_515_008,
+    "llama3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
+    "qwen2.5-7b": 7_615_616_512,
+    "gpt2": 124_439_808,
 }
 
 
@@ -44,7 +49,7 @@ def test_preset_dimensions():
 
 def test_every_family_has_a_tiny_preset():
     tiny = [c for n, c in PRESETS.items() if n.startswith("tiny-")]
-    assert {c.family for c in tiny} == {"llama", "opt", "chatglm"}
+    assert {c.family for c in tiny} == set(FAMILIES)
     assert any(c.num_kv_heads < c.num_heads for c in tiny)  # GQA/MQA covered
     assert all(parameter_count(c) < 5_000_000 for c in tiny)
 
@@ -222,9 +227,10 @@ def test_old_opt_names_without_model_prefix(tmp_path):
 
 
 def test_unsupported_family(tmp_path):
-    _write_checkpoint(tmp_path / "gpt2", {"model_type": "gpt2", "n_layer": 2}, {"x": torch.zeros(2)})
-    with pytest.raises(FdppError, match="model_type 'gpt2' is not supported"):
-        load_model(str(tmp_path / "gpt2"))
+    _write_checkpoint(tmp_path / "bloom", {"model_type": "bloom", "n_layer": 2}, {"x": torch.zeros(2)})
+    with pytest.raises(FdppError, match="model_type 'bloom' is not supported "
+                                        r"\(supported: llama, qwen2, mistral, opt, gpt2, chatglm\)"):
+        load_model(str(tmp_path / "bloom"))
 
 
 def test_missing_weight_names(tmp_path):

@@ -4,7 +4,7 @@ own KV-cache bookkeeping."""
 import pytest
 import torch
 from fdpp_rewrite.models import get_config, load_model
-from fdpp_rewrite.models.hf import hf_state_dict
+from fdpp_rewrite.models.hf import hf_config_json, hf_state_dict
 from fdpp_rewrite.models.reference import ReferenceModel
 
 transformers = pytest.importorskip("transformers")
@@ -41,6 +41,14 @@ def _hf_glm(config):
     return transformers.GlmForCausalLM(hf_config)
 
 
+def _hf_from_config_json(config):
+    """transformers' own model class for the config.json our hf_config_json writes (eager attention: the plain
+    softmax our reference computes)."""
+    data = hf_config_json(config)
+    hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    return transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
+
+
 def _glm_state(model):
     state = {}
     for i in range(model.config.num_layers):
@@ -65,6 +73,10 @@ def _glm_state(model):
     ("tiny-smollm2", _hf_llama, lambda m: hf_state_dict(m.config, m.weights)),
     ("tiny-opt", _hf_opt, lambda m: hf_state_dict(m.config, m.weights)),
     ("tiny-chatglm", _hf_glm, _glm_state),
+    ("tiny-llama3", _hf_from_config_json, lambda m: hf_state_dict(m.config, m.weights)),
+    ("tiny-qwen2", _hf_from_config_json, lambda m: hf_state_dict(m.config, m.weights)),
+    ("tiny-mistral", _hf_from_config_json, lambda m: hf_state_dict(m.config, m.weights)),
+    ("tiny-gpt2", _hf_from_config_json, lambda m: hf_state_dict(m.config, m.weights)),
 ])
 def test_reference_matches_transformers(preset, make_hf, state_of):
     model = load_model(preset)
@@ -79,6 +91,27 @@ def test_reference_matches_transformers(preset, make_hf, state_of):
     got = reference(ids, torch.zeros(3, dtype=torch.long), reference.new_caches(3, 16))
     assert expected.abs().max() > 0.1
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_sliding_window_masks_like_transformers():
+    """The reference's window rule is Mistral's: a query sees the `window` latest keys, itself included. (Exports
+    never reach the window, see config.py; this checks the rule the reference holds them to.)"""
+    from dataclasses import replace
+
+    config = replace(get_config("tiny-mistral"), sliding_window=4, max_position=4)
+    model = load_model("tiny-mistral")
+    hf = _hf_from_config_json(config).eval()
+    hf.load_state_dict(hf_state_dict(config, model.weights))
+    ids = torch.randint(0, config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = hf(ids).logits
+    reference = ReferenceModel(config, model.weights)
+    got = reference(ids, torch.zeros(2, dtype=torch.long), reference.new_caches(2, 12))
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    unwindowed = ReferenceModel(get_config("tiny-mistral"), model.weights)
+    full = unwindowed(ids, torch.zeros(2, dtype=torch.long), unwindowed.new_caches(2, 12))
+    torch.testing.assert_close(full[:, :4], got[:, :4], atol=1e-5, rtol=1e-5)  # within the window: the same
+    assert (full[:, 4:] - got[:, 4:]).abs().max() > 1e-3  # beyond it the window changes the logits
 
 
 def test_llama_checkpoint_written_by_transformers_loads_back(tmp_path):
@@ -97,7 +130,7 @@ def test_llama_checkpoint_written_by_transformers_loads_back(tmp_path):
                                expected, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("preset", ["tiny-smollm2", "tiny-opt", "tiny-chatglm"])
+@pytest.mark.parametrize("preset", ["tiny-smollm2", "tiny-opt", "tiny-chatglm", "tiny-gpt2"])
 def test_incremental_decoding_equals_one_prefill(preset):
     """Chunked prefill + decode steps through the cache give the same logits as one pass over all tokens,
     also with a different past_len per sequence."""
