@@ -24,6 +24,8 @@ from fdpp_rewrite.passes.weights import WeightStore
 from fdpp_rewrite.profiles import DEFAULT_PROFILE, resolve_choices
 
 OP = "FlatGemm"
+# what the pass reads, for the one line of a refusal
+SUPPORTED = "weight matmuls: MatMul(x, W) or Gemm(x, W) against a constant 2-D W, optionally + bias"
 
 
 class GemmMatch:
