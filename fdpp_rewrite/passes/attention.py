@@ -613,9 +613,7 @@ def looks_like_attention(graph: gs.Graph, softmax: gs.Node) -> bool:
     """Loosely: a Softmax between a MatMul of two activations and a MatMul reading the probabilities, whatever
     else the chain holds. The final check uses this, so a chain the pass could not express fails the rewrite
     instead of staying behind as a near-miss."""
-    probs, _ = skip_forward(graph, softmax.outputs[0])
-    probs, _ = skip_forward(graph, _through_nan_guard(graph, probs))
-    if not any(n.op == "MatMul" and n.inputs[0] is probs for n in probs.outputs):
+    if not _reaches_probs_matmul(softmax.outputs[0]):
         return False
     frontier = [softmax.inputs[0]]
     for _ in range(6):  # Cast / Add(mask) / Mul|Div(scale) / Where between the scores and the softmax
@@ -629,6 +627,17 @@ def looks_like_attention(graph: gs.Graph, softmax: gs.Node) -> bool:
             if node.op in ("Cast", "Add", "Mul", "Div", "Where", "Identity", "Dropout"):
                 next_frontier.extend(t for t in node.inputs if not is_constant(t))
         frontier = next_frontier
+    return False
+
+
+def _reaches_probs_matmul(tensor: gs.Tensor, hops: int = 4) -> bool:
+    """A MatMul reads `tensor` (as its first input) directly or through Cast/Where/IsNaN-like elementwise steps."""
+    for node in tensor.outputs:
+        if node.op == "MatMul" and node.inputs[0] is tensor:
+            return True
+        if hops and node.op in ("Cast", "Where", "Identity", "Dropout") and \
+                any(_reaches_probs_matmul(out, hops - 1) for out in node.outputs):
+            return True
     return False
 
 

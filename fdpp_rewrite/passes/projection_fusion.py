@@ -31,12 +31,13 @@ def weight_matmuls(graph: gs.Graph) -> list[gs.Node]:
             and not is_constant(node.inputs[0]) and weight_tensor(node.inputs[1])]
 
 
-def bias_of(graph: gs.Graph, matmul: gs.Node):
-    """(Add node, bias constant) when the MatMul's only reader adds a constant [N] vector, else (None, None)."""
+def bias_of(graph: gs.Graph, matmul: gs.Node, n: int | None = None):
+    """(Add node, bias constant) when the MatMul's only reader adds a constant [N] vector, else (None, None).
+    N is the weight's second dim unless given."""
     add = sole_consumer(graph, matmul.outputs[0])
     if add is None or add.op != "Add" or not is_standard(add):
         return None, None
-    n = constant_shape(matmul.inputs[1])[1]
+    n = constant_shape(matmul.inputs[1])[1] if n is None else n
     other = add.inputs[1] if add.inputs[0] is matmul.outputs[0] else add.inputs[0]
     shape = constant_shape(other)
     if shape is None or int(np.prod(shape)) != n or (len(shape) and shape[-1] != n):
