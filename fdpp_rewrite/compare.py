@@ -207,8 +207,8 @@ def hf_steps(session, vocab: int | None, batch: int, prefill: int, rng) -> tuple
     metas, outputs = session.get_inputs(), session.get_outputs()
     cached = any(PAST_INPUT.match(m.name) for m in metas)
     pads = np.array([0] + [1 + b % 2 for b in range(1, batch)])
-    if min(prefill - pads.max(), prefill) < 1:
-        raise FdppError(f"--prefill must be at least 3 for the left-padded batch, got {prefill}")
+    if prefill <= pads.max():  # every padded sequence keeps a real token
+        raise FdppError(f"--prefill must be at least {pads.max() + 1} for the left-padded batch, got {prefill}")
     ids = rng.integers(0, vocab, (batch, prefill))
     full = np.ones((batch, prefill), np.int64)
     padded = (np.arange(prefill)[None, :] >= pads[:, None]).astype(np.int64)
@@ -503,9 +503,10 @@ def _check_data_files(path: Path, model: onnx.ModelProto) -> None:
 def print_report(report: CompareReport, stream=None) -> None:
     stream = stream or sys.stdout
     width = max([len(row.output) for row in report.rows] + [6])
-    print(f"{'step':8} {'output':{width}} {'max abs err':>12} {'max rel err':>12}  result", file=stream)
+    step_width = max([len(row.step) for row in report.rows] + [8])
+    print(f"{'step':{step_width}} {'output':{width}} {'max abs err':>12} {'max rel err':>12}  result", file=stream)
     for row in report.rows:
-        print(f"{row.step:8} {row.output:{width}} {row.max_abs:12.3e} {row.max_rel:12.3e}  "
+        print(f"{row.step:{step_width}} {row.output:{width}} {row.max_abs:12.3e} {row.max_rel:12.3e}  "
               f"{'PASS' if row.passed else 'FAIL'}", file=stream)
     failed = sum(not row.passed for row in report.rows)
     impls = ", ".join(f"{impl} x{count}" for impl, count in sorted(report.gemm_impls.items())) or "none"

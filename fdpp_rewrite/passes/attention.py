@@ -22,8 +22,10 @@ in two layouts:
 
 The mask becomes mask_mode "past_len" (4th input: the graph input past_len) when its values come from
 past_len alone and evaluating it agrees with the contract's causal rule; otherwise "bias" (4th input: the mask
-itself), or "none" without a mask. phi and the guard per layer come from a calibration file, else the defaults
-below.
+itself), or "none" without a mask. Hugging Face graphs build their mask in-graph from the 2-D attention_mask
+(padding) and the causal rule, and add it as Where(mask, 0, finfo.min): that is a "bias" (padding is not a
+past_len rule), and a fully padded query row, which the original averages over nothing, gives 0 in the op.
+phi and the guard per layer come from a calibration file, else the defaults below.
 """
 
 from __future__ import annotations

@@ -281,3 +281,10 @@ def test_blank_padding_zeroes_the_padded_positions_only():
     assert (prefill[1, :2] == 0).all() and prefill.sum() == 30
     unpadded = {"logits": logits}
     assert blank_padding({"attention_mask": np.ones((2, 4))}, unpadded) is unpadded
+
+
+def test_hf_prefill_must_leave_a_real_token_after_the_padding():
+    from fdpp_rewrite.compare import hf_steps
+
+    with pytest.raises(FdppError, match="--prefill must be at least 3 for the left-padded batch, got 2"):
+        hf_steps(FakeDecodeSession(), vocab=50, batch=2, prefill=2, rng=np.random.default_rng(0))
