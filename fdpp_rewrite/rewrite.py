@@ -112,8 +112,9 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
     for report in reports:
         report.print(stream)
 
-    summary = pattern_summary(reports[0].total, attention.remaining_attention(graph), reports[-1].total,
-                              flat_gemm.remaining_weight_matmuls(graph))
+    summary = PatternSummary({"attention": reports[0].total, "gemm": reports[-1].total},
+                             {"attention": attention.remaining_attention(graph),
+                              "gemm": flat_gemm.remaining_weight_matmuls(graph)})
     for line in summary.lines():
         print(line, file=stream)
     summary.check(require)
@@ -162,11 +163,6 @@ class PatternSummary:
         if not any(self.replaced.values()):
             raise FdppError(f"nothing to rewrite: no attention chain and no weight matmul found; the rewriter "
                             f"replaces {supported['attention']} and {supported['gemm']}")
-
-
-def pattern_summary(attention_replaced: int, attention_left: list, gemm_replaced: int, gemm_left: list):
-    return PatternSummary({"attention": attention_replaced, "gemm": gemm_replaced},
-                          {"attention": attention_left, "gemm": gemm_left})
 
 
 def _gemm_source(report) -> str:
