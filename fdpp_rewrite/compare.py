@@ -6,8 +6,13 @@ tolerances; exit 1 on any mismatch.
 Inputs (our exporter's interface): a prefill from empty caches (past_len 0), then a decode step and a chunked
 step on the caches that prefill wrote, with a different past_len per sequence, and random values in every
 cache slot past the written ones (they must stay invisible). Token ids are drawn from the vocabulary.
-Other graphs (e.g. Hugging Face exports): input_ids in the vocabulary, attention_mask of ones, position_ids
-0..S-1, random floats elsewhere.
+Hugging Face decode-with-cache graphs (past_key_values.N.key/value [batch, kv_heads, past, head_dim] in,
+present.N.key/value out): the roles come from the declared names and shapes (attention_mask covers past + new
+tokens, position_ids and cache_position the new ones); a prefill from empty caches, several decode steps on the
+presents it returned, then the same on a left-padded batch. Hugging Face prefill graphs: one step and a left-padded
+one. Outputs at padded positions are not compared (what a model computes for a pad token is a convention: the
+original averages over nothing, the fdpp op gives 0). Other graphs: input_ids in the vocabulary, random floats
+elsewhere.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ if TYPE_CHECKING:  # onnx, onnxruntime and polygraphy are imported when a compar
 
 DTYPE_NAMES = {np.float32: "float32", np.float16: "float16"}
 CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
+PAST_INPUT = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")  # transformers' names, as the exporters keep them
+HF_DECODE_STEPS, HF_PADDED_DECODE_STEPS = 3, 2
 
 
 def add_arguments(parser) -> None:
@@ -129,7 +136,108 @@ def generic_steps(session, vocab: int | None, batch: int, seq: int, rng) -> list
     return [feed]
 
 
-def make_steps(session, model: onnx.ModelProto, batch: int, prefill: int, seed: int) -> list[OrderedDict]:
+def present_name(past_name: str) -> str:
+    """past_key_values.3.key -> present.3.key (the output a decode graph returns for that input)."""
+    layer, kind = PAST_INPUT.match(past_name).groups()
+    return f"present.{layer}.{kind}"
+
+
+def hf_cache_layout(inputs: list, outputs: list) -> tuple[list, list, np.dtype]:
+    """(past input names in layer order, [kv_heads, head_dim], cache dtype) of a decode-with-cache graph, from the
+    declared shapes; one-line FdppError when the interface does not fit together."""
+    past = sorted((i for i in inputs if PAST_INPUT.match(i.name)),
+                  key=lambda i: (int(PAST_INPUT.match(i.name).group(1)), i.name))
+    names = {o.name for o in outputs}
+    missing = [present_name(i.name) for i in past if present_name(i.name) not in names]
+    if missing:
+        raise FdppError(f"the graph takes {past[0].name} but returns no {missing[0]}; compare feeds each step the "
+                        "presents of the step before (export with use_cache=True)")
+    first = past[0]
+    if len(first.shape) != 4 or not all(isinstance(d, int) for d in (first.shape[1], first.shape[3])):
+        raise FdppError(f"{first.name} is declared {first.shape}; compare needs [batch, kv_heads, past, head_dim] "
+                        "with static kv_heads and head_dim")
+    if isinstance(first.shape[2], int):
+        raise FdppError(f"{first.name} has a fixed past length {first.shape[2]}; compare needs a dynamic one "
+                        "(it starts from empty caches)")
+    dtype = ORT_DTYPES.get(first.type)
+    if dtype not in (np.float32, np.float16):
+        raise FdppError(f"{first.name} is {first.type}; compare feeds float32 and float16 caches")
+    return [i.name for i in past], [first.shape[1], first.shape[3]], dtype
+
+
+def _hf_feed(metas: list, ids: np.ndarray, mask: np.ndarray, past: dict) -> OrderedDict:
+    """One step's inputs: `mask` [batch, past + seq] covers the cached and the new tokens."""
+    seq = ids.shape[1]
+    past_len = mask.shape[1] - seq
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, past_len:]  # left padding shifts the positions
+    feed = OrderedDict()
+    for meta in metas:
+        dtype = ORT_DTYPES.get(meta.type)
+        if meta.name == "input_ids":
+            value = ids
+        elif meta.name == "attention_mask":
+            value = mask
+        elif meta.name == "position_ids":
+            value = positions
+        elif meta.name == "cache_position":
+            value = np.arange(past_len, past_len + seq)
+        elif meta.name in past:
+            value = past[meta.name]
+        else:
+            raise FdppError(f"do not know how to feed the input '{meta.name}' of this Hugging Face graph; compare "
+                            "feeds input_ids, attention_mask, position_ids, cache_position and past_key_values.N.*")
+        feed[meta.name] = np.asarray(value).astype(dtype)
+    return feed
+
+
+def _run_original(session, names, feed, step: str) -> list:
+    try:
+        return session.run(names, dict(feed))
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types; the message says what failed
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FdppError(f"onnxruntime could not run the original model on the {step} inputs compare derived from "
+                        f"its declared shapes ({detail[:300]}); check its input names and dims") from None
+
+
+def hf_steps(session, vocab: int | None, batch: int, prefill: int, rng) -> tuple[list, list]:
+    """(step names, feeds) for a Hugging Face graph: with caches, a prefill from empty caches and decode steps on
+    the presents each step returned, then the same for a left-padded batch; without, a step and a left-padded
+    one. Sequence b > 0 of the padded batch starts with 1 or 2 pad tokens."""
+    if vocab is None:
+        raise FdppError("cannot tell the vocabulary size (no static logits dim, no embedding Gather)")
+    metas, outputs = session.get_inputs(), session.get_outputs()
+    cached = any(PAST_INPUT.match(m.name) for m in metas)
+    pads = np.array([0] + [1 + b % 2 for b in range(1, batch)])
+    if prefill <= pads.max():  # every padded sequence keeps a real token
+        raise FdppError(f"--prefill must be at least {pads.max() + 1} for the left-padded batch, got {prefill}")
+    ids = rng.integers(0, vocab, (batch, prefill))
+    full = np.ones((batch, prefill), np.int64)
+    padded = (np.arange(prefill)[None, :] >= pads[:, None]).astype(np.int64)
+    if not cached:
+        return ["prefill", "padded"], [_hf_feed(metas, ids, full, {}), _hf_feed(metas, ids, padded, {})]
+    past_names, (kv_heads, head_dim), dtype = hf_cache_layout(metas, outputs)
+    out_names = [present_name(name) for name in past_names]
+    names, feeds = [], []
+    for label, mask, steps in (("", full, HF_DECODE_STEPS), ("padded-", padded, HF_PADDED_DECODE_STEPS)):
+        past = {name: np.zeros((batch, kv_heads, 0, head_dim), dtype) for name in past_names}
+        step_ids = ids
+        for step in range(steps + 1):
+            step_name = f"{label}{'prefill' if step == 0 else f'decode{step}'}"
+            feed = _hf_feed(metas, step_ids, mask, past)
+            names.append(step_name)
+            feeds.append(feed)
+            past = dict(zip(past_names, _run_original(session, out_names, feed, step_name)))
+            step_ids = rng.integers(0, vocab, (batch, 1))
+            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+    return names, feeds
+
+
+def is_hf_graph(names: set) -> bool:
+    return "input_ids" in names and "attention_mask" in names and "past_len" not in names
+
+
+def make_steps(session, model: onnx.ModelProto, batch: int, prefill: int, seed: int) -> tuple[list, list]:
+    """(step names, feeds) for the original model's interface."""
     if batch < 2:
         raise FdppError("--batch must be at least 2 (sequences with different past_len are part of the check)")
     if prefill < 1:
@@ -140,8 +248,29 @@ def make_steps(session, model: onnx.ModelProto, batch: int, prefill: int, seed: 
     if {"input_ids", "past_len"} <= names and any(CACHE_INPUT.match(n) for n in names):
         if vocab is None:
             raise FdppError("cannot tell the vocabulary size of the original model (no static logits dim)")
-        return exporter_steps(session, vocab, batch, prefill, rng)
-    return generic_steps(session, vocab, batch, prefill, rng)
+        return ["prefill", "decode", "chunk"], exporter_steps(session, vocab, batch, prefill, rng)
+    if is_hf_graph(names):
+        return hf_steps(session, vocab, batch, prefill, rng)
+    steps = generic_steps(session, vocab, batch, prefill, rng)
+    return [f"step{i}" for i in range(len(steps))], steps
+
+
+def blank_padding(feed: dict, outputs: dict) -> dict:
+    """Zero what a model computed at padded positions (attention_mask 0), identically for both runners: logits
+    [batch, seq, ...] along the new tokens, present.* [batch, heads, past + seq, ...] along all of them."""
+    mask = feed.get("attention_mask")
+    if mask is None or mask.all():
+        return outputs
+    pads = np.asarray(mask) == 0
+    blanked = OrderedDict()
+    for name, value in outputs.items():
+        value = np.asarray(value)
+        if name == "logits" and value.ndim >= 2 and value.shape[1] <= pads.shape[1]:
+            value = np.where(pads[:, -value.shape[1]:].reshape(pads.shape[0], -1, *[1] * (value.ndim - 2)), 0, value)
+        elif name.startswith("present.") and value.ndim == 4 and value.shape[2] == pads.shape[1]:
+            value = np.where(pads[:, None, :, None], 0, value)
+        blanked[name] = value.astype(np.asarray(outputs[name]).dtype, copy=False)
+    return blanked
 
 
 # --- do the two graphs belong together? ---------------------------------------------------------------------
@@ -219,7 +348,7 @@ def _runner_classes(progress: Progress, steps: int):
                 super().activate_impl()
 
             def infer_impl(self, feed_dict):
-                outputs = super().infer_impl(feed_dict)
+                outputs = blank_padding(feed_dict, super().infer_impl(feed_dict))
                 self._stage.update()
                 return outputs
 
@@ -339,8 +468,7 @@ def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: 
                                            session_options(), providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for corrupt models / missing data
             raise cannot_load(original_name, exc) from None
-        steps = make_steps(session, original_model, batch, prefill, seed)
-    step_names = ["prefill", "decode", "chunk"] if len(steps) == 3 else [f"step{i}" for i in range(len(steps))]
+        step_names, steps = make_steps(session, original_model, batch, prefill, seed)
     output_type = session.get_outputs()[0].type
     dtype = DTYPE_NAMES.get(ORT_DTYPES.get(output_type), "float32")
     atol, rtol = contract_tolerance(dtype)
@@ -376,9 +504,10 @@ def _check_data_files(path: Path, model: onnx.ModelProto) -> None:
 def print_report(report: CompareReport, stream=None) -> None:
     stream = stream or sys.stdout
     width = max([len(row.output) for row in report.rows] + [6])
-    print(f"{'step':8} {'output':{width}} {'max abs err':>12} {'max rel err':>12}  result", file=stream)
+    step_width = max([len(row.step) for row in report.rows] + [8])
+    print(f"{'step':{step_width}} {'output':{width}} {'max abs err':>12} {'max rel err':>12}  result", file=stream)
     for row in report.rows:
-        print(f"{row.step:8} {row.output:{width}} {row.max_abs:12.3e} {row.max_rel:12.3e}  "
+        print(f"{row.step:{step_width}} {row.output:{width}} {row.max_abs:12.3e} {row.max_rel:12.3e}  "
               f"{'PASS' if row.passed else 'FAIL'}", file=stream)
     failed = sum(not row.passed for row in report.rows)
     impls = ", ".join(f"{impl} x{count}" for impl, count in sorted(report.gemm_impls.items())) or "none"

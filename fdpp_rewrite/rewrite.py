@@ -2,9 +2,13 @@
 
 Swaps every attention chain for fdpp::AsyncSoftmaxAttention, each layer's RoPE and cache writes for fdpp::RopeAppend,
 every RMSNorm for fdpp::RMSNorm and every weight matmul for fdpp::FlatGemm:
-sanitize -> attention -> rope_append -> norm -> projection fusion -> flat gemm -> sanitize -> check that nothing was
-missed -> write (external data beside the model when the input had it or the model is big) with the profile and the
-calibration used stamped into the model's metadata.
+sanitize -> attention -> rope_append -> norm -> projection fusion -> flat gemm -> sanitize -> report per pattern what
+was and was not replaced -> write (external data beside the model when the input had it or the model is big) with the
+profile and the calibration used stamped into the model's metadata.
+
+The passes are independent: when the attention pass proves no chain (or only some), the GEMM passes still run and
+the rewrite is partial, with a warning per pattern left behind. `--require attention,gemm` makes a pattern that is
+not fully replaced an error instead.
 """
 
 from __future__ import annotations
@@ -28,6 +32,17 @@ if TYPE_CHECKING:  # onnx, onnx-graphsurgeon and the passes are imported when a 
     from fdpp_rewrite.passes.weights import WeightStore
 
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # weights above 1 GiB go to a .data file even if the input had none
+REQUIRABLE = ("attention", "gemm")  # the patterns --require can insist on
+
+
+def parse_require(text: str | None) -> tuple[str, ...]:
+    """'attention,gemm' -> ("attention", "gemm"); a one-line FdppError for a name that is not a pattern."""
+    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
+    unknown = [name for name in names if name not in REQUIRABLE]
+    if unknown:
+        raise FdppError(f"--require {','.join(unknown)}: not a pattern; pass a comma-separated list of "
+                        f"{', '.join(REQUIRABLE)}")
+    return names
 
 
 def add_arguments(parser) -> None:
@@ -38,6 +53,9 @@ def add_arguments(parser) -> None:
                                           "model, else the unprofiled default (with a warning)")
     parser.add_argument("--calibration", help="per-layer phi and guards from `fdpp_rewrite calibrate` "
                                               "(default: phi=0, guard [-60, 10])")
+    parser.add_argument("--require", metavar="PATTERNS",
+                        help=f"comma-separated patterns ({', '.join(REQUIRABLE)}) that must be replaced everywhere; "
+                             "one left behind is an error (default: a partial rewrite with a warning)")
     parser.add_argument("--force", action="store_true", help="overwrite the output if it exists")
 
 
@@ -54,10 +72,11 @@ class RewriteResult:
 
 def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream=None, default_profile=None,
                   store: WeightStore | None = None, weights_dir: str | None = None,
-                  progress: Progress = QUIET) -> RewriteResult:
+                  progress: Progress = QUIET, require=()) -> RewriteResult:
     """Rewrite a model whose weights are loaded, or whose external data lives in `weights_dir` (read a tensor at
-    a time). New weights go through `store` (in memory by default). Prints each pass's report to `stream` and
-    a line per stage to `progress`."""
+    a time). New weights go through `store` (in memory by default). Prints each pass's report and the per-pattern
+    summary to `stream` and a line per stage to `progress`. A pattern in `require` ("attention", "gemm") that is
+    left anywhere, or not found at all, is an FdppError."""
     import onnx_graphsurgeon as gs
 
     from fdpp_rewrite.passes import attention, common, flat_gemm, norm, projection_fusion, rope_append
@@ -93,12 +112,12 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
     for report in reports:
         report.print(stream)
 
-    left_attention = attention.remaining_attention(graph)
-    left_matmuls = flat_gemm.remaining_weight_matmuls(graph)
-    if left_attention or left_matmuls:
-        raise FdppError(f"rewrite incomplete: {len(left_attention)} attention softmax chain(s) "
-                        f"{left_attention[:3]} and {len(left_matmuls)} weight matmul(s) {left_matmuls[:3]} were not "
-                        "replaced (see the warnings above); this model's structure is not supported yet")
+    summary = PatternSummary({"attention": reports[0].total, "gemm": reports[-1].total},
+                             {"attention": attention.remaining_attention(graph),
+                              "gemm": flat_gemm.remaining_weight_matmuls(graph)})
+    for line in summary.lines():
+        print(line, file=stream)
+    summary.check(require)
 
     with progress.stage("export graph"):
         rewritten = gs.export_onnx(graph, do_type_check=False)
@@ -111,6 +130,39 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
         f"default phi={attention.DEFAULT_PHI} guard [{attention.DEFAULT_GUARD_LO}, {attention.DEFAULT_GUARD_HI}]")
     _stamp(rewritten, model, profile_label, calibration_label, reports)
     return RewriteResult(rewritten, reports, profile_label, calibration_label)
+
+
+@dataclass
+class PatternSummary:
+    """Per pattern: how many instances were replaced and the names of those left in the graph."""
+
+    replaced: dict
+    left: dict
+
+    def lines(self) -> list[str]:
+        out = []
+        for name in REQUIRABLE:
+            left = self.left[name]
+            line = f"{name}: {self.replaced[name]} replaced, {len(left)} left"
+            if left:
+                line = f"warning: {line} ({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}; see the pass " \
+                       "report above for why)"
+            elif not self.replaced[name]:
+                line = f"warning: {name}: none found"
+            out.append(line)
+        return out
+
+    def check(self, require) -> None:
+        from fdpp_rewrite.passes import attention, flat_gemm
+
+        supported = {"attention": f"attention chains {attention.SUPPORTED}", "gemm": flat_gemm.SUPPORTED}
+        for name in require:
+            if self.left[name] or not self.replaced[name]:
+                raise FdppError(f"--require {name}: {self.replaced[name]} replaced, {len(self.left[name])} left "
+                                f"{self.left[name][:3]}; the rewriter replaces {supported[name]}")
+        if not any(self.replaced.values()):
+            raise FdppError(f"nothing to rewrite: no attention chain and no weight matmul found; the rewriter "
+                            f"replaces {supported['attention']} and {supported['gemm']}")
 
 
 def _gemm_source(report) -> str:
@@ -163,7 +215,7 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
 
 
 def rewrite_file(model_path, output=None, profile=None, calibration=None, force=False, stream=None,
-                 progress: Progress = QUIET) -> Path:
+                 progress: Progress = QUIET, require=()) -> Path:
     """The command as a function: read, rewrite, write; returns the output path.
 
     Writes external data (<output>.data, tensors 4096-byte aligned) when the input has external data or more
@@ -201,7 +253,7 @@ def rewrite_file(model_path, output=None, profile=None, calibration=None, force=
         store = WeightStore(data_temp)
         try:
             result = rewrite_model(model, profile=profile, calibration=calibration, stream=stream, store=store,
-                                   weights_dir=str(model_path.parent), progress=progress)
+                                   weights_dir=str(model_path.parent), progress=progress, require=require)
             with progress.stage("write model"):
                 if external:
                     store.adopt(result.model, str(model_path.parent))
@@ -216,5 +268,7 @@ def rewrite_file(model_path, output=None, profile=None, calibration=None, force=
 
 
 def run(args) -> int:
-    rewrite_file(args.model, args.output, args.profile, args.calibration, args.force, progress=Progress())
+    require = parse_require(args.require)
+    rewrite_file(args.model, args.output, args.profile, args.calibration, args.force, progress=Progress(),
+                 require=require)
     return 0

@@ -3,8 +3,16 @@
 Pattern (matched from each Softmax, by structure only; Cast/Identity/Dropout nodes anywhere on the chain are
 absorbed, the op computes in float32 whatever the casts did):
 
-    scores = MatMul(q, Transpose(k, last two axes)) -> Mul|Div(scalar)? -> Add(mask)? -> Softmax(last axis)
+    scores = MatMul(q, k^T) -> Mul|Div(scalar)? -> Add(mask)? -> Softmax(last axis) -> NaN guard?
     out    = MatMul(probs, v)
+
+where
+  * k^T is a Transpose of k (any perm: the op reads k = Transpose(source, the perm with its last two entries
+    swapped), e.g. TorchScript's [0, 2, 3, 1] on the [B, L, H, D] view), or the dynamo exporter's
+    Reshape([X, L, D]) -> Transpose(last two) -> Reshape(k's leading dims + [D, L]), proven from the shapes;
+  * q and k^T may each be multiplied (or divided) by a scalar first (torch's SDPA applies sqrt(scale) to both):
+    every such factor is folded into the op's scale;
+  * the NaN guard is Where(IsNaN(p), 0, p) on the probabilities (a fully masked row; the op gives 0 there too).
 
 in two layouts:
   * grouped 5-D (our exporter): q5 = Reshape(q [B,Hq,S,D]) -> [B,Hkv,G,S,D], k5/v5 = Unsqueeze(cache, 2),
@@ -14,8 +22,10 @@ in two layouts:
 
 The mask becomes mask_mode "past_len" (4th input: the graph input past_len) when its values come from
 past_len alone and evaluating it agrees with the contract's causal rule; otherwise "bias" (4th input: the mask
-itself), or "none" without a mask. phi and the guard per layer come from a calibration file, else the defaults
-below.
+itself), or "none" without a mask. Hugging Face graphs build their mask in-graph from the 2-D attention_mask
+(padding) and the causal rule, and add it as Where(mask, 0, finfo.min): that is a "bias" (padding is not a
+past_len rule), and a fully padded query row, which the original averages over nothing, gives 0 in the op.
+phi and the guard per layer come from a calibration file, else the defaults below.
 """
 
 from __future__ import annotations
@@ -32,8 +42,8 @@ import onnx_graphsurgeon as gs
 from fdpp_rewrite.contracts import DOMAIN, attention_guard, load_contract
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, collect_matches, constant_value, dtype_name,
-                                        is_constant, producer, producer_op, rank, scalar_value, skip_backward,
-                                        skip_forward, sole_consumer, static_dim)
+                                        is_constant, is_standard, producer, producer_op, rank, scalar_value,
+                                        skip_backward, skip_forward, sole_consumer, static_dim)
 from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 
 OP = "AsyncSoftmaxAttention"
@@ -107,6 +117,7 @@ class AttentionMatch:
     num_kv_heads: int
     head_dim: int
     layout: str            # "grouped-5d" | "4d"
+    key_perm: list | None = None  # the op's key is Transpose(key, key_perm) (made by the pass), or key itself
 
 
 # --- matching -----------------------------------------------------------------------------------------------
@@ -125,6 +136,33 @@ def _is_unsqueeze_at(node: gs.Node | None, axis: int, out_rank: int) -> bool:
     return axes is not None and len(axes) == 1 and axes[0] % out_rank == axis
 
 
+def _scalar_factor(node: gs.Node | None) -> tuple[float, gs.Tensor] | None:
+    """(factor, x) when `node` is Mul(x, c), Mul(c, x) or Div(x, c) with a scalar constant c != 0."""
+    if node is None or node.op not in ("Mul", "Div") or not is_standard(node):
+        return None
+    constants = [scalar_value(t) for t in node.inputs]
+    if node.op == "Mul" and constants[1] is not None and not is_constant(node.inputs[0]):
+        return constants[1], node.inputs[0]
+    if node.op == "Mul" and constants[0] is not None and not is_constant(node.inputs[1]):
+        return constants[0], node.inputs[1]
+    if node.op == "Div" and constants[1] not in (None, 0.0) and not is_constant(node.inputs[0]):
+        return 1.0 / constants[1], node.inputs[0]
+    return None
+
+
+def strip_scalar_factors(graph: gs.Graph, tensor: gs.Tensor) -> tuple[float, gs.Tensor]:
+    """Walk up through Mul/Div-by-scalar nodes (and casts) whose output only the chain reads; returns the product
+    of their factors and the tensor above them, e.g. (sqrt(1/sqrt(D)), q) for Mul(q, D^-1/4)."""
+    factor = 1.0
+    while True:
+        above, _ = skip_backward(graph, tensor)
+        found = _scalar_factor(producer(above))
+        if found is None or sole_consumer(graph, above) is None:
+            return factor, tensor
+        factor *= found[0]
+        tensor = found[1]
+
+
 def _scores_matmul(graph: gs.Graph, tensor: gs.Tensor):
     """From a tensor above the softmax, walk up through an optional scale to MatMul(q, k^T).
     Returns (scale, matmul) or a reason string."""
@@ -132,15 +170,10 @@ def _scores_matmul(graph: gs.Graph, tensor: gs.Tensor):
     scale = 1.0
     node = producer(tensor)
     if node is not None and node.op in ("Mul", "Div") and sole_consumer(graph, tensor) is not None:
-        constants = [scalar_value(t) for t in node.inputs]
-        if node.op == "Mul" and constants[1] is not None and not is_constant(node.inputs[0]):
-            scale, tensor = constants[1], node.inputs[0]
-        elif node.op == "Mul" and constants[0] is not None and not is_constant(node.inputs[1]):
-            scale, tensor = constants[0], node.inputs[1]
-        elif node.op == "Div" and constants[1] is not None and constants[1] != 0.0:
-            scale, tensor = 1.0 / constants[1], node.inputs[0]
-        else:
+        found = _scalar_factor(node)
+        if found is None:
             return f"the scores are scaled by a {node.op} that is not by a scalar constant"
+        scale, tensor = found
         tensor, _ = skip_backward(graph, tensor)
         node = producer(tensor)
     if node is None or node.op != "MatMul" or sole_consumer(graph, tensor) is None:
@@ -150,14 +183,84 @@ def _scores_matmul(graph: gs.Graph, tensor: gs.Tensor):
     return scale, node
 
 
-def _transposed_source(tensor: gs.Tensor) -> gs.Tensor | None:
-    """k from k^T = Transpose(k, perm swapping the last two axes)."""
+def _canonical_symbol(dim: str) -> str:
+    """'seq + past' and 'past + seq' name one size (shape inference writes sums in either order)."""
+    terms = [term.strip() for term in dim.split("+")]
+    return " + ".join(sorted(terms)) if all(term.isidentifier() for term in terms) else dim
+
+
+def _same_dim(a, b) -> bool:
+    """Two dims known to be equal: the same int, or the same symbol (never an inference placeholder)."""
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        return int(a) == int(b) and a >= 0
+    return (isinstance(a, str) and isinstance(b, str) and not a.startswith("unk__")
+            and _canonical_symbol(a) == _canonical_symbol(b))
+
+
+def _same_dims(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(_same_dim(x, y) for x, y in zip(a, b))
+
+
+def _composed_transpose(graph: gs.Graph, tensor: gs.Tensor):
+    """(source, perm) when `tensor` = Transpose(...Transpose(source)) through single-reader Transposes, the perms
+    composed into one; None if `tensor` is not a Transpose output."""
     node = producer_op(tensor, "Transpose")
     if node is None or "perm" not in node.attrs:
         return None
     perm = list(node.attrs["perm"])
-    n = len(perm)
-    return node.inputs[0] if n >= 2 and perm == list(range(n - 2)) + [n - 1, n - 2] else None
+    source = node.inputs[0]
+    inner = producer_op(source, "Transpose")
+    while inner is not None and "perm" in inner.attrs and sole_consumer(graph, source) is not None:
+        inner_perm = list(inner.attrs["perm"])
+        perm = [inner_perm[axis] for axis in perm]  # out[i] = source[perm[i]], source[j] = above[inner_perm[j]]
+        source = inner.inputs[0]
+        inner = producer_op(source, "Transpose")
+    return source, perm
+
+
+def _swap_last_two(perm: list) -> list:
+    return perm[:-2] + [perm[-1], perm[-2]]
+
+
+def untransposed_key(graph: gs.Graph, tensor: gs.Tensor):
+    """What k^T (the scores MatMul's second input) is the transpose of: (k, None) for a tensor k of the graph, or
+    (source, perm) when k = Transpose(source, perm) must be made; None when the chain is not provably k^T."""
+    transposed = _composed_transpose(graph, tensor)
+    if transposed is not None:
+        source, perm = transposed
+        if len(perm) < 2:
+            return None
+        wanted = _swap_last_two(perm)  # Transpose(source, perm) == swap_last_two(Transpose(source, wanted))
+        return (source, None) if wanted == list(range(len(perm))) else (source, wanted)
+    return _key_through_reshapes(graph, tensor)
+
+
+def _key_through_reshapes(graph: gs.Graph, tensor: gs.Tensor):
+    """The dynamo exporter's k^T: Reshape(k [*lead, L, D] -> [X, L, D]) -> Transpose(last two) ->
+    Reshape(-> [*lead, D, L]). The first Reshape only merges leading axes (it keeps the last two), the Transpose
+    swaps the last two, the second only splits the leading axis back into k's: together, k with its last two
+    axes swapped. Every dim must be known for that proof."""
+    split = producer_op(tensor, "Reshape")
+    if split is None or sole_consumer(graph, split.inputs[0]) is None:
+        return None
+    transposed = _composed_transpose(graph, split.inputs[0])
+    if transposed is None:
+        return None
+    merged, perm = transposed
+    merge = producer_op(merged, "Reshape")
+    if merge is None or sole_consumer(graph, merged) is None or len(perm) < 2:
+        return None
+    if perm != _swap_last_two(list(range(len(perm)))):
+        return None
+    key = merge.inputs[0]
+    k_shape, merged_shape, out_shape = key.shape, merged.shape, tensor.shape
+    if k_shape is None or merged_shape is None or out_shape is None or len(k_shape) < 2 or len(merged_shape) < 2:
+        return None
+    if not _same_dims(list(merged_shape[-2:]), list(k_shape[-2:])):
+        return None  # the first Reshape changes the last two axes: not a merge of the leading ones
+    if not _same_dims(list(out_shape), list(k_shape[:-2]) + [k_shape[-1], k_shape[-2]]):
+        return None  # the second Reshape does not give k's leading axes back
+    return key, None
 
 
 def _repeat_kv_source(tensor: gs.Tensor):
@@ -210,27 +313,60 @@ def match_attention(graph: gs.Graph, softmax: gs.Node):
         if isinstance(found, str):
             return found
     scale, qk = found
-    if not scale > 0:
-        return f"the scores are scaled by {scale}, not a positive number"
 
-    # downward: probs -> MatMul(probs, v)
-    probs, _ = skip_forward(graph, softmax.outputs[0])
+    # downward: probs -> [NaN guard] -> MatMul(probs, v)
+    probs = _through_nan_guard(graph, skip_forward(graph, softmax.outputs[0])[0])
+    probs, _ = skip_forward(graph, probs)
     pv = sole_consumer(graph, probs)
     if pv is None or pv.op != "MatMul" or pv.inputs[0] is not probs:
         readers = len(probs.outputs)
         return f"the probabilities feed {readers} node(s), not one MatMul(probs, v) (attention weights used elsewhere?)"
 
-    key_side = _transposed_source(qk.inputs[1])
-    if key_side is None:
-        return "the keys enter the scores MatMul without a Transpose of their last two axes"
-    query_side, value_side = qk.inputs[0], pv.inputs[1]
+    # sqrt(scale) on q and on k^T (torch's SDPA), or any scalar factor on either side, joins the op's scale
+    q_factor, query_side = strip_scalar_factors(graph, qk.inputs[0])
+    k_factor, key_transposed = strip_scalar_factors(graph, qk.inputs[1])
+    untransposed = untransposed_key(graph, key_transposed)
+    if untransposed is None:
+        return ("the keys enter the scores MatMul neither through a Transpose nor through a Reshape -> Transpose -> "
+                "Reshape chain that provably swaps their last two axes")
+    key_side, key_perm = untransposed
+    if key_perm is None:  # a factor applied to k before its transpose
+        inner_factor, key_side = strip_scalar_factors(graph, key_side)
+        k_factor *= inner_factor
+    scale = scale * q_factor * k_factor
+    if not scale > 0:
+        return f"the scores are scaled by {scale}, not a positive number"
+    value_side = pv.inputs[1]
     scores_rank = rank(qk.outputs[0]) or rank(key_side) or rank(query_side)
 
     if scores_rank == 5:
+        if key_perm is not None:
+            return "grouped 5-D scores whose keys are a transposed view, not Unsqueeze(axis 2) of the caches"
         return _match_grouped(graph, softmax, qk, pv, query_side, key_side, value_side, mask, scale)
     if scores_rank == 4:
-        return _match_4d(softmax, pv, query_side, key_side, value_side, mask, scale)
+        return _match_4d(softmax, pv, query_side, key_side, key_perm, value_side, mask, scale)
     return f"the scores have rank {scores_rank}, expected 4 (Hugging Face layout) or 5 (grouped layout)"
+
+
+def is_nan_guard(graph: gs.Graph, where: gs.Node, probs: gs.Tensor) -> bool:
+    """Where(IsNaN(probs), 0, probs): what the dynamo exporter puts after SDPA's softmax for fully masked rows."""
+    if where.op != "Where" or not is_standard(where) or len(where.inputs) != 3 or where.inputs[2] is not probs:
+        return False
+    isnan = producer_op(where.inputs[0], "IsNaN")
+    zero = constant_value(where.inputs[1])
+    return (isnan is not None and isnan.inputs[0] is probs and sole_consumer(graph, where.inputs[0]) is where
+            and zero is not None and zero.size == 1 and float(zero.reshape(())) == 0.0)
+
+
+def _through_nan_guard(graph: gs.Graph, probs: gs.Tensor) -> gs.Tensor:
+    """The guard's output when `probs` is read by exactly a NaN guard (IsNaN + Where), else `probs`."""
+    readers = list(probs.outputs)
+    if probs in graph.outputs or len(readers) != 2:
+        return probs
+    where = next((n for n in readers if n.op == "Where"), None)
+    if where is None or not is_nan_guard(graph, where, probs):
+        return probs
+    return where.outputs[0]
 
 
 def _match_grouped(graph, softmax, qk, pv, query_side, key_side, value_side, mask, scale):
@@ -252,23 +388,39 @@ def _match_grouped(graph, softmax, qk, pv, query_side, key_side, value_side, mas
                    head_dim, "grouped-5d")
 
 
-def _match_4d(softmax, pv, query, key_side, value_side, mask, scale):
+def _match_4d(softmax, pv, query, key_side, key_perm, value_side, mask, scale):
     key, value, groups = key_side, value_side, None
-    repeated_k, repeated_v = _repeat_kv_source(key_side), _repeat_kv_source(value_side)
+    repeated_k, repeated_v = (None if key_perm else _repeat_kv_source(key_side)), _repeat_kv_source(value_side)
     if (repeated_k is None) != (repeated_v is None):
         return "only one of k and v goes through repeat_kv"
     if repeated_k is not None:
         (key, groups), (value, _) = repeated_k, repeated_v
-    kv_heads = _first_known(static_dim(key, 1))
-    heads = _first_known(static_dim(query, 1), static_dim(key_side, 1),
+    key_shape = _permuted_shape(key, key_perm)
+    kv_heads = _first_known(_dim(key_shape, 1))
+    heads = _first_known(static_dim(query, 1), _dim(_permuted_shape(key_side, key_perm), 1),
                          kv_heads * groups if kv_heads and groups else None)
     if repeated_k is None and kv_heads is None:
         kv_heads = heads
-    head_dim = _first_known(static_dim(query, 3), static_dim(key, 3))
-    return _finish(softmax, pv.outputs[0], query, key, value, mask, False, scale, heads, kv_heads, head_dim, "4d")
+    head_dim = _first_known(static_dim(query, 3), _dim(key_shape, 3))
+    return _finish(softmax, pv.outputs[0], query, key, value, mask, False, scale, heads, kv_heads, head_dim, "4d",
+                   key_perm)
 
 
-def _finish(softmax, output, query, key, value, mask, mask_rank5, scale, heads, kv_heads, head_dim, layout):
+def _permuted_shape(tensor: gs.Tensor, perm: list | None):
+    if tensor.shape is None or perm is None:
+        return tensor.shape
+    return [tensor.shape[axis] for axis in perm] if len(perm) == len(tensor.shape) else None
+
+
+def _dim(shape, axis: int) -> int | None:
+    if shape is None or not -len(shape) <= axis < len(shape):
+        return None
+    dim = shape[axis]
+    return int(dim) if isinstance(dim, (int, np.integer)) and dim >= 0 else None
+
+
+def _finish(softmax, output, query, key, value, mask, mask_rank5, scale, heads, kv_heads, head_dim, layout,
+            key_perm=None):
     if not (heads and kv_heads and head_dim):
         return (f"could not determine the head counts / head_dim ({heads}, {kv_heads}, {head_dim}) from shapes; "
                 "export with static head dimensions")
@@ -279,7 +431,7 @@ def _finish(softmax, output, query, key, value, mask, mask_rank5, scale, heads, 
             return f"'{tensor.name}' has rank {rank(tensor)}, expected {expected}"
     return AttentionMatch(softmax=softmax, output=output, query=query, key=key, value=value, mask=mask,
                           mask_rank5=mask_rank5, scale=float(scale), num_heads=heads, num_kv_heads=kv_heads,
-                          head_dim=head_dim, layout=layout)
+                          head_dim=head_dim, layout=layout, key_perm=key_perm)
 
 
 # --- the mask: past_len or bias -----------------------------------------------------------------------------
@@ -394,14 +546,13 @@ def _bias_input(graph: gs.Graph, match: AttentionMatch, names: NameMaker, cache:
 # --- the pass -----------------------------------------------------------------------------------------------
 
 def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> PassReport:
-    """Replace every attention chain; raise FdppError if there is none."""
+    """Replace every attention chain it can prove; the chains it cannot are near misses in the report (the
+    rewrite decides whether that is an error)."""
     report = PassReport("attention")
     contract = load_contract(OP)
     matches = collect_matches(graph, "Softmax", match_attention, report)
-    if not matches:
-        reasons = "; ".join(report.near_misses[:2]) or "the graph has no Softmax"
-        raise FdppError(f"no attention pattern found ({reasons}); expected MatMul(q, k^T) -> scale -> mask -> "
-                        "Softmax -> MatMul(v) as `fdpp_rewrite export` writes it")
+    if not matches and calibration is None:
+        return report
     if calibration is not None and len(calibration) != len(matches):
         raise FdppError(f"the calibration has {len(calibration)} layers but the graph has {len(matches)} attention "
                         "layers; calibrate this model (`python -m fdpp_rewrite calibrate`)")
@@ -451,16 +602,20 @@ def _replace(graph, match: AttentionMatch, attrs: dict, fourth: list, names: Nam
         op_output = gs.Variable(names("output"), dtype=match.query.dtype, shape=output.shape)
         to = _onnx_dtype(output)
         graph.nodes.append(gs.Node("Cast", name=names("cast"), attrs={"to": to}, inputs=[op_output], outputs=[output]))
+    key = match.key
+    if match.key_perm is not None:  # k^T was one Transpose of another layout: the op reads k in [B, Hkv, L, D]
+        key = gs.Variable(names("key"), dtype=match.key.dtype, shape=_permuted_shape(match.key, match.key_perm))
+        graph.nodes.append(gs.Node("Transpose", name=names("key_transpose"), attrs={"perm": match.key_perm},
+                                   inputs=[match.key], outputs=[key]))
     graph.nodes.append(gs.Node(OP, name=names("attention"), domain=DOMAIN, attrs=attrs,
-                               inputs=[match.query, match.key, match.value] + fourth, outputs=[op_output]))
+                               inputs=[match.query, key, match.value] + fourth, outputs=[op_output]))
 
 
 def looks_like_attention(graph: gs.Graph, softmax: gs.Node) -> bool:
     """Loosely: a Softmax between a MatMul of two activations and a MatMul reading the probabilities, whatever
     else the chain holds. The final check uses this, so a chain the pass could not express fails the rewrite
     instead of staying behind as a near-miss."""
-    probs, _ = skip_forward(graph, softmax.outputs[0])
-    if not any(n.op == "MatMul" and n.inputs[0] is probs for n in probs.outputs):
+    if not _reaches_probs_matmul(softmax.outputs[0]):
         return False
     frontier = [softmax.inputs[0]]
     for _ in range(6):  # Cast / Add(mask) / Mul|Div(scale) / Where between the scores and the softmax
@@ -477,9 +632,26 @@ def looks_like_attention(graph: gs.Graph, softmax: gs.Node) -> bool:
     return False
 
 
+def _reaches_probs_matmul(tensor: gs.Tensor, hops: int = 4) -> bool:
+    """A MatMul reads `tensor` (as its first input) directly or through Cast/Where/IsNaN-like elementwise steps."""
+    for node in tensor.outputs:
+        if node.op == "MatMul" and node.inputs[0] is tensor:
+            return True
+        if hops and node.op in ("Cast", "Where", "Identity", "Dropout") and \
+                any(_reaches_probs_matmul(out, hops - 1) for out in node.outputs):
+            return True
+    return False
+
+
 def remaining_attention(graph: gs.Graph) -> list[str]:
     """Names of Softmax nodes that still look like attention (for the final check)."""
     return [node.name for node in graph.nodes if node.op == "Softmax" and looks_like_attention(graph, node)]
+
+
+# what the pass reads, for the one line of a refusal
+SUPPORTED = ("MatMul(q, k^T) -> Mul|Div(scalar)? -> Add(mask)? -> Softmax -> Where(IsNaN)? -> MatMul(probs, v), "
+             "k^T a Transpose or Reshape -> Transpose -> Reshape of k, q and k^T optionally scaled, in the 4-D "
+             "(Hugging Face) or grouped 5-D (fdpp export) layout")
 
 
 def describe(match: AttentionMatch) -> str:

@@ -1,6 +1,7 @@
 """Pass 3: every MatMul (or Gemm) against a constant 2-D weight -> fdpp::FlatGemm.
 
-    MatMul(x, W [K, N]) (+ Add(bias [N]))  then one of
+    MatMul(x, W [K, N]) (+ Add(bias [N]))  then one of   (W may also be Transpose(E [N, K]): a tied embedding
+                                                           whose Transpose reads external data and is not folded)
         -> Split([I, I]) -> Mul(Mul(g, Sigmoid(g)), u)   epilogue "silu_mul" (from the projection fusion pass)
         -> Add(residual) of the same shape              epilogue "residual"
         -> anything else                                epilogue "none"
@@ -24,6 +25,8 @@ from fdpp_rewrite.passes.weights import WeightStore
 from fdpp_rewrite.profiles import DEFAULT_PROFILE, resolve_choices
 
 OP = "FlatGemm"
+# what the pass reads, for the one line of a refusal
+SUPPORTED = "weight matmuls: MatMul(x, W) or Gemm(x, W) against a constant 2-D W, optionally + bias"
 
 
 class GemmMatch:
@@ -92,11 +95,32 @@ def _find_epilogue(graph: gs.Graph, match: GemmMatch, y: gs.Tensor) -> None:
             match.epilogue, match.residual, match.output = "residual", other, reader.outputs[0]
 
 
+def _transposed_weight(tensor: gs.Tensor) -> gs.Tensor | None:
+    """E when `tensor` = Transpose(E, perm [1, 0]) of a constant 2-D E (E is then already [N, K])."""
+    node = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if node is None or node.op != "Transpose" or not is_standard(node) or not weight_tensor(node.inputs[0]):
+        return None
+    return node.inputs[0] if list(node.attrs.get("perm", [1, 0])) == [1, 0] else None
+
+
+def transposed_weight_matmuls(graph: gs.Graph) -> list[gs.Node]:
+    """MatMul(activation, Transpose(constant [N, K]))."""
+    return [node for node in graph.nodes
+            if node.op == "MatMul" and is_standard(node) and len(node.inputs) == 2
+            and not is_constant(node.inputs[0]) and _transposed_weight(node.inputs[1]) is not None]
+
+
 def find_matches(graph: gs.Graph) -> list[GemmMatch]:
     matches = []
     for node in weight_matmuls(graph):
         add, bias = bias_of(graph, node)
         match = GemmMatch(node, node.inputs[0], node.inputs[1], False, bias)
+        _find_epilogue(graph, match, add.outputs[0] if add is not None else node.outputs[0])
+        matches.append(match)
+    for node in transposed_weight_matmuls(graph):
+        weight = _transposed_weight(node.inputs[1])
+        add, bias = bias_of(graph, node, n=constant_shape(weight)[0])
+        match = GemmMatch(node, node.inputs[0], weight, True, bias)
         _find_epilogue(graph, match, add.outputs[0] if add is not None else node.outputs[0])
         matches.append(match)
     for node in weight_gemms(graph):
@@ -157,4 +181,4 @@ def _replace(graph: gs.Graph, match: GemmMatch, attrs: dict, names: NameMaker, s
 
 
 def remaining_weight_matmuls(graph: gs.Graph) -> list[str]:
-    return [node.name for node in weight_matmuls(graph) + weight_gemms(graph)]
+    return [node.name for node in weight_matmuls(graph) + transposed_weight_matmuls(graph) + weight_gemms(graph)]

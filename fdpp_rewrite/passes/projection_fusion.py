@@ -31,12 +31,13 @@ def weight_matmuls(graph: gs.Graph) -> list[gs.Node]:
             and not is_constant(node.inputs[0]) and weight_tensor(node.inputs[1])]
 
 
-def bias_of(graph: gs.Graph, matmul: gs.Node):
-    """(Add node, bias constant) when the MatMul's only reader adds a constant [N] vector, else (None, None)."""
+def bias_of(graph: gs.Graph, matmul: gs.Node, n: int | None = None):
+    """(Add node, bias constant) when the MatMul's only reader adds a constant [N] vector, else (None, None).
+    N is the weight's second dim unless given."""
     add = sole_consumer(graph, matmul.outputs[0])
     if add is None or add.op != "Add" or not is_standard(add):
         return None, None
-    n = constant_shape(matmul.inputs[1])[1]
+    n = constant_shape(matmul.inputs[1])[1] if n is None else n
     other = add.inputs[1] if add.inputs[0] is matmul.outputs[0] else add.inputs[0]
     shape = constant_shape(other)
     if shape is None or int(np.prod(shape)) != n or (len(shape) and shape[-1] != n):
@@ -70,10 +71,29 @@ def _projection_output(graph, matmul):
     return add.outputs[0] if add is not None else matmul.outputs[0]
 
 
+def _is_attention_node(node: gs.Node) -> bool:
+    """The fdpp attention op, or a MatMul(probs, v) of a standard attention chain (its first input comes from a
+    Softmax through casts and a NaN guard): the fusion does not depend on the attention pass having replaced it."""
+    if node.domain == DOMAIN:
+        return node.op == "AsyncSoftmaxAttention"
+    if node.op != "MatMul" or not is_standard(node):
+        return False
+    tensor = node.inputs[0]
+    for _ in range(4):
+        producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+        if producer is None:
+            return False
+        if producer.op == "Softmax":
+            return True
+        if producer.op not in ("Cast", "Identity", "Where"):
+            return False
+        tensor = producer.inputs[-1]  # Where(IsNaN(p), 0, p): p is its last input
+    return False
+
+
 def _feeds_attention(graph, tensor) -> bool:
-    # q/k/v reach the op through reshapes, RoPE and the cache write: a few dozen nodes at most
-    return reaches(graph, tensor, lambda n: n.domain == DOMAIN and n.op == "AsyncSoftmaxAttention",
-                   max_nodes=256) is not None
+    # q/k/v reach the attention through reshapes, RoPE and the cache write: a few dozen nodes at most
+    return reaches(graph, tensor, _is_attention_node, max_nodes=256) is not None
 
 
 def _fuse(graph: gs.Graph, x: gs.Tensor, matmuls: list, names: NameMaker, kind: str) -> None:

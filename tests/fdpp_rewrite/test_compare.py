@@ -185,3 +185,106 @@ def test_truncated_rewrite_is_one_line_in_the_reference_session(tiny_pair, tmp_p
     broken.write_bytes(rewritten.read_bytes()[:200])
     with pytest.raises(FdppError, match=f"cannot load {broken}: .*re-export or re-run rewrite"):
         make_reference_session(broken)
+
+
+# --- Hugging Face decode-with-cache graphs: inputs from the declared names and shapes ------------------------
+
+class FakeMeta:
+    def __init__(self, name, shape, type_="tensor(int64)"):
+        self.name, self.shape, self.type = name, shape, type_
+
+
+class FakeDecodeSession:
+    """The interface of a decode-with-cache graph; run() returns presents one step longer than the past, and
+    records what it was fed."""
+
+    def __init__(self, past_shape=("batch", 2, "past", 64), outputs=("logits", "present.0.key", "present.0.value"),
+                 extra=()):
+        cache = "tensor(float)"
+        self.inputs = [FakeMeta("input_ids", ["batch", "seq"]), FakeMeta("attention_mask", ["batch", "total"]),
+                       FakeMeta("position_ids", ["batch", "seq"]),
+                       FakeMeta("past_key_values.0.key", list(past_shape), cache),
+                       FakeMeta("past_key_values.0.value", list(past_shape), cache), *extra]
+        self.outputs = [FakeMeta(name, None, cache) for name in outputs]
+        self.fed = []
+
+    def get_inputs(self):
+        return self.inputs
+
+    def get_outputs(self):
+        return self.outputs
+
+    def run(self, names, feed):
+        self.fed.append(feed)
+        seq = feed["input_ids"].shape[1]
+        return [np.concatenate([feed[n.replace("present", "past_key_values")],
+                                np.ones((feed["input_ids"].shape[0], 2, seq, 64), np.float32)], axis=2)
+                for n in names]
+
+
+def test_hf_decode_steps_put_past_and_total_lengths_where_they_belong():
+    from fdpp_rewrite.compare import HF_DECODE_STEPS, HF_PADDED_DECODE_STEPS, hf_steps
+
+    session = FakeDecodeSession(extra=[FakeMeta("cache_position", ["seq"])])
+    names, feeds = hf_steps(session, vocab=50, batch=3, prefill=6, rng=np.random.default_rng(0))
+    assert names == ["prefill", "decode1", "decode2", "decode3", "padded-prefill", "padded-decode1",
+                     "padded-decode2"]
+    assert len(names) == 2 + HF_DECODE_STEPS + HF_PADDED_DECODE_STEPS
+    for feed in feeds:
+        seq = feed["input_ids"].shape[1]
+        past = feed["past_key_values.0.key"].shape[2]
+        assert feed["attention_mask"].shape == (3, past + seq)  # the mask covers the cache and the new tokens
+        assert feed["position_ids"].shape == (3, seq) and feed["past_key_values.0.value"].shape == (3, 2, past, 64)
+        np.testing.assert_array_equal(feed["cache_position"], np.arange(past, past + seq))
+    assert [f["past_key_values.0.key"].shape[2] for f in feeds] == [0, 6, 7, 8, 0, 6, 7]
+    np.testing.assert_array_equal(feeds[1]["position_ids"], [[6]] * 3)
+    padded = feeds[names.index("padded-decode1")]
+    np.testing.assert_array_equal(padded["attention_mask"][:, :3], [[1, 1, 1], [0, 0, 1], [0, 1, 1]])
+    np.testing.assert_array_equal(padded["position_ids"], [[6], [4], [5]])  # positions count real tokens only
+    assert session.fed == feeds  # each step ran on the presents the step before returned
+
+
+@pytest.mark.parametrize("session, message", [
+    (FakeDecodeSession(outputs=("logits", "present.0.key")), "returns no present.0.value"),
+    (FakeDecodeSession(past_shape=("batch", 2, 16, 64)), "fixed past length 16"),
+    (FakeDecodeSession(past_shape=("batch", "heads", "past", 64)), "static kv_heads and head_dim"),
+    (FakeDecodeSession(extra=[FakeMeta("token_type_ids", ["batch", "seq"])]), "input 'token_type_ids'"),
+])
+def test_hf_interface_that_does_not_fit_is_one_line(session, message):
+    from fdpp_rewrite.compare import hf_steps
+
+    with pytest.raises(FdppError, match=message):
+        hf_steps(session, vocab=50, batch=2, prefill=6, rng=np.random.default_rng(0))
+
+
+def test_onnxruntime_failure_on_derived_inputs_is_one_line():
+    from fdpp_rewrite.compare import hf_steps
+
+    class Failing(FakeDecodeSession):
+        def run(self, names, feed):
+            raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions\nmore detail")
+
+    with pytest.raises(FdppError, match=r"could not run the original model on the prefill inputs .*Got invalid "
+                                        r"dimensions\); check its input names and dims$"):
+        hf_steps(Failing(), vocab=50, batch=2, prefill=6, rng=np.random.default_rng(0))
+
+
+def test_blank_padding_zeroes_the_padded_positions_only():
+    from fdpp_rewrite.compare import blank_padding
+
+    mask = np.array([[1, 1, 1, 1], [0, 0, 1, 1]])
+    logits, present = np.ones((2, 1, 5)), np.ones((2, 3, 4, 8))
+    blanked = blank_padding({"attention_mask": mask}, {"logits": logits, "present.0.key": present})
+    assert blanked["logits"].sum() == logits.sum()  # the new token is real in both rows
+    assert (blanked["present.0.key"][1, :, :2] == 0).all() and blanked["present.0.key"].sum() == present.sum() - 48
+    prefill = blank_padding({"attention_mask": mask}, {"logits": np.ones((2, 4, 5))})["logits"]
+    assert (prefill[1, :2] == 0).all() and prefill.sum() == 30
+    unpadded = {"logits": logits}
+    assert blank_padding({"attention_mask": np.ones((2, 4))}, unpadded) is unpadded
+
+
+def test_hf_prefill_must_leave_a_real_token_after_the_padding():
+    from fdpp_rewrite.compare import hf_steps
+
+    with pytest.raises(FdppError, match="--prefill must be at least 3 for the left-padded batch, got 2"):
+        hf_steps(FakeDecodeSession(), vocab=50, batch=2, prefill=2, rng=np.random.default_rng(0))

@@ -175,3 +175,36 @@ def test_unprofiled_default_is_labelled(tmp_path):
     rewritten, report = run_pass(model, tmp_path=tmp_path)
     assert node_attributes(gemm_nodes(rewritten)[0])["profile"] == "unprofiled-default"
     assert any(f"[{N}, {K}] float32" in m and "unprofiled default" in m for m in report.near_misses)
+
+
+def tied_embedding_model(transposed_input="table"):
+    """logits = MatMul(h, Transpose(E)) where E [N, K] is also the embedding table that Gather reads (a tied
+    lm_head, as the dynamo exporter leaves it when E lives in an external data file)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["h"]),
+             helper.make_node("Transpose", [transposed_input], ["table_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "table_t"], ["logits"])]
+    inputs = [vinfo("ids", ["batch"], TensorProto.INT64)]
+    if transposed_input != "table":
+        inputs.append(vinfo(transposed_input, [N, K]))
+    return make_model(nodes, inputs, [vinfo("logits", ["batch", N])],
+                      {"table": rng.standard_normal((N, K)).astype(np.float32)})
+
+
+def test_matmul_against_a_transposed_constant_is_a_weight_matmul():
+    model = tied_embedding_model()
+    graph = gs.import_onnx(model)  # no sanitize: the Transpose stays, as it does for weights in a data file
+    assert flat_gemm.remaining_weight_matmuls(graph) == [graph.nodes[2].name]
+    report = flat_gemm.run(graph)
+    rewritten = gs.export_onnx(graph)
+    (node,) = gemm_nodes(rewritten)
+    weight = next(numpy_helper.to_array(i) for i in rewritten.graph.initializer if i.name == node.input[1])
+    np.testing.assert_array_equal(weight, numpy_helper.to_array(model.graph.initializer[0]))  # E is already [N, K]
+    assert report.total == 1 and not flat_gemm.remaining_weight_matmuls(graph)
+    check_same(model, rewritten, {"ids": np.array([0, 3, 5], np.int64)})
+
+
+def test_matmul_against_a_transposed_activation_is_not_a_weight_matmul():
+    graph = gs.import_onnx(tied_embedding_model(transposed_input="other"))
+    assert flat_gemm.run(graph).total == 0 and not flat_gemm.remaining_weight_matmuls(graph)
+    assert [n.op for n in graph.nodes if n.op == "MatMul"] == ["MatMul"]

@@ -31,9 +31,8 @@ def weight_matmul_count(model):
 def test_fuses_qkv_and_gate_up_per_layer(cfg):
     model = build_tiny_model(cfg)
     fused, report = fuse(model, with_attention=False)
-    # without the attention pass nothing feeds an fdpp attention op: only gate/up fuse
-    assert report.replaced == {"gate_up": cfg.layers}
-    assert sum("not all feed an attention op" in m for m in report.near_misses) == cfg.layers
+    # the fusion does not depend on the attention pass: q/k/v feed the standard chain's MatMul(probs, v) as well
+    assert report.replaced == {"qkv": cfg.layers, "gate_up": cfg.layers}
 
     graph = gs.import_onnx(model)
     common.sanitize(graph)
@@ -57,7 +56,7 @@ def test_fuses_qkv_and_gate_up_per_layer(cfg):
 
 @pytest.mark.parametrize("cfg", [TinyConfig(qkv_bias=True), TinyConfig(dtype="float16", layout="4d")])
 def test_fused_graph_gives_the_same_outputs(cfg):
-    """Fusion alone (no attention pass: gate/up only) keeps a standard graph that runs in onnxruntime."""
+    """Fusion alone (no attention pass) keeps a standard graph that runs in onnxruntime."""
     model = build_tiny_model(cfg)
     fused, _ = fuse(model, with_attention=False)
     feeds = decode_feeds(cfg, batch=2, seq=3)
@@ -132,6 +131,20 @@ def test_qkv_not_sharing_an_input_are_not_fused():
     report = projection_fusion.run(graph)
     assert "qkv" not in report.replaced and report.replaced == {"gate_up": 1}
     assert any("2 MatMuls read" in m for m in report.near_misses)  # q and v alone
+
+
+def test_three_projections_that_feed_no_attention_are_not_fused():
+    """x -> three MatMuls -> Add: no Softmax chain and no attention op downstream, so not q/k/v."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), f"w{i}") for i in range(3)]
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"p{i}"]) for i in range(3)]
+    nodes += [helper.make_node("Add", ["p0", "p1"], ["s"]), helper.make_node("Add", ["s", "p2"], ["y"])]
+    graph = helper.make_graph(nodes, "three", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+                              initializer=weights)
+    fused, report = fuse(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), with_attention=False)
+    assert report.total == 0 and weight_matmul_count(fused) == 3
+    assert any("not all feed an attention" in m for m in report.near_misses)
 
 
 def test_mixed_dtypes_are_not_fused():

@@ -1,5 +1,6 @@
 """`python -m fdpp_rewrite rewrite`: all passes on whole models, the output file, and bad input."""
 
+import io
 import json
 
 import numpy as np
@@ -11,6 +12,7 @@ from rewrite_graphs import TinyConfig, build_tiny_model
 from fdpp_rewrite import cli
 from fdpp_rewrite.compare import compare_models
 from fdpp_rewrite.contracts import node_attributes, register_onnx_schemas, validate_node
+from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.rewrite import rewrite_model
 
 
@@ -90,8 +92,41 @@ def test_no_attention_is_one_line_error(monkeypatch, tmp_path, capsys):
     path = tmp_path / "relu.onnx"
     onnx.save(onnx.helper.make_model(graph), str(path))
     assert run_command(monkeypatch, "rewrite", str(path)) == 2
-    assert error_line(capsys.readouterr().err).startswith("error: no attention pattern found")  # after stage lines
+    line = error_line(capsys.readouterr().err)  # after the stage lines
+    assert line.startswith("error: nothing to rewrite: no attention chain and no weight matmul found")
+    assert "the rewriter replaces attention chains MatMul(q, k^T)" in line and "weight matmuls" in line
     assert not (tmp_path / "relu.fdpp.onnx").exists()
+
+
+def _softmax_over_axis_2(tmp_path):
+    """Our tiny model whose one attention softmax runs over axis 2: the attention pass cannot take it."""
+    model = build_tiny_model(TinyConfig(layers=1))
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    del softmax.attribute[:]
+    softmax.attribute.append(onnx.helper.make_attribute("axis", 2))
+    path = tmp_path / "odd.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_partial_rewrite_warns_and_require_refuses(monkeypatch, tmp_path, capsys):
+    path = _softmax_over_axis_2(tmp_path)
+    assert run_command(monkeypatch, "rewrite", str(path)) == 0  # the GEMMs are still replaced
+    out = capsys.readouterr().out
+    assert "warning: attention: 0 replaced, 1 left" in out and "gemm: 5 replaced, 0 left" in out
+    assert "not the last axis" in out  # the pass says why
+    assert run_command(monkeypatch, "rewrite", str(path), "--require", "gemm", "--force") == 0
+    capsys.readouterr()
+    assert run_command(monkeypatch, "rewrite", str(path), "--require", "attention,gemm", "--force") == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("error: --require attention: 0 replaced, 1 left") and "the rewriter replaces" in line
+
+
+def test_require_names_the_patterns(monkeypatch, tiny_path, capsys):
+    assert run_command(monkeypatch, "rewrite", str(tiny_path), "--require", "attention,rope") == 2
+    assert error_line(capsys.readouterr().err) == ("error: --require rope: not a pattern; pass a comma-separated "
+                                                   "list of attention, gemm")
+    assert not tiny_path.with_name("tiny.fdpp.onnx").exists()
 
 
 def test_profile_for_another_model(monkeypatch, tiny_path, tmp_path, capsys):
@@ -147,8 +182,12 @@ def test_unsupported_attention_fails_loudly():
     graph.node.insert(list(graph.node).index(add), onnx.helper.make_node("Expand", [mask_name, "per_head"],
                                                                            ["mask_per_head"]))
     add.input[list(add.input).index(mask_name)] = "mask_per_head"
-    with pytest.raises(Exception, match="rewrite incomplete: 1 attention softmax chain"):
-        rewrite_model(model, stream=open("/dev/null", "w"))
+    with pytest.raises(FdppError, match=r"--require attention: 0 replaced, 1 left"):
+        rewrite_model(model, stream=io.StringIO(), require=("attention",))
+    log = io.StringIO()  # without --require: a partial rewrite that says what it left
+    result = rewrite_model(model, stream=log)
+    assert "warning: attention: 0 replaced, 1 left" in log.getvalue() and "gemm: 5 replaced, 0 left" in log.getvalue()
+    assert sum(n.op_type == "FlatGemm" for n in result.model.graph.node) == 5
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-smollm2", "tiny-opt", "tiny-chatglm"])
@@ -188,8 +227,8 @@ def test_attention_the_pass_cannot_read_fails_loudly(monkeypatch):
         renamed.attribute.extend(node.attribute)
         graph.node.append(renamed)
     graph.output.append(onnx.helper.make_tensor_value_info("odd_attention_out", onnx.TensorProto.FLOAT, None))
-    with pytest.raises(Exception, match="rewrite incomplete: 1 attention softmax chain"):
-        rewrite_model(good, stream=open("/dev/null", "w"))
+    with pytest.raises(FdppError, match=r"--require attention: 1 replaced, 1 left"):
+        rewrite_model(good, stream=io.StringIO(), require=("attention", "gemm"))
 
 
 @pytest.mark.parametrize("bad", ["missing", "not json"])

@@ -1,0 +1,115 @@
+"""The rewriter on what today's exporters write from transformers' own models (tests/helpers/hf_exports.py): five
+families x {dynamo=True (sdpa), dynamo=False (TorchScript, eager)} x {prefill, decode-with-cache}. Every attention and
+every weight matmul must be replaced (rewrite --require attention,gemm), and `compare` must PASS over a prefill,
+decode steps on the presents and a left-padded batch. Each graph is exported once per test session."""
+
+import io
+
+import onnx
+import pytest
+
+from fdpp_rewrite.compare import compare_models
+from fdpp_rewrite.contracts import node_attributes
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.rewrite import rewrite_file
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")  # the dynamo exporter needs it
+hf_exports = pytest.importorskip("hf_exports")
+
+EXPORTERS = {"dynamo": True, "torchscript": False}
+COMBINATIONS = [(family, exporter, kind) for family in hf_exports.FAMILIES for exporter in EXPORTERS
+                for kind in ("prefill", "decode")]
+WEIGHT_MATMULS_PER_LAYER = {"llama": 4, "mistral": 4, "qwen2": 4, "opt": 4, "gpt2": 4}  # qkv, o, up(+gate), down
+# OPT multiplies q by 1/sqrt(D) right after its projection, before the head reshape: that Mul stays a standard op
+# and the scores are not scaled again (scale 1); the others scale the scores (eager) or q and k^T (sdpa)
+SCALE = {"opt": 1.0}
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """(family, exporter, kind) -> path of the exported graph, exported on first use."""
+    folder = tmp_path_factory.mktemp("hf-exports")
+    cache = {}
+
+    def get(family, exporter, kind):
+        key = (family, exporter, kind)
+        if key not in cache:
+            try:
+                cache[key] = hf_exports.export_hf(family, EXPORTERS[exporter], kind == "decode", folder)
+            except hf_exports.ExportUnsupported as exc:
+                cache[key] = exc
+        if isinstance(cache[key], Exception):
+            pytest.skip(str(cache[key]))
+        return cache[key]
+
+    return get
+
+
+def rewritten(path, **options):
+    log = io.StringIO()
+    output = rewrite_file(path, output=path.with_name(path.stem + ".fdpp.onnx"), force=True, stream=log, **options)
+    return output, log.getvalue()
+
+
+@pytest.mark.parametrize("family, exporter, kind", COMBINATIONS)
+def test_every_attention_and_gemm_replaced_and_compare_passes(exported, family, exporter, kind):
+    path = exported(family, exporter, kind)
+    output, log = rewritten(path, require=("attention", "gemm"))
+    layers = hf_exports.LAYERS
+    assert f"attention: {layers} replaced, 0 left" in log and "gemm: " in log and "warning: attention" not in log
+
+    model = onnx.load(str(output))
+    ops = [n.op_type for n in model.graph.node]
+    assert "Softmax" not in ops and "MatMul" not in ops and "Gemm" not in ops  # every matmul here is a weight's
+    attention = [node_attributes(n) for n in model.graph.node if n.op_type == "AsyncSoftmaxAttention"]
+    config = hf_exports.tiny_config(family)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    assert [(a["num_heads"], a["num_kv_heads"], a["head_dim"], a["mask_mode"]) for a in attention] == \
+        [(heads, kv_heads, 64, "bias")] * layers
+    assert [a["scale"] for a in attention] == pytest.approx([SCALE.get(family, 64 ** -0.5)] * layers, rel=1e-5)
+    assert ops.count("FlatGemm") >= WEIGHT_MATMULS_PER_LAYER[family] * layers + 1  # + the lm_head
+
+    report = compare_models(path, output)
+    assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
+    steps = sorted({row.step for row in report.rows})
+    if kind == "decode":
+        assert steps == sorted(["prefill", "decode1", "decode2", "decode3", "padded-prefill", "padded-decode1",
+                                "padded-decode2"])
+        assert {row.output for row in report.rows} >= {"logits", "present.0.key", f"present.{layers - 1}.value"}
+    else:
+        assert steps == ["padded", "prefill"]
+    assert report.attention_rows > 0 and report.fallback_rows == 0
+
+
+def test_the_padded_positions_are_the_only_ones_left_out(exported):
+    """Without blanking the padded positions the left-padded batch differs exactly there: the original averages a
+    fully masked row, the op gives 0 (its contract). Everything else must agree."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from fdpp_rewrite.compare import make_steps
+    from fdpp_rewrite.ref_ops import make_reference_session
+
+    path = exported("llama", "dynamo", "prefill")
+    output, _ = rewritten(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names, steps = make_steps(session, onnx.load(str(path), load_external_data=False), batch=3, prefill=6, seed=0)
+    feed = steps[names.index("padded")]
+    expected = session.run(["logits"], feed)[0]
+    got = make_reference_session(onnx.load(str(output))).run(["logits"], feed)[0]
+    pads = feed["attention_mask"] == 0
+    assert pads.any() and not pads[0].any()  # sequence 0 unpadded, the others start with pads
+    np.testing.assert_allclose(got[~pads], expected[~pads], atol=1e-3, rtol=1e-3)
+    assert np.abs(got[pads] - expected[pads]).max() > 1e-3  # so compare must leave them out, and says so
+
+
+def test_compare_refuses_a_decode_graph_against_a_prefill_rewrite(exported):
+    """A decode-with-cache graph against the rewrite of its prefill graph: one line before anything runs."""
+    decode = exported("qwen2", "torchscript", "decode")
+    prefill_rewrite, _ = rewritten(exported("qwen2", "torchscript", "prefill"))
+    with pytest.raises(FdppError, match=r"does not belong to .*their inputs differ \(position_ids, "
+                                        r"past_key_values.0.key, past_key_values.0.value ... only in"):
+        compare_models(decode, prefill_rewrite)
