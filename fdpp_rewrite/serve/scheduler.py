@@ -98,7 +98,8 @@ class Scheduler:
 
     def submit(self, request: Request) -> None:
         with self.cond:
-            if len(self.waiting) >= self.max_queue:
+            # the free slots take their requests at the next iteration: only the rest wait
+            if len(self.waiting) >= self.max_queue + self.slots.count(None):
                 raise QueueFull
             request.submitted = time.monotonic()
             request.deadline = request.submitted + request.timeout_s

@@ -104,15 +104,18 @@ def test_cancel_frees_the_slot_within_one_step(engine, tokenizer):
 
 
 def test_queue_bound_and_timeout(engine, tokenizer):
+    """--max-queue 2 on 4 free slots: 6 requests are taken (4 go to the slots at the next iteration), a 7th is
+    refused; a request past its deadline is retired with a timeout, even while it waits."""
     scheduler = Scheduler(engine, tokenizer, max_queue=2)
     late, events = make_request(PROMPTS[0], 5, timeout_s=0.0)
     scheduler.submit(late)
-    scheduler.submit(make_request(PROMPTS[0], 5)[0])
+    for _ in range(5):
+        scheduler.submit(make_request(PROMPTS[0], 5)[0])
     with pytest.raises(QueueFull):
         scheduler.submit(make_request(PROMPTS[0], 5)[0])
     run_until_idle(scheduler)
     assert isinstance(events[-1], Failure) and events[-1].kind == "timeout" and not late.tokens
-    assert scheduler.metrics.requests["timed_out"] == 1 and scheduler.metrics.requests["answered"] == 1
+    assert scheduler.metrics.requests["timed_out"] == 1 and scheduler.metrics.requests["answered"] == 5
 
 
 def test_eos_and_stop_strings_end_a_sequence(engine, tokenizer):
