@@ -1,6 +1,6 @@
-"""The engine's subcommands, `build`, `run` and `bench`, as the package CLI (fdpp_rewrite.cli) finds them: COMMANDS
-names HANDLERS[name] = (add_arguments, run). Importing this module is cheap: torch and the engine load only when a
-command runs."""
+"""The engine's subcommands, `build`, `run`, `bench` and `serve` (fdpp_rewrite.serve), as the package CLI
+(fdpp_rewrite.cli) finds them: COMMANDS names HANDLERS[name] = (add_arguments, run). Importing this module is
+cheap: torch and the engine load only when a command runs."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.serve import server
 
 HELP = {
     "build": "build a rewritten graph into an engine folder for this GPU (or --backend cpu)",
     "run": "generate text with an engine (streams tokens; greedy unless --temperature)",
     "bench": "decode tokens/s, ms per step, first-token time, percent of the memory roofline and kernels per layer",
+    "serve": "an OpenAI-compatible HTTP server with continuous batching (docs/serving.md)",
 }
 
 
@@ -166,5 +168,5 @@ def run_bench(args) -> int:
 
 
 HANDLERS = {"build": (add_build_arguments, run_build), "run": (add_run_arguments, run_run),
-            "bench": (add_bench_arguments, run_bench)}
+            "bench": (add_bench_arguments, run_bench), "serve": (server.add_arguments, server.run)}
 COMMANDS = {name: (f"{__name__}:{name}", HELP[name]) for name in HANDLERS}  # read by fdpp_rewrite.cli

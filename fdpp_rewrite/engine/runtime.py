@@ -10,6 +10,10 @@ cache[:Bb, :, :Lb] of its bucket (see the package docstring); the first step of 
 step itself), then the bucket's Program is captured once into a CUDA graph whose static inputs are the token and
 past_len buffers, and every later step of that bucket is one replay. The only host synchronization of a step is
 reading the sampled tokens.
+
+Slot-level work, for a server that admits and retires sequences one at a time (fdpp_rewrite.serve):
+`prefill_chunk` runs part of a prompt into a slot after the tokens already there, `decode_slots` steps only the
+given slots, `release` frees a slot. `generate` and `decode` keep the whole-batch form.
 """
 
 from __future__ import annotations
@@ -257,20 +261,25 @@ class Engine:
         batch = self.active
         bucket_batch, kv_len = self.decode_buckets(batch)
         self.step_ids[:batch, 0].copy_(tokens)
-        key = (bucket_batch, kv_len)
-        if key in self.graphs:
-            graph, logits = self.graphs[key]
-            graph.replay()
-        else:
-            feeds = self.feeds(self.step_ids[:bucket_batch], self.past_len[:bucket_batch], slice(0, bucket_batch),
-                               kv_len)
-            logits = self.forward(feeds, cache_program=True)  # the first step of a bucket: traced eagerly
-            if self.use_graphs:
-                self.capture(key, feeds)
+        logits = self.run_decode_bucket(bucket_batch, kv_len)
         self.past_len[:batch] += 1
         for b in range(batch):
             self.lengths[b] += 1
         return logits[:batch, -1]
+
+    def run_decode_bucket(self, bucket_batch: int, kv_len: int):
+        """One step of slots [0, bucket_batch) from step_ids and past_len: a graph replay, or the bucket's first
+        step traced eagerly (and captured). Returns the bucket's logits [bucket_batch, 1, V]."""
+        key = (bucket_batch, kv_len)
+        if key in self.graphs:
+            graph, logits = self.graphs[key]
+            graph.replay()
+            return logits
+        feeds = self.feeds(self.step_ids[:bucket_batch], self.past_len[:bucket_batch], slice(0, bucket_batch), kv_len)
+        logits = self.forward(feeds, cache_program=True)
+        if self.use_graphs:
+            self.capture(key, feeds)
+        return logits
 
     def capture(self, key, feeds) -> None:
         """Record the bucket's Program into a CUDA graph (recording runs nothing: the step already ran)."""
@@ -279,6 +288,62 @@ class Engine:
         with torch.cuda.graph(graph, pool=self.pool):
             logits = program.run(feeds)["logits"]
         self.graphs[key] = (graph, logits)
+
+    # -- slot-level work (the server's scheduler) ----------------------------------------------------------------
+
+    def prefill_chunk(self, slot: int, ids: list[int]):
+        """Run the next `ids` of a prompt into `slot`, after the lengths[slot] tokens already there (batch 1,
+        past_len = those tokens); returns the chunk's last position's logits [V]. A whole prompt in one chunk is
+        exactly Engine.prefill. Padding as in Engine.prefill, capped at max_seq: its rows past the chunk are
+        masked until the next chunk or decode step rewrites them.
+        Example: a 300-token prompt in chunks of 128: past_len 0, 128, 256; the last chunk (44) runs as 64."""
+        start, seq = self.lengths[slot], len(ids)
+        if not ids or start + seq > self.max_seq:
+            raise FdppError(f"slot {slot} holds {start} tokens; a chunk of {seq} must be non-empty and end within "
+                            f"the engine's max sequence {self.max_seq}")
+        padded = min(pick(seq, self.prefill_buckets), self.max_seq - start)
+        kv_len = pick(start + padded, self.kv_buckets)
+        input_ids = torch.zeros(1, padded, dtype=torch.int64)
+        input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
+        past = torch.tensor([start], dtype=torch.int64, device=self.device)
+        feeds = self.feeds(input_ids.to(self.device), past, slice(slot, slot + 1), kv_len)
+        logits = self.forward(feeds, cache_program=True)
+        self.past_len[slot] = start + seq
+        self.lengths[slot] = start + seq
+        return logits[0, seq - 1]
+
+    def slot_buckets(self, slots: list[int]) -> tuple[int, int]:
+        """(batch bucket, KV bucket) of a decode step of `slots`: the batch bucket covers slots [0, max(slots)],
+        the KV bucket the longest length among all of them (decoding or not: every slot of the bucket writes a row
+        at its length, which must lie inside the view)."""
+        bucket_batch = pick(max(slots) + 1, self.batch_buckets)
+        longest = max(self.lengths[:bucket_batch]) + 1
+        if longest > self.max_seq:
+            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
+                            "--max-seq")
+        return bucket_batch, pick(longest, self.kv_buckets)
+
+    def decode_slots(self, slots: list[int], tokens):
+        """One decode step of the sequences in `slots` (distinct) with tokens [len(slots)] (device int64);
+        returns their logits [len(slots), V] in that order. Only these slots advance.
+
+        The step runs every slot of the bucket, and each writes a K/V row at its own past_len: a free slot (length
+        0) writes row 0, which its next prefill rewrites; a slot mid-prefill writes row lengths[slot], the first
+        row its next chunk writes. Neither is advanced, so neither is corrupted."""
+        bucket_batch, kv_len = self.slot_buckets(slots)
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        self.step_ids[index, 0] = tokens
+        logits = self.run_decode_bucket(bucket_batch, kv_len)
+        for slot in slots:
+            self.lengths[slot] += 1
+        self.past_len[:bucket_batch].copy_(torch.tensor(self.lengths[:bucket_batch], dtype=torch.int64))
+        return logits[index, -1]
+
+    def release(self, slot: int) -> None:
+        """Free a slot: length 0, so the decode steps of other slots write only its row 0 and the KV bucket is
+        not held up by a finished sequence."""
+        self.lengths[slot] = 0
+        self.past_len[slot] = 0
 
     # -- generation ----------------------------------------------------------------------------------------------
 

@@ -1,0 +1,288 @@
+"""The HTTP side: FastAPI endpoints that turn OpenAI requests into scheduler Requests and scheduler events into
+OpenAI responses. Nothing here touches the engine; the event loop only queues.
+
+    POST /v1/completions, /v1/chat/completions   stream false (one JSON) or true (server-sent events, OpenAI's
+                                                 chunk format, usage on the last chunk, then `data: [DONE]`)
+    GET  /v1/models, /health, /metrics           /metrics: Prometheus text (metrics.py, Scheduler.gauges)
+
+Every refusal is OpenAI's error object: 400 for a malformed body or a bad value (the message names the field),
+404 for another model name, 503 with Retry-After when the queue is full, 504 when a request runs past the
+timeout, 500 when the engine failed. A client that disconnects cancels its request (its slot is freed at the
+scheduler's next iteration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from fdpp_rewrite.engine.runtime import Sampler
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.serve.scheduler import Delta, Finish, QueueFull, Request
+from fdpp_rewrite.serve.schemas import ChatRequest, CompletionRequest, error_body
+
+DEFAULT_MAX_TOKENS = 16  # /v1/completions' default, as OpenAI's; chat defaults to the room left in the sequence
+RETRY_AFTER_S = 1
+FAILURE_STATUS = {"timeout": (504, "timeout", "request_timeout"), "engine": (500, "server_error", "engine_failed")}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.body, self.headers = status, error_body(message, kind, param, code), headers
+
+
+def validation_message(error: dict) -> tuple[str, str | None]:
+    """A pydantic error as (one-line message naming the field, the field)."""
+    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+    param = (error.get("ctx") or {}).get("param") or (loc[0] if loc else None)
+    where = ".".join(loc)
+    if error["type"] == "json_invalid":
+        return f"the request body is not valid JSON ({(error.get('ctx') or {}).get('error', 'parse error')})", None
+    if error["type"] == "extra_forbidden":
+        return f"unknown field {where!r}; remove it (see docs/serving.md for the fields this server takes)", param
+    if error["type"] == "missing":
+        return f"{where} is required", param
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "unsupported" or not where:
+        return message, param
+    return f"{where}: {message} (got {error.get('input')!r})", param
+
+
+def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) -> FastAPI:
+    engine = scheduler.engine
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if scheduler.thread is None:
+            scheduler.start()
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="fdpp", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    def refuse(status: int, body: dict, headers: dict | None = None) -> JSONResponse:
+        scheduler.metrics.request_done("refused" if status < 500 or status == 503 else "failed")
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(APIError)
+    async def api_error(_, exc: APIError):
+        return refuse(exc.status, exc.body, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_, exc: RequestValidationError):
+        message, param = validation_message(exc.errors()[0])
+        return refuse(400, error_body(message, param=param))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return refuse(exc.status_code, error_body(f"{exc.detail}: see docs/serving.md for the endpoints", kind))
+
+    # -- endpoints ---------------------------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health():
+        if not scheduler.healthy:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return {"status": "ok", "last_engine_error": scheduler.last_error}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "fdpp", "max_model_len": engine.max_seq}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(scheduler.metrics.render(scheduler.gauges()),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: HttpRequest):
+        check_model(body)
+        if isinstance(body.prompt, str):
+            prompt = encode(body.prompt, "prompt")
+        else:
+            prompt = body.prompt
+        return await answer(body, prompt, body.max_tokens or DEFAULT_MAX_TOKENS, body.max_tokens is not None,
+                            http, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, http: HttpRequest):
+        check_model(body)
+        if tokenizer is None or not tokenizer.chat_template:
+            raise APIError(400, "this engine's tokenizer has no chat template; use /v1/completions", param="messages")
+        try:
+            text = tokenizer.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages])
+        except FdppError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        prompt = encode(text, "messages")
+        limit = body.token_limit
+        return await answer(body, prompt, limit or engine.max_seq - len(prompt), limit is not None, http, chat=True)
+
+    # -- one request -----------------------------------------------------------------------------------------
+
+    def check_model(body) -> None:
+        if body.model != model_name:
+            raise APIError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+                           param="model", code="model_not_found")
+
+    def encode(text: str, param: str) -> list:
+        if tokenizer is None:
+            raise APIError(400, "this engine has no tokenizer; pass the prompt as a list of token ids", param=param)
+        return tokenizer.encode(text)
+
+    def check_limits(body, prompt: list, max_tokens: int, asked: bool) -> int:
+        """The engine-dependent limits; returns max_tokens (a default is capped at the room left)."""
+        param = "messages" if isinstance(body, ChatRequest) else "prompt"
+        if not prompt:
+            raise APIError(400, "the prompt is empty after tokenization", param=param)
+        if len(prompt) >= engine.max_seq:
+            raise APIError(400, f"the prompt has {len(prompt)} tokens; this engine takes at most "
+                                f"{engine.max_seq - 1} (its max sequence is {engine.max_seq})", param=param,
+                           code="context_length_exceeded")
+        if engine.vocab_size and (min(prompt) < 0 or max(prompt) >= engine.vocab_size):
+            raise APIError(400, f"the prompt has token ids outside the vocabulary [0, {engine.vocab_size})",
+                           param=param)
+        room = engine.max_seq - len(prompt)
+        if not asked:
+            max_tokens = min(max_tokens, room)
+        elif max_tokens > room:
+            raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed this engine's "
+                                f"max sequence of {engine.max_seq} tokens; lower max_tokens to {room} or less",
+                           param="max_tokens", code="context_length_exceeded")
+        if body.top_k > (engine.vocab_size or body.top_k):
+            raise APIError(400, f"top_k: {body.top_k} exceeds the vocabulary of {engine.vocab_size}", param="top_k")
+        if body.stops and tokenizer is None:
+            raise APIError(400, "stop strings need a tokenizer and this engine has none; use max_tokens",
+                           param="stop")
+        return max_tokens
+
+    async def answer(body, prompt: list, max_tokens: int, asked: bool, http: HttpRequest, chat: bool):
+        max_tokens = check_limits(body, prompt, max_tokens, asked)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(event) -> None:  # on the scheduler thread
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is listening
+                pass
+
+        request = Request(prompt=prompt, max_tokens=max_tokens, emit=emit, stop=body.stops,
+                          sampler=Sampler(body.temperature, body.top_k, body.top_p, body.seed),
+                          timeout_s=request_timeout)
+        try:
+            scheduler.submit(request)
+        except QueueFull:
+            raise APIError(503, f"the server is busy: {scheduler.max_queue} requests are waiting already; retry in "
+                                f"{RETRY_AFTER_S} s", kind="server_error", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        shape = ResponseShape(chat, model_name)
+        if body.stream:
+            return StreamingResponse(stream(request, events, shape), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await collect(request, events, shape, http)
+
+    async def stream(request: Request, events: asyncio.Queue, shape: ResponseShape):
+        done = False
+        try:
+            if shape.chat:
+                yield sse(shape.chunk(role=True))  # OpenAI's first chat chunk names the role
+            while True:
+                event = await events.get()
+                if isinstance(event, Delta):
+                    yield sse(shape.chunk(text=event.text))
+                    continue
+                done = True
+                if isinstance(event, Finish):
+                    yield sse(shape.chunk(finish=event))
+                else:
+                    _, kind, code = FAILURE_STATUS[event.kind]
+                    yield sse(error_body(event.message, kind, code=code))
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            if not done:  # the client went away (the response task was cancelled)
+                scheduler.cancel(request)
+
+    async def collect(request: Request, events: asyncio.Queue, shape: ResponseShape, http: HttpRequest):
+        disconnected = asyncio.ensure_future(wait_for_disconnect(http))
+        parts = []
+        try:
+            while True:
+                got = asyncio.ensure_future(events.get())
+                await asyncio.wait({got, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    got.cancel()
+                    scheduler.cancel(request)
+                    return PlainTextResponse("", status_code=499)  # nobody reads it
+                event = got.result()
+                if isinstance(event, Delta):
+                    parts.append(event.text)
+                elif isinstance(event, Finish):
+                    return JSONResponse(shape.whole("".join(parts), event))
+                else:
+                    status, kind, code = FAILURE_STATUS[event.kind]
+                    return JSONResponse(error_body(event.message, kind, code=code), status_code=status)
+        finally:
+            disconnected.cancel()
+
+    return app
+
+
+async def wait_for_disconnect(http: HttpRequest) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class ResponseShape:
+    """OpenAI's response and chunk objects of one request (completion or chat)."""
+
+    def __init__(self, chat: bool, model: str):
+        self.chat, self.model = chat, model
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+
+    def _envelope(self, kind: str, choice: dict, usage: dict | None = None) -> dict:
+        body = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+    @staticmethod
+    def usage(finish: Finish) -> dict:
+        return {"prompt_tokens": finish.prompt_tokens, "completion_tokens": finish.completion_tokens,
+                "total_tokens": finish.prompt_tokens + finish.completion_tokens}
+
+    def chunk(self, text: str = "", role: bool = False, finish: Finish | None = None) -> dict:
+        reason = finish.reason if finish else None
+        usage = self.usage(finish) if finish else None
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            return self._envelope("chat.completion.chunk", {"index": 0, "delta": delta, "logprobs": None,
+                                                            "finish_reason": reason}, usage)
+        return self._envelope("text_completion", {"index": 0, "text": text, "logprobs": None,
+                                                  "finish_reason": reason}, usage)
+
+    def whole(self, text: str, finish: Finish) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish.reason}
+            return self._envelope("chat.completion", choice, self.usage(finish))
+        return self._envelope("text_completion", {"index": 0, "text": text, "logprobs": None,
+                                                  "finish_reason": finish.reason}, self.usage(finish))

@@ -1,0 +1,295 @@
+"""Continuous batching: one thread owns the engine; the HTTP side only submits, cancels and reads events.
+
+Each iteration of the scheduler thread (run_once), between decode steps:
+1. retire what its client cancelled or what ran past its deadline (waiting or running): its slot is free again;
+2. admit waiting requests, oldest first, into the lowest free slots (so the batch bucket stays small);
+3. prefill: chunks of the prompts not yet in their slots, oldest first, up to `prefill_chunk` tokens in all, so a
+   long prompt is spread over several iterations and never stalls the running sequences for long; a prompt's
+   last chunk gives its first token;
+4. one decode step of every sequence that has a token to feed (Engine.decode_slots: the slots in between,
+   free or mid-prefill, are neither advanced nor corrupted), then each sequence is retired on its own: EOS, a stop
+   string, max_tokens.
+
+Events reach the request through its `emit` callback, called on this thread (the HTTP side hands them to its
+event loop): Delta(text) for new text, then one Finish (usage, finish reason) or Failure (timeout, engine
+error). A cancelled request gets nothing more. Greedy tokens do not depend on which requests share the batch
+(tests/fdpp_rewrite/serve/test_scheduler.py checks them against Engine.generate).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from fdpp_rewrite.serve.metrics import Metrics
+from fdpp_rewrite.serve.text import TextStream
+
+COUNTER_PERIOD_S = 1.0  # how often the cuda backend's softmax fallback counter is read (a small device readback)
+IDLE_WAIT_S = 0.5       # the idle thread still wakes to expire waiting requests
+
+
+class QueueFull(Exception):
+    """The waiting queue holds --max-queue requests already."""
+
+
+@dataclass
+class Delta:
+    text: str
+
+
+@dataclass
+class Finish:
+    reason: str             # "stop" (EOS or a stop string) or "length" (max_tokens)
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Failure:
+    kind: str               # "timeout" or "engine"
+    message: str
+
+
+@dataclass
+class Request:
+    prompt: list
+    max_tokens: int
+    sampler: object         # fdpp_rewrite.engine.runtime.Sampler
+    emit: Callable
+    stop: list = field(default_factory=list)
+    timeout_s: float = 600.0
+    # the scheduler's state
+    submitted: float = 0.0
+    deadline: float = 0.0
+    slot: int | None = None
+    prefilled: int = 0
+    tokens: list = field(default_factory=list)  # the generated ids (EOS excluded)
+    next_token: int | None = None
+    last_token_at: float = 0.0
+    cancelled: bool = False
+    text: TextStream | None = None
+
+
+class Scheduler:
+    def __init__(self, engine, tokenizer=None, metrics: Metrics | None = None, max_queue: int = 64,
+                 prefill_chunk: int = 512, stop_ids=()):
+        self.engine = engine
+        engine.reset()  # every slot free: the scheduler owns the engine from here on
+        self.tokenizer = tokenizer
+        self.metrics = metrics or Metrics()
+        self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
+        self.stop_ids = set(stop_ids)
+        self.slots: list[Request | None] = [None] * engine.max_batch
+        self.waiting: deque[Request] = deque()
+        self.cond = threading.Condition()
+        self.steps = 0                 # decode steps run
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        self.last_error: str | None = None  # the last engine failure (its requests failed; the loop goes on)
+        self.on_cuda = engine.backend.name == "cuda"
+        self.fallback_base = self._read_fallback_rows() if self.on_cuda else 0
+        self.fallback_rows, self.counters_read_at = 0, time.monotonic()
+
+    # -- the HTTP side ---------------------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        with self.cond:
+            # the free slots take their requests at the next iteration: only the rest wait
+            if len(self.waiting) >= self.max_queue + self.slots.count(None):
+                raise QueueFull
+            request.submitted = time.monotonic()
+            request.deadline = request.submitted + request.timeout_s
+            request.text = TextStream(self.tokenizer, request.prompt, request.stop)
+            self.waiting.append(request)
+            self.cond.notify()
+
+    def cancel(self, request: Request) -> None:
+        """The client went away: the slot is freed at the next iteration (within one step)."""
+        with self.cond:
+            request.cancelled = True
+            self.cond.notify()
+
+    def gauges(self) -> dict:
+        running = [r for r in self.slots if r is not None]
+        fallback_help = ("attention rows the asynchronized softmax recomputed with the exact fallback" +
+                         ("" if self.on_cuda else "; 0: the cpu backend runs the reference path, not the kernels"))
+        return {
+            "queue_depth": ("requests waiting for a KV slot", len(self.waiting), None),
+            "running_sequences": ("sequences decoding (the running batch)",
+                                  sum(r.next_token is not None for r in running), None),
+            "prefilling_sequences": ("sequences whose prompt is still being prefilled",
+                                     sum(r.next_token is None for r in running), None),
+            "kv_slots_in_use": ("KV cache slots held by a sequence", len(running), None),
+            "kv_slots_total": ("KV cache slots (the engine's max batch)", len(self.slots), None),
+            "decode_steps_total": ("decode steps run", self.steps, None),
+            "softmax_fallback_rows_total": (fallback_help, self.fallback_rows,
+                                            {"path": "kernel" if self.on_cuda else "reference"}),
+        }
+
+    # -- the thread ------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._loop, name="fdpp-scheduler", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+    @property
+    def healthy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive() and not self.stopping
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                if not self.stopping and not self.waiting and all(r is None for r in self.slots):
+                    self.cond.wait(IDLE_WAIT_S)
+                if self.stopping:
+                    return
+            try:
+                self.run_once()
+            except Exception as exc:  # noqa: BLE001 - an engine failure fails its requests, not the server
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                print(f"error: the engine failed ({self.last_error}); failing the running requests", file=sys.stderr)
+                for request in [r for r in self.slots if r is not None]:
+                    self._fail(request, "engine", f"the engine failed: {self.last_error}")
+
+    # -- one iteration ---------------------------------------------------------------------------------------
+
+    def run_once(self) -> None:
+        now = time.monotonic()
+        self._retire_gone(now)
+        self._admit(now)
+        self._prefill()
+        self._decode()
+        if self.on_cuda and time.monotonic() - self.counters_read_at > COUNTER_PERIOD_S:
+            self.fallback_rows = self._read_fallback_rows() - self.fallback_base
+            self.counters_read_at = time.monotonic()
+
+    def _retire_gone(self, now: float) -> None:
+        with self.cond:
+            kept = deque()
+            for request in self.waiting:
+                if request.cancelled:
+                    self.metrics.request_done("cancelled")
+                elif now > request.deadline:
+                    self._timeout(request)
+                else:
+                    kept.append(request)
+            self.waiting = kept
+        for request in [r for r in self.slots if r is not None]:
+            if request.cancelled:
+                self._free(request)
+                self.metrics.request_done("cancelled")
+            elif now > request.deadline:
+                self._free(request)
+                self._timeout(request)
+
+    def _admit(self, now: float) -> None:
+        with self.cond:
+            while self.waiting and None in self.slots:
+                request = self.waiting.popleft()
+                request.slot = self.slots.index(None)  # the lowest free slot
+                self.slots[request.slot] = request
+                self.metrics.add_tokens(prompt=len(request.prompt))
+
+    def _prefill(self) -> None:
+        budget = self.prefill_chunk
+        pending = sorted((r for r in self.slots if r is not None and r.prefilled < len(r.prompt)),
+                         key=lambda r: r.submitted)
+        for request in pending:
+            if budget <= 0:
+                break
+            count = min(budget, len(request.prompt) - request.prefilled)
+            chunk = request.prompt[request.prefilled:request.prefilled + count]
+            logits = self.engine.prefill_chunk(request.slot, chunk)
+            request.prefilled += count
+            budget -= count
+            if request.prefilled == len(request.prompt):
+                token = int(request.sampler(logits[None])[0])
+                self._on_token(request, token, time.monotonic())
+
+    def _decode(self) -> None:
+        import torch
+
+        batch = [r for r in self.slots if r is not None and r.next_token is not None]
+        if not batch:
+            return
+        device = self.engine.device
+        tokens = torch.tensor([r.next_token for r in batch], dtype=torch.int64, device=device)
+        logits = self.engine.decode_slots([r.slot for r in batch], tokens)
+        if all(r.sampler.temperature == 0 for r in batch):
+            sampled = logits.argmax(dim=-1)
+        else:
+            sampled = torch.stack([r.sampler(logits[i:i + 1])[0] for i, r in enumerate(batch)])
+        values = sampled.tolist()  # the step's one synchronization
+        self.steps += 1
+        now = time.monotonic()
+        for request, token in zip(batch, values):
+            self._on_token(request, token, now)
+
+    # -- a sequence's tokens and its end ---------------------------------------------------------------------
+
+    def _on_token(self, request: Request, token: int, now: float) -> None:
+        if token in self.stop_ids:
+            self._finish(request, "stop")
+            return
+        request.tokens.append(token)
+        self.metrics.add_tokens(generated=1)
+        if len(request.tokens) == 1:
+            self.metrics.first_token(now - request.submitted)
+        else:
+            self.metrics.inter_token(now - request.last_token_at)
+        request.last_token_at = now
+        text, stopped = request.text.push(token)
+        if text:
+            self._emit(request, Delta(text))
+        if stopped:
+            self._finish(request, "stop")
+        elif len(request.tokens) >= request.max_tokens:
+            self._finish(request, "length")
+        else:
+            request.next_token = token
+
+    def _finish(self, request: Request, reason: str) -> None:
+        rest = request.text.flush()
+        if rest:
+            self._emit(request, Delta(rest))
+        self._free(request)
+        self._emit(request, Finish(reason, len(request.prompt), len(request.tokens)))
+        self.metrics.request_done("answered")
+
+    def _timeout(self, request: Request) -> None:
+        self._emit(request, Failure("timeout", f"the request ran past the server's request timeout of "
+                                               f"{request.timeout_s:g} s"))
+        self.metrics.request_done("timed_out")
+
+    def _fail(self, request: Request, kind: str, message: str) -> None:
+        self._free(request)
+        self._emit(request, Failure(kind, message))
+        self.metrics.request_done("failed")
+
+    def _free(self, request: Request) -> None:
+        if request.slot is not None and self.slots[request.slot] is request:
+            self.engine.release(request.slot)
+            self.slots[request.slot] = None
+        request.next_token = None
+
+    @staticmethod
+    def _emit(request: Request, event) -> None:
+        if not request.cancelled:
+            request.emit(event)
+
+    @staticmethod
+    def _read_fallback_rows() -> int:
+        from fdpp_rewrite.gpu.attention import read_library_counters
+
+        return read_library_counters()[0]

@@ -1,0 +1,53 @@
+"""The scheduler on the cuda backend (fp16, CUDA graphs): requests joining and leaving mid-way get the greedy
+tokens they get alone, decode steps replay captured graphs, and the softmax fallback counter is read from the
+plugin library between steps. The model: smollm2-135m's shapes, 2 layers, random weights (as test_engine_gpu)."""
+
+import io
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = [[(11 * i + k) % 4000 + 5 for i in range(n)] for k, n in ((1, 3), (2, 70), (3, 200), (4, 9), (5, 33))]
+MAX_TOKENS = [20, 6, 15, 4, 12]
+
+
+@pytest.fixture(scope="module")
+def cuda_engine(tmp_path_factory):
+    from fdpp_rewrite.engine.build import build_engine
+    from fdpp_rewrite.engine.runtime import Engine
+    from fdpp_rewrite.export import export_model
+    from fdpp_rewrite.rewrite import rewrite_file
+
+    folder = tmp_path_factory.mktemp("serve_gpu_engine")
+    onnx_path = folder / "model.onnx"
+    export_model("smollm2-135m", onnx_path, dtype="float16", max_cache=384, num_layers=2, random_init=True,
+                 progress=False)
+    rewritten = rewrite_file(onnx_path, stream=io.StringIO())
+    build_engine(rewritten, folder / "engine", backend="cuda", max_batch=4, max_seq=384, stream=io.StringIO())
+    return Engine(folder / "engine")
+
+
+def test_continuous_batching_on_the_gpu(cuda_engine):
+    from fdpp_rewrite.engine.runtime import Sampler
+    from fdpp_rewrite.serve.scheduler import Finish, Request, Scheduler
+
+    alone = [cuda_engine.generate([p], n).tokens[0] for p, n in zip(PROMPTS, MAX_TOKENS)]
+    scheduler = Scheduler(cuda_engine, None, max_queue=8, prefill_chunk=64)
+    requests = [(Request(prompt=p, max_tokens=n, sampler=Sampler(), emit=events.append), events)
+                for p, n, events in zip(PROMPTS, MAX_TOKENS, [[] for _ in PROMPTS])]
+    arrivals = {0: [0, 1], 3: [2, 3, 4]}
+    for iteration in range(300):
+        for index in arrivals.get(iteration, []):
+            scheduler.submit(requests[index][0])
+        if iteration == 299 or (iteration > 3 and not scheduler.waiting and all(r is None for r in scheduler.slots)):
+            break
+        scheduler.counters_read_at = 0.0  # read the library counter after every iteration here
+        scheduler.run_once()
+    for index, (request, events) in enumerate(requests):
+        assert request.tokens == alone[index], f"request {index}"
+        assert isinstance(events[-1], Finish)
+    assert cuda_engine.graphs  # the decode steps replayed captured CUDA graphs
+    _, fallback_rows, labels = scheduler.gauges()["softmax_fallback_rows_total"]
+    assert labels == {"path": "kernel"} and isinstance(fallback_rows, int) and fallback_rows >= 0
+    assert cuda_engine.lengths == [0] * cuda_engine.max_batch
