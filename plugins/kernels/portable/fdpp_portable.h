@@ -18,8 +18,12 @@
 #if defined(__CUDACC__) || defined(__HIP__)
 #define FDPP_DEVICE_CODE 1
 #endif
+// FDPP_PORT_HIP: the AMD side. hipcc defines __HIP__ (its hip_common.h adds __HIP_PLATFORM_AMD__ only later).
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#define FDPP_PORT_HIP 1
+#endif
 
-#if defined(__HIP_PLATFORM_AMD__)
+#ifdef FDPP_PORT_HIP
 #include <hip/hip_runtime_api.h>
 #ifdef FDPP_DEVICE_CODE
 #include <hip/hip_fp16.h>
@@ -36,7 +40,7 @@
 namespace fdpp {
 namespace port {
 
-#if defined(__HIP_PLATFORM_AMD__)
+#ifdef FDPP_PORT_HIP
 using Error = hipError_t;
 using Stream = hipStream_t;
 constexpr Error kSuccess = hipSuccess;
