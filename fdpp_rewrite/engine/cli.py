@@ -27,8 +27,9 @@ def add_build_arguments(parser) -> None:
                                                     "cache capacity)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                         help="check the graph has this dtype (default: any; the engine keeps the graph's)")
-    parser.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto",
-                        help="cuda (this GPU's kernels), cpu (the reference ops), auto: cuda when a GPU is visible")
+    parser.add_argument("--backend", choices=["auto", "cuda", "cpu", "migraphx"], default="auto",
+                        help="cuda (this GPU's kernels), cpu (the reference ops), migraphx (AMD, docs/amd.md), "
+                             "auto: cuda when a GPU is visible")
     parser.add_argument("--profile", type=Path, help="GEMM profile (default engines/profiles/<gpu>.json); shapes it "
                                                      "lacks are profiled during the build")
     parser.add_argument("--force", action="store_true", help="replace the engine folder if it exists")
@@ -70,6 +71,11 @@ def add_bench_arguments(parser) -> None:
 
 
 def run_build(args) -> int:
+    if args.backend == "migraphx":  # the AMD path: its own module (docs/amd.md)
+        from fdpp_rewrite.engine.migraphx_build import build_migraphx_engine
+
+        build_migraphx_engine(args.model, args.output, force=args.force)
+        return 0
     from fdpp_rewrite.engine.build import build_engine
 
     manifest = build_engine(args.model, args.output, backend=args.backend, max_batch=args.max_batch,

@@ -5,8 +5,10 @@
 #include <string>
 
 #include "capi/capi_errors.h"
+#include "capi/portable_capi.h"
 #include "kernels/attention/attention_heuristics.h"
 #include "kernels/attention/attention_params.h"
+#include "kernels/portable/portable.h"
 
 namespace {
 
@@ -187,6 +189,38 @@ fdpp_status fdpp_rope_append(const fdpp_rope_append_args* x, void* stream) {
     if (fdpp_status st = from_check(fn, fdpp::check_rope_append_params(p))) return st;
     if (p.batch == 0 || p.seq == 0) return FDPP_OK;
     return fdpp::from_cuda(fdpp::rope_append(p, static_cast<cudaStream_t>(stream)), fn);
+  });
+}
+
+// --- the portable kernels (portable_capi.h) -----------------------------------------------------------------------
+
+fdpp_status fdpp_portable_attention_workspace_bytes(const fdpp_attention_args* args, size_t* bytes) {
+  return fdpp::guarded("fdpp_portable_attention_workspace_bytes", [&] {
+    const char* fn = "fdpp_portable_attention_workspace_bytes";
+    if (bytes == nullptr) return invalid(fn, "bytes is NULL");
+    fdpp::AttentionParams p;
+    if (fdpp_status st = to_params(args, &p, fn)) return st;
+    return fdpp::from_cuda(fdpp::portable::attention_workspace_bytes(p, bytes), fn);
+  });
+}
+
+fdpp_status fdpp_portable_attention_decode(const fdpp_attention_args* args, void* workspace, size_t workspace_bytes,
+                                           void* stream) {
+  return fdpp::guarded("fdpp_portable_attention_decode", [&] {
+    const char* fn = "fdpp_portable_attention_decode";
+    fdpp::AttentionParams p;
+    if (fdpp_status st = to_params(args, &p, fn)) return st;
+    size_t need = 0;
+    if (fdpp_status st = fdpp::from_cuda(fdpp::portable::attention_workspace_bytes(p, &need), fn)) return st;
+    if (need > 0 && (workspace == nullptr || workspace_bytes < need || !aligned16(workspace)))
+      return invalid(fn, "workspace of " + str(static_cast<long long>(workspace_bytes)) + " bytes; this call needs " +
+                             str(static_cast<long long>(need)) +
+                             " bytes, 16-byte aligned (ask fdpp_portable_attention_workspace_bytes)");
+    if (p.counters == nullptr) {
+      if (fdpp_status st = fdpp::from_cuda(fdpp::attention_default_counters(&p.counters), fn)) return st;
+    }
+    return fdpp::from_cuda(
+        fdpp::portable::attention_decode(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream)), fn);
   });
 }
 

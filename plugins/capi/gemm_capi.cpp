@@ -4,7 +4,9 @@
 #include <string>
 
 #include "capi/capi_errors.h"
+#include "capi/portable_capi.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/portable/portable.h"
 
 namespace {
 
@@ -251,5 +253,18 @@ int32_t fdpp_gemm_cublaslt_available(void) {
 }
 
 int32_t fdpp_gemm_cutlass_available(void) { return fdpp::gemm::cutlass_available() ? 1 : 0; }
+
+// --- the portable kernels (portable_capi.h) -----------------------------------------------------------------------
+
+fdpp_status fdpp_portable_gemm(const fdpp_gemm_args* args, void* stream) {
+  return fdpp::guarded("fdpp_portable_gemm", [&] {
+    const char* fn = "fdpp_portable_gemm";
+    g::Problem p;
+    if (fdpp_status s = to_problem(fn, args, &p)) return s;
+    if (const char* why = fdpp::portable::gemm_problem(p))
+      return fdpp::set_error(FDPP_ERR_UNSUPPORTED, std::string(fn) + ": " + why);
+    return fdpp::from_cuda(fdpp::portable::gemm(p, static_cast<cudaStream_t>(stream)), fn);
+  });
+}
 
 }  // extern "C"
