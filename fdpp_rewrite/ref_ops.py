@@ -64,6 +64,21 @@ def visible_keys(mask_mode: str, mask_input, batch: int, seq: int, kv_len: int, 
     raise FdppError(f"AsyncSoftmaxAttention: unknown mask_mode {mask_mode!r} (expected past_len, bias or none)")
 
 
+def low_guard_tail() -> float:
+    """The contract's low_guard_tail (nats): how far above guard_lo a row's max must be to ignore its low scores."""
+    return float(load_contract("AsyncSoftmaxAttention").raw["low_guard_tail"])
+
+
+def guard_flags(row_max, row_min, phi: float, guard_lo: float, guard_hi: float, tail: float | None = None):
+    """Which rows (given each row's largest and smallest visible score, numpy arrays or torch tensors) the unified
+    max sends to the fallback: a score above phi + guard_hi could overflow; scores below phi + guard_lo only matter
+    while the row's max is below phi + guard_lo + tail (a term lost to underflow is then not negligible against it).
+    The kernels apply the same rule (UnifiedMaxSoftmax::guard_bits). A row with no visible key (max -inf, min
+    +inf) is never flagged."""
+    tail = low_guard_tail() if tail is None else tail
+    return (row_max - phi > guard_hi) | ((row_min - phi < guard_lo) & (row_max - phi < guard_lo + tail))
+
+
 def _unified_max(scores, visible, v, phi: float, tile: int):
     """Each key tile accumulates sum(e^(s - phi) v) and sum(e^(s - phi)); tiles add their partials at the end."""
     rows, kv_len = scores.shape
@@ -97,11 +112,12 @@ def _online_max(scores, visible, v, tile: int):
 
 
 def async_softmax_attention(query, key, value, mask_input=None, *, scale: float, phi: float, guard_lo: float,
-                            guard_hi: float, mask_mode: str, num_heads: int | None = None,
+                            guard_hi: float, mask_mode: str, softmax: str = "unified", num_heads: int | None = None,
                             num_kv_heads: int | None = None, head_dim: int | None = None,
                             tile: int = DEFAULT_KEY_TILE, counters: OpCounters = COUNTERS) -> np.ndarray:
     """fdpp::AsyncSoftmaxAttention. query [B, Hq, S, D], key/value [B, Hkv, L, D]; returns [B, Hq, S, D] in
-    query's dtype. num_heads / num_kv_heads / head_dim, when given, are checked against the shapes."""
+    query's dtype. num_heads / num_kv_heads / head_dim, when given, are checked against the shapes. softmax
+    "synchronized" (a calibration verdict) sends every row to the online-max path; they count as fallback rows."""
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     for name, given, actual in (("num_heads", num_heads, heads), ("num_kv_heads", num_kv_heads, kv_heads),
@@ -126,8 +142,14 @@ def async_softmax_attention(query, key, value, mask_input=None, *, scale: float,
     rows = batch * heads * seq
     scores, visible = scores.reshape(rows, kv_len), visible.reshape(rows, kv_len)
     v_rows = np.repeat(v, seq, axis=1).reshape(rows, kv_len, dim)  # row (b, h, i) reads v[b, h]
-    shifted = np.where(visible, scores - np.float32(phi), 0.0)
-    flagged = (visible & ((shifted < guard_lo) | (shifted > guard_hi))).any(axis=1)
+    if softmax not in ("unified", "synchronized"):
+        raise FdppError(f"AsyncSoftmaxAttention: unknown softmax {softmax!r} (expected unified or synchronized)")
+    if softmax == "synchronized":
+        flagged = np.ones(rows, dtype=bool)
+    else:
+        row_max = np.where(visible, scores, -np.inf).max(axis=1, initial=-np.inf)
+        row_min = np.where(visible, scores, np.inf).min(axis=1, initial=np.inf)
+        flagged = guard_flags(row_max, row_min, np.float32(phi), guard_lo, guard_hi)
 
     num, den = _unified_max(scores, visible & ~flagged[:, None], v_rows, phi, tile)
     if flagged.any():

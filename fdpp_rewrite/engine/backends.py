@@ -123,6 +123,11 @@ def baseline_lowering(op_type: str, attrs: dict):
     return None
 
 
+def node_softmax(attrs: dict) -> str:
+    """The node's softmax attribute: "synchronized" where calibrate found no phi for its layer, else "unified"."""
+    return attrs.get("softmax", "unified")
+
+
 class CpuBackend:
     """The reference semantics on the CPU (float32 math; what CI tests the lowering and the cache logic with)."""
 
@@ -144,6 +149,7 @@ class CpuBackend:
             from fdpp_rewrite.ref_ops import async_softmax_attention
 
             options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
+            options["softmax"] = node_softmax(attrs)
 
             def attention(query, key, value, mask=None):
                 mask_np = None if mask is None else mask.numpy()
@@ -192,7 +198,8 @@ class CudaBackend:
             from fdpp_rewrite.gpu import attention as gpu_attention
 
             options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
-            softmax = self.softmax
+            # a layer calibrate marked synchronized stays so; the others take the engine's choice (or ablation)
+            softmax = "synchronized" if node_softmax(attrs) == "synchronized" else self.softmax
 
             def attention(query, key, value, mask=None):
                 past_len = mask if options["mask_mode"] == "past_len" else None

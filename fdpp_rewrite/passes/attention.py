@@ -70,8 +70,10 @@ class SoftmaxSettings:
     phi: float
     guard_lo: float
     guard_hi: float
+    softmax: str = "unified"  # "synchronized": calibrate found no phi that covers this layer's scores
 
 
+SOFTMAX_CHOICES = tuple(load_contract(OP).attributes["softmax"]["choices"])
 DEFAULT_SETTINGS = SoftmaxSettings(DEFAULT_PHI, DEFAULT_GUARD_LO, DEFAULT_GUARD_HI)
 
 
@@ -94,7 +96,10 @@ def load_calibration(path) -> list[SoftmaxSettings]:
         try:
             if entry["layer"] != position:
                 raise ValueError(f"layer numbers must be 0..{len(layers) - 1}, found {entry['layer']}")
-            values = SoftmaxSettings(float(entry["phi"]), float(entry["guard_lo"]), float(entry["guard_hi"]))
+            values = SoftmaxSettings(float(entry["phi"]), float(entry["guard_lo"]), float(entry["guard_hi"]),
+                                     entry.get("softmax", "unified"))
+            if values.softmax not in SOFTMAX_CHOICES:
+                raise ValueError(f"softmax must be one of {', '.join(SOFTMAX_CHOICES)}, found {values.softmax!r}")
         except (KeyError, TypeError, ValueError) as exc:
             raise FdppError(f"calibration {path}: layer entry {position} is invalid ({exc}); re-run calibrate") from exc
         if not all(math.isfinite(v) for v in (values.phi, values.guard_lo, values.guard_hi)):
@@ -575,7 +580,11 @@ def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> Pa
         attrs = contract.validate_attributes(
             {"scale": match.scale, "phi": settings.phi, "guard_lo": settings.guard_lo, "guard_hi": settings.guard_hi,
              "mask_mode": mode, "num_heads": match.num_heads, "num_kv_heads": match.num_kv_heads,
-             "head_dim": match.head_dim}, where=f"layer {layer}")
+             "head_dim": match.head_dim, "softmax": settings.softmax}, where=f"layer {layer}")
+        if attrs["softmax"] == "unified":
+            del attrs["softmax"]  # the default: unified nodes stay as before (readers without the attribute agree)
+        else:
+            report.notes.append(f"layer {layer}: softmax={attrs['softmax']} (the calibration's verdict)")
         _replace(graph, match, attrs, fourth, names)
         report.replaced[f"{match.layout}/{mode}"] += 1
     if calibration is None:

@@ -72,6 +72,7 @@ function(fdpp_write_contract_constants out_dir)
   _fdpp_int(kAttentionKvHeadsMax ${A} ${AF} attributes num_kv_heads range 1)
   _fdpp_int_list(kAttentionHeadDims ${A} ${AF} attributes head_dim choices)
   _fdpp_float(kAttentionBiasMaskThreshold ${A} ${AF} bias_mask_threshold)
+  _fdpp_float(kAttentionLowGuardTail ${A} ${AF} low_guard_tail)
   _fdpp_float(kAttentionFp16PrefillGuardHi ${A} ${AF} fp16_prefill_window guard_hi)
   _fdpp_float(kAttentionFp16PrefillMaxFloor ${A} ${AF} fp16_prefill_window max_floor)
 

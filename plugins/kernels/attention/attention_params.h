@@ -36,7 +36,7 @@ enum class DecodeCombine : int { kAuto = 0, kKernel = 1, kCluster = 2 };
 
 // Guard flag bits a decode split writes per row (unified softmax only).
 constexpr uint32_t kGuardAbove = 1u;   // a visible s - phi above guard_hi: e^(s - phi) could overflow
-constexpr uint32_t kGuardBelow = 2u;   // a visible s - phi below guard_lo
+constexpr uint32_t kGuardBelow = 2u;   // a visible s - phi below guard_lo, the row max below guard_lo + kLowGuardTail
 constexpr uint32_t kGuardLowMax = 4u;  // (prefill fp16) the row max is below the fp16 precision floor
 
 // Numeric windows for s - phi (natural-log units), from the contract (plugins/AsyncSoftmaxAttentionPlugin/
@@ -52,6 +52,9 @@ constexpr uint32_t kGuardLowMax = 4u;  // (prefill fp16) the row max is below th
 constexpr float kWindowLo = contract::kAttentionGuardLoMin;
 constexpr float kWindowHi = contract::kAttentionGuardHiMax;
 constexpr float kFp16PrefillHi = contract::kAttentionFp16PrefillGuardHi;
+// The low side flags a row only if its largest s - phi is also below guard_lo + kLowGuardTail (nats): otherwise
+// every term e^(s - phi) lost to underflow is below e^-32 of the row's largest (the contract's low_guard_tail_doc).
+constexpr float kLowGuardTail = contract::kAttentionLowGuardTail;
 constexpr float kFp16PrefillMaxFloor = contract::kAttentionFp16PrefillMaxFloor;
 
 // Positions whose additive bias is at or below this are masked (the contract's bias_mask_threshold).

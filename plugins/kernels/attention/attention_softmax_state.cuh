@@ -47,7 +47,8 @@ struct UnifiedMaxSoftmax {
   static constexpr bool kRescales = false;
   float l[kRows];      // sum of p over the keys this thread has seen, per row (quad-summed in finish())
   float x_max[kRows];  // largest visible x - phi' seen (-inf while none): above the window -> overflow risk
-  float x_min[kRows];  // smallest visible x - phi' seen (+inf while none): below the window -> fallback too
+  float x_min[kRows];  // smallest visible x - phi' seen (+inf while none): below the window with a low row max
+                       // -> fallback too (kLowGuardTail)
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -73,7 +74,7 @@ struct UnifiedMaxSoftmax {
   __device__ __forceinline__ uint32_t guard_bits(int r, float lo, float hi, float max_floor) const {
     uint32_t bits = 0;
     if (x_max[r] > hi) bits |= kGuardAbove;
-    if (x_min[r] < lo) bits |= kGuardBelow;
+    if (x_min[r] < lo && x_max[r] < lo + kLowGuardTail * kLog2e) bits |= kGuardBelow;
     if (x_max[r] < max_floor && x_max[r] > -kInf) bits |= kGuardLowMax;
     return bits;
   }

@@ -206,7 +206,8 @@ __device__ RowResult row_range(const DecodeArgs& a, int b, int hq, int s, int j_
 template <bool kUnified>
 __device__ __forceinline__ uint32_t guard_bits(const DecodeArgs& a, const RowResult& r) {
   if (!kUnified) return 0;
-  return (r.x_max > a.hi_log2 ? kGuardAbove : 0u) | (r.x_min < a.lo_log2 ? kGuardBelow : 0u);
+  const bool below = r.x_min < a.lo_log2 && r.x_max < a.lo_log2 + kLowGuardTail * port::kLog2e;  // attention_params.h
+  return (r.x_max > a.hi_log2 ? kGuardAbove : 0u) | (below ? kGuardBelow : 0u);
 }
 
 // Writes row (b, hq, s) from r, or, for a unified row with guard bits, from its exact recompute.

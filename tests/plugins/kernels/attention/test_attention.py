@@ -330,6 +330,35 @@ def test_adversarial_scores_stay_exact(dtype, kernel, seq, splits, softmax):
             assert counters.fallback_rows == 0
 
 
+@pytest.mark.parametrize("num_splits", [0, 1, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_low_side_flags_only_rows_that_can_lose_precision(dtype, num_splits):
+    """The low guard (contract low_guard_tail): one -3000 score, or half a row underflowing under a max above
+    guard_lo + tail, stays on the fast path and exact; a row whose max is below guard_lo + tail falls back."""
+    from fdpp_rewrite.ref_ops import low_guard_tail
+
+    att = _att()
+    lo, tail, length = -60.0, low_guard_tail(), 4096
+    q = torch.zeros(2, 4, 1, 64, device="cuda", dtype=dtype)
+    q[..., 0] = 1.0  # with scale 1, s[j] = k[j, 0] exactly
+    k = torch.zeros(2, 4, length, 64, device="cuda")
+    k[:, 0, :, 0] = torch.randn(2, length, device="cuda") * 2 - 4
+    k[:, 0, 123, 0] = -3000.0
+    k[:, 1, :, 0] = torch.randn(2, length, device="cuda") + lo + tail + 4
+    k[:, 1, : length // 2, 0] = -110.0  # underflows e^x in float32: lost, and negligible against the max
+    k[:, 2, :, 0] = -140.0  # every term underflows: must fall back
+    k[:, 3, :, 0] = lo - 30.0
+    k[:, 3, 77, 0] = lo + tail - 0.5  # max just under guard_lo + tail: falls back
+    k = k.to(dtype)
+    v = torch.randn(2, 4, length, 64, device="cuda").to(dtype)
+    past = torch.full((2,), length - 1, dtype=torch.int64, device="cuda")
+    counters = att.Counters()
+    out = att.attention(q, k, v, past, kernel="decode", scale=1.0, phi=0.0, guard_lo=lo, guard_hi=10.0,
+                        num_splits=num_splits, counters=counters)
+    check_close(out, q, k, v, f"low guard {dtype} splits={num_splits}", scale=1.0, past_len=past)
+    assert counters.fallback_rows == 2 * 2  # heads 2 and 3 of both sequences
+
+
 @pytest.mark.parametrize("combine", ["auto", "kernel"])
 @pytest.mark.parametrize("num_splits", [0, 1])
 @pytest.mark.parametrize("seq", [1, 3])
