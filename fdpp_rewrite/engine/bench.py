@@ -18,6 +18,7 @@ whole (embedding tables read by Gather count one row per token).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -70,22 +71,27 @@ def count_kernels(engine, batch: int) -> dict:
     """Kernel launches of the current decode bucket: one graph replay and one eager run of its Program."""
     from torch.profiler import ProfilerActivity, profile
 
-    def kernels(fn) -> int:
+    def kernels(fn) -> list:
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        return sum(1 for n in names if not n.startswith(("Memcpy", "Memset")))
+        return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
 
     bucket_batch = engine.decode_buckets(batch)[0]
     kv_len = max(k[1] for k in engine.programs if k[0] == (bucket_batch, 1))  # the last bucket the run used
     feeds = engine.feeds(engine.step_ids[:bucket_batch], engine.past_len[:bucket_batch], slice(0, bucket_batch), kv_len)
     program = engine.programs[(tuple(feeds["input_ids"].shape), kv_len)]
-    counts = {"eager": kernels(lambda: program.run(feeds))}
+    eager = kernels(lambda: program.run(feeds))
+    counts = {"eager": len(eager)}
+    names = eager
     if (bucket_batch, kv_len) in engine.graphs:
-        counts["graph"] = kernels(engine.graphs[(bucket_batch, kv_len)][0].replay)
+        names = kernels(engine.graphs[(bucket_batch, kv_len)][0].replay)
+        counts["graph"] = len(names)
     counts["per_layer"] = round(counts.get("graph") or counts["eager"]) / engine.num_layers
+    # which kernels a step launches, by name (shortened): what to look at when per_layer exceeds its budget
+    counts["kernel_names"] = dict(collections.Counter(n.split("(")[0][:90] for n in names).most_common())
     counts["op_counts_per_step"] = dict(sorted(program.op_counts.items()))
     return counts
 

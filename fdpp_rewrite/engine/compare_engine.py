@@ -119,7 +119,7 @@ def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed:
             session = ort.InferenceSession(str(original), session_options(), providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for corrupt models / missing data
             raise cannot_load(str(original), exc) from None
-        steps = make_steps(session, model, batch, prefill, seed)
+        step_names, steps = make_steps(session, model, batch, prefill, seed)
     dtype = DTYPE_NAMES.get(ORT_DTYPES.get(session.get_outputs()[0].type), "float32")
     atol, rtol = contract_tolerance(dtype)
     on_gpu = engine.device.type == "cuda"
@@ -134,7 +134,6 @@ def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed:
     heads = sum(int(n["attrs"]["num_heads"]) for n in engine.plan["nodes"] if n["op"] == "AsyncSoftmaxAttention")
     rows = sum(heads * step["input_ids"].size for step in steps)  # one row per query head and position
     report = CompareReport(atol=atol, rtol=rtol, dtype=dtype, fallback_rows=fallback, attention_rows=rows)
-    step_names = ["prefill", "decode", "chunk"] if len(steps) == 3 else [f"step{i}" for i in range(len(steps))]
     for per_iteration in accuracy[0].values():
         for step, outputs in zip(step_names, per_iteration):
             for name, result in outputs.items():

@@ -31,6 +31,10 @@ from fdpp_rewrite.errors import FdppError
 
 MIN_KV_BUCKET = 128
 MIN_PREFILL_BUCKET = 16
+# Prompts longer than this are prefilled in chunks (prefill_chunk): one pass over a 32K prompt with 32 KV heads
+# would exceed the prefill attention's launch grid (kv heads x row blocks <= 65535), and chunks bound the
+# activations too.
+MAX_PREFILL_CHUNK = 8192
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -236,8 +240,15 @@ class Engine:
         The prompt is right-padded (token 0) to its prefill bucket, so every prompt length of a bucket replays one
         traced Program. Exact: attention is causal, so the padding changes no prompt position, and the cache rows
         it writes past the prompt are masked (past_len) until the decode step of each position overwrites them.
-        Example: 100 tokens run as 128; logits come from position 99; rows 100..127 are rewritten by steps 1..28."""
+        Example: 100 tokens run as 128; logits come from position 99; rows 100..127 are rewritten by steps 1..28.
+        A prompt over MAX_PREFILL_CHUNK tokens runs as consecutive chunks of that size (prefill_chunk)."""
         seq = len(ids)
+        if seq > MAX_PREFILL_CHUNK:
+            self.past_len[slot] = 0
+            self.lengths[slot] = 0
+            for start in range(0, seq, MAX_PREFILL_CHUNK):
+                logits = self.prefill_chunk(slot, ids[start:start + MAX_PREFILL_CHUNK])
+            return logits
         padded = pick(seq, self.prefill_buckets)
         kv_len = pick(padded, self.kv_buckets)
         input_ids = torch.zeros(1, padded, dtype=torch.int64)
