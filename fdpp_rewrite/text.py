@@ -66,7 +66,7 @@ def real_text(split: str, num_chars: int) -> str:
 # --- the user's own text (calibrate --text) ------------------------------------------------------------------------
 
 HELDOUT_FRACTION = 0.25  # of a user text's characters, from its end: the held-out split calibrate reports on
-TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".rda")  # what --text DIR reads (sorted by path)
+TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".rda", ".rdb")  # what --text DIR reads (sorted by path)
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ def kjv_text() -> CalibrationText:
 
 def load_text(spec: str, chat_template=None) -> CalibrationText:
     """--text FILE|DIR|-: plain text, JSON lines with a "text" field, or chat JSON lines ({"messages": [...]},
-    rendered with `chat_template(messages)` when given, else as "role: content" lines), or an R .rda file of
-    character vectors (e.g. Debian's r-cran-janeaustenr; needs the rdata package). The last HELDOUT_FRACTION of
+    rendered with `chat_template(messages)` when given, else as "role: content" lines), or R data of character
+    vectors: an .rda file or a package's lazy-load Rdata.rdb (e.g. Debian's r-cran-janeaustenr:
+    --text /usr/lib/R/site-library/janeaustenr/data; needs the rdata package). The last HELDOUT_FRACTION of
     the characters is the held-out split, cut at a document or line boundary where there is one."""
     if spec == "-":
         raw = sys.stdin.buffer.read()
@@ -112,8 +113,10 @@ def load_text(spec: str, chat_template=None) -> CalibrationText:
                 raise FdppError(f"--text: cannot read {file} ({exc.strerror}); check its permissions") from None
             digest.update(file.relative_to(path).as_posix().encode() + b"\0" if path.is_dir() else b"")
             digest.update(raw)
-            parts.append(_rda_text(file) if file.suffix.lower() == ".rda" else _decode(file, raw, chat_template))
-        name = f"{path.name} ({len(files)} files)" if path.is_dir() else path.name
+            readers = {".rda": _rda_text, ".rdb": _rdb_text}
+            reader = readers.get(file.suffix.lower())
+            parts.append(reader(file) if reader else _decode(file, raw, chat_template))
+        name = f"{path.resolve()} ({len(files)} file{'s' if len(files) > 1 else ''})" if path.is_dir() else path.name
     text = "\n\n".join(p for p in parts if p.strip())
     if len(text.strip()) < 2:
         raise FdppError(f"--text {spec}: no text in it; pass a non-empty text file")
@@ -163,19 +166,51 @@ def _render_chat(messages: list, chat_template, where, number: int) -> str:
     return "\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in messages)
 
 
-def _rda_text(path: Path) -> str:
-    """The character vectors of an R .rda file, in the file's order (janeaustenr: one novel a vector of lines)."""
+def _rdata():
     try:
         import rdata
     except ImportError:
-        raise FdppError("--text: reading R .rda files needs the rdata package: pip install 'fdpp[text]'") from None
+        raise FdppError("--text: reading R data needs the rdata package: pip install 'fdpp[text]'") from None
+    return rdata
+
+
+def _character_vectors(values) -> str:
+    """The strings of each R value (janeaustenr: one novel a character vector of lines), a blank line between."""
+    texts = []
+    for value in values:
+        items = [value] if isinstance(value, str) else list(getattr(value, "tolist", lambda: [])())
+        texts.append("\n".join(str(x) for x in items if isinstance(x, str)))
+    return "\n\n".join(t for t in texts if t.strip())
+
+
+def _rda_text(path: Path) -> str:
+    rdata = _rdata()
     try:
         values = rdata.read_rda(str(path))
     except Exception as exc:  # noqa: BLE001 - rdata raises many kinds for a file that is not R data
         raise FdppError(f"--text: cannot read {path} as R data ({type(exc).__name__}); pass a .rda file") from None
-    texts = []
-    for value in values.values():
-        lines = [str(x) for x in getattr(value, "tolist", lambda: value)() if isinstance(x, str)] \
-            if not isinstance(value, str) else [value]
-        texts.append("\n".join(lines))
-    return "\n\n".join(t for t in texts if t.strip())
+    return _character_vectors(values.values())
+
+
+def _rdb_text(path: Path) -> str:
+    """An R package's lazy-load database: the .rdx index (gzip'd serialization) maps each variable to (offset,
+    length) in the .rdb, where each entry is a 4-byte length and a zlib'd serialization."""
+    import gzip
+    import warnings
+    import zlib
+
+    rdata = _rdata()
+
+    def parse(blob: bytes):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Unknown file type: assumed RDS": a bare serialization, as expected
+            return rdata.conversion.convert(rdata.parser.parse_data(blob))
+    try:
+        index = parse(gzip.decompress(path.with_suffix(".rdx").read_bytes()))
+        blob = path.read_bytes()
+        values = [parse(zlib.decompress(blob[int(start) + 4:int(start) + int(length)]))
+                  for start, length in index["variables"].values()]
+    except Exception as exc:  # noqa: BLE001 - missing index, corrupt data: all mean "not an R lazy-load database"
+        raise FdppError(f"--text: cannot read {path} as an R lazy-load database ({type(exc).__name__}); pass "
+                        "its folder with both Rdata.rdb and Rdata.rdx") from None
+    return _character_vectors(values)

@@ -143,6 +143,23 @@ def test_calibration_sets_phi_and_guards_per_layer(tmp_path):
     assert_same_outputs(model, rewritten, decode_feeds(cfg))  # phi changes speed, never results
 
 
+def test_synchronized_verdict_is_stamped_on_its_layer_only(tmp_path):
+    from fdpp_rewrite import ref_ops
+
+    cfg = TinyConfig(layers=2)
+    model = build_tiny_model(cfg)
+    path = tmp_path / "calib.json"
+    layers = [{"layer": 0, "phi": 0.0, "guard_lo": -80.0, "guard_hi": 60.0, "softmax": "synchronized"},
+              {"layer": 1, "phi": 0.0, "guard_lo": -80.0, "guard_hi": 60.0, "softmax": "unified"}]
+    path.write_text(json.dumps({"schema": "fdpp-calibration/1", "layers": layers}))
+    rewritten, report = rewrite_attention(model, attention.load_calibration(path))
+    stamped = [node_attributes(n).get("softmax") for n in attention_nodes(rewritten)]
+    assert stamped == ["synchronized", None] and any("synchronized" in note for note in report.notes)
+    ref_ops.COUNTERS.reset()
+    assert_same_outputs(model, rewritten, decode_feeds(cfg))  # the reference honours it: same outputs ...
+    assert ref_ops.COUNTERS.fallback_rows * 2 == ref_ops.COUNTERS.attention_rows  # ... layer 0's rows all exact
+
+
 @pytest.mark.parametrize("content, message", [
     ({"schema": "fdpp-calibration/1", "layers": [{"layer": 0, "phi": 0.0, "guard_lo": -9.0, "guard_hi": 9.0}]},
      "has 1 layers but the graph has 2"),
@@ -151,6 +168,10 @@ def test_calibration_sets_phi_and_guards_per_layer(tmp_path):
     ({"schema": "fdpp-calibration/1", "layers": [{"layer": 0, "phi": 0.0, "guard_lo": -9.0, "guard_hi": 99.0},
                                                  {"layer": 1, "phi": 0.0, "guard_lo": -9.0, "guard_hi": 9.0}]},
      "guard_hi"),
+    ({"schema": "fdpp-calibration/1", "layers": [{"layer": 0, "phi": 0.0, "guard_lo": -9.0, "guard_hi": 9.0,
+                                                  "softmax": "fast"},
+                                                 {"layer": 1, "phi": 0.0, "guard_lo": -9.0, "guard_hi": 9.0}]},
+     "softmax must be one of unified, synchronized"),
 ])
 def test_bad_calibration(tmp_path, content, message):
     path = tmp_path / "calib.json"
