@@ -3,11 +3,12 @@
 Chooses FlashDecoding++'s unified max phi per layer from the model's real attention scores on real text.
 
 The model (default smollm2-135m, its trained weights) reads the calibration split of the real text
-(fdpp_rewrite.text: the Old Testament of the KJV); a score hook records, for every attention row (one query token of
+(--text: the user's own, its last quarter held out; default fdpp_rewrite.text's KJV, Old Testament);
+a score hook records, for every attention row (one query token of
 one head), the largest and the smallest visible scaled score. The decode kernel (the paper's unified max) sends a
 row to the exact fallback unless
 
-    guard_lo <= min(s) - phi   and   max(s) - phi <= guard_hi          (the contract's guard)
+    max(s) - phi <= guard_hi   and   (guard_lo <= min(s) - phi  or  max(s) - phi >= guard_lo + low_guard_tail)
 
 With guard_lo = -80 and guard_hi = 60, the widest window the contract and the kernel's float32/tf32 P allow, phi is
 the value that keeps the most calibration rows inside, centred in the best interval. The prefill kernel keeps P in
