@@ -205,6 +205,7 @@ _registered = False
 
 
 def _run_attention(query, key, value, *mask, **attrs):
+    attrs.pop("plugin_version", None)  # TensorRT's lookup key, not part of the math
     return async_softmax_attention(query, key, value, *(mask or (None,)), **attrs)
 
 
