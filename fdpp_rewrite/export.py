@@ -37,7 +37,8 @@ def add_arguments(parser):
                         help=f"KV cache length, a static input dimension (default: {DEFAULT_MAX_CACHE} or the model's "
                              "position limit if smaller; 0: a dynamic dimension)")
     parser.add_argument("--max-position", type=int, help="raise the model's position limit (RoPE models) to time "
-                        "long contexts with random weights; a trained model is untested past its own limit")
+                        "long contexts with random weights; a trained model is untested past its own limit "
+                        "(default: the model's own)")
     parser.add_argument("--layers", type=int, help="keep only the first N layers, 1 up to the model's own count "
                                                    "(for tests; default: all of them)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init (presets without weights)")
