@@ -1,6 +1,8 @@
 // The adapters' attribute readers (fields.h).
 #include "common/fields.h"
 
+#include "common/attributes.h"
+
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -68,5 +70,18 @@ std::string read_string(const PluginField& f) {
   const char* chars = static_cast<const char*>(f.data);
   return std::string(chars, strnlen(chars, static_cast<size_t>(f.length)));
 }
+
+std::string read_string_choice(const PluginField& f, const char* const* choices, size_t count) {
+  const std::string v = read_string(f);
+  std::string listed;
+  for (size_t i = 0; i < count; ++i) {
+    if (v == choices[i]) return v;
+    listed += (listed.empty() ? "" : ", ") + std::string(choices[i]);
+  }
+  throw std::invalid_argument(field_name(f) + " = '" + v + "' is not one of " + listed);
+}
+
+// TensorRT's ONNX parser picks the creator by plugin_version and plugin_namespace and may pass them along.
+bool is_routing_field(const std::string& name) { return name == "plugin_version" || name == "plugin_namespace"; }
 
 }  // namespace fdpp
