@@ -4,6 +4,7 @@
 #include "common/attributes.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -12,6 +13,13 @@ namespace {
 
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
+
+// %g: "-6" and "1e-06", not std::to_string's "-6.000000" and "0.000001".
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
 
 std::string field_name(const PluginField& f) { return std::string("attribute ") + (f.name ? f.name : "?"); }
 
@@ -59,8 +67,8 @@ float read_float(const PluginField& f, double lo, double hi) {
     default: throw std::invalid_argument(field_name(f) + " must be a float");
   }
   if (!std::isfinite(v) || v < lo || v > hi)
-    throw std::invalid_argument(field_name(f) + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) +
-                                ", " + std::to_string(hi) + "]");
+    throw std::invalid_argument(field_name(f) + " = " + number(v) + " is outside [" + number(lo) + ", " + number(hi) +
+                                "]");
   return static_cast<float>(v);
 }
 
