@@ -40,10 +40,16 @@ def harness(plugin_library) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_rewritten(tmp_path_factory) -> onnx.ModelProto:
-    """tiny-llama exported in float16 and rewritten: its graph as written (weights stay in the .data file)."""
+def tiny_rewritten_path(tmp_path_factory) -> Path:
+    """tiny-llama exported in float16 (cache length 64) and rewritten: model.fdpp.onnx and its .data file."""
     folder = tmp_path_factory.mktemp("tiny")
     exported, rewritten = folder / "model.onnx", folder / "model.fdpp.onnx"
     assert cli.main(["export", "tiny-llama", "--dtype", "float16", "--max-cache", "64", "-o", str(exported)]) == 0
     assert cli.main(["rewrite", str(exported), "-o", str(rewritten)]) == 0
-    return onnx.load(str(rewritten), load_external_data=False)
+    return rewritten
+
+
+@pytest.fixture(scope="session")
+def tiny_rewritten(tiny_rewritten_path) -> onnx.ModelProto:
+    """The rewritten tiny-llama's graph as written (weights stay in the .data file)."""
+    return onnx.load(str(tiny_rewritten_path), load_external_data=False)
