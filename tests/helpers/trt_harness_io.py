@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 HARNESS_TYPES = {"float16": "half", "bfloat16": "bf16", "float32": "float", "int64": "int64"}
 
@@ -110,3 +111,43 @@ def from_bits(data: bytes, dtype: str, shape) -> np.ndarray:
 def rounded(array: np.ndarray, dtype: str) -> np.ndarray:
     """`array` as the plugin sees it after the host wrote it in `dtype` (float32 values)."""
     return from_bits(to_bits(array, dtype), dtype, array.shape)
+
+
+def fdpp_nodes_graph(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
+    """A graph of the rewritten model's first FlatGemm (its weight, loaded) and first attention node alone, fed by
+    graph inputs with the exporter's dimension names, in `dtype`: what TensorRT can build while the glue ops
+    (RMSNorm, RopeAppend) have no TensorRT adapter."""
+    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
+    gemm = next(n for n in model.graph.node if n.op_type == "FlatGemm")
+    attention = next(n for n in model.graph.node if n.op_type == "AsyncSoftmaxAttention")
+    weight = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == gemm.input[1]))
+    n, k = weight.shape
+    attrs = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
+    heads, kv_heads, dim = attrs["num_heads"], attrs["num_kv_heads"], attrs["head_dim"]
+    capacity = next(i for i in model.graph.input if i.name == "key_cache.0").type.tensor_type.shape.dim[2].dim_value
+    gemm_attrs = {a.name: helper.get_attribute_value(a) for a in gemm.attribute}
+    constants = {"weight": weight}
+    if gemm_attrs.get("has_bias", 0):
+        constants["bias"] = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == gemm.input[2]))
+    initializers = [helper.make_tensor(name, elem, value.shape, to_bits(value, dtype), raw=True)
+                    for name, value in constants.items()]
+    epilogue = gemm_attrs.get("epilogue", b"none").decode()
+    out_n = n // 2 if epilogue == "silu_mul" else n
+    residual = [helper.make_tensor_value_info("residual", elem, ["batch", "seq", n])] if epilogue == "residual" else []
+    new_gemm = helper.make_node("FlatGemm", ["x", *constants, *(r.name for r in residual)], ["y"], name="gemm",
+                                domain="fdpp")
+    new_gemm.attribute.extend(gemm.attribute)
+    new_attention = helper.make_node("AsyncSoftmaxAttention", ["q", "key_cache.0", "value_cache.0", "past_len"],
+                                     ["attn"], name="attention", domain="fdpp")
+    new_attention.attribute.extend(attention.attribute)
+    graph = helper.make_graph(
+        [new_gemm, new_attention], "fdpp-nodes",
+        [helper.make_tensor_value_info("x", elem, ["batch", "seq", k]),
+         helper.make_tensor_value_info("q", elem, ["batch", heads, "seq", dim]),
+         helper.make_tensor_value_info("key_cache.0", elem, ["batch", kv_heads, capacity, dim]),
+         helper.make_tensor_value_info("value_cache.0", elem, ["batch", kv_heads, capacity, dim]),
+         helper.make_tensor_value_info("past_len", TensorProto.INT64, ["batch"]), *residual],
+        [helper.make_tensor_value_info("y", elem, ["batch", "seq", out_n]),
+         helper.make_tensor_value_info("attn", elem, ["batch", heads, "seq", dim])],
+        initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("fdpp", 4)])

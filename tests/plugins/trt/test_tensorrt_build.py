@@ -4,10 +4,9 @@ TensorRT or TensorRT-RTX is importable and the library has the adapters, a real 
 import importlib
 import sys
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from trt_harness_io import fdpp_nodes_graph
 
 from fdpp_rewrite import cli
 from fdpp_rewrite.engine import tensorrt_build
@@ -81,46 +80,10 @@ def test_a_graph_with_glue_nodes_names_the_missing_adapters(tmp_path, trt, tiny_
     assert "no TensorRT plugin for the graph's fdpp nodes RMSNorm (version 1), RopeAppend (version 1)" in line
 
 
-def fdpp_nodes_only(model, dtype):
-    """The rewritten model's first FlatGemm (its real weight) and attention node, fed by graph inputs named as the
-    exporter names dimensions, in `dtype`."""
-    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
-    gemm = next(n for n in model.graph.node if n.op_type == "FlatGemm")
-    attention = next(n for n in model.graph.node if n.op_type == "AsyncSoftmaxAttention")
-    weight = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == gemm.input[1]))
-    n, k = weight.shape
-    attrs = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
-    heads, kv_heads, dim = attrs["num_heads"], attrs["num_kv_heads"], attrs["head_dim"]
-    weight_tensor = numpy_helper.from_array(weight.astype(np.float32), "weight")
-    if dtype == "float16":
-        weight_tensor = numpy_helper.from_array(weight.astype(np.float16), "weight")
-    else:  # bfloat16 initializer: the float32 bits' upper half
-        weight_tensor = helper.make_tensor("weight", elem, weight.shape,
-                                           (weight.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-                                           .tobytes(), raw=True)
-    new_gemm = helper.make_node("FlatGemm", ["x", "weight"], ["y"], name="gemm", domain="fdpp")
-    new_gemm.attribute.extend(gemm.attribute)
-    new_attention = helper.make_node("AsyncSoftmaxAttention", ["q", "key_cache.0", "value_cache.0", "past_len"],
-                                     ["attn"], name="attention", domain="fdpp")
-    new_attention.attribute.extend(attention.attribute)
-    out_n = n // 2 if any(a.name == "epilogue" and a.s == b"silu_mul" for a in gemm.attribute) else n
-    graph = helper.make_graph(
-        [new_gemm, new_attention], "fdpp-nodes",
-        [helper.make_tensor_value_info("x", elem, ["batch", "seq", k]),
-         helper.make_tensor_value_info("q", elem, ["batch", heads, "seq", dim]),
-         helper.make_tensor_value_info("key_cache.0", elem, ["batch", kv_heads, 64, dim]),
-         helper.make_tensor_value_info("value_cache.0", elem, ["batch", kv_heads, 64, dim]),
-         helper.make_tensor_value_info("past_len", TensorProto.INT64, ["batch"])],
-        [helper.make_tensor_value_info("y", elem, ["batch", "seq", out_n]),
-         helper.make_tensor_value_info("attn", elem, ["batch", heads, "seq", dim])],
-        [weight_tensor])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("fdpp", 4)])
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_tensorrt_builds_a_plan_of_fdpp_plugins(tmp_path, trt, tiny_rewritten_path, dtype, capsys):
     source = tmp_path / "nodes.onnx"
-    onnx.save(fdpp_nodes_only(onnx.load(str(tiny_rewritten_path)), dtype), str(source))
+    onnx.save(fdpp_nodes_graph(onnx.load(str(tiny_rewritten_path)), dtype), str(source))
     plan = tmp_path / "nodes.plan"
     assert cli.main(["build", str(source), "--backend", "tensorrt", "--max-batch", "4", "-o", str(plan)]) == 0
     assert capsys.readouterr().out.startswith(f"wrote {plan} ({trt.__name__}")
