@@ -1,6 +1,7 @@
 // TensorRT IPluginV3 adapter of fdpp::FlatGemm: translates tensors and attributes, calls fdpp::gemm::run_gemm.
 #include "FlatGemmPlugin/FlatGemmPlugin.h"
 
+#include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -145,6 +146,29 @@ gemm::Epilogue FlatGemmPlugin::kernel_epilogue() const {
   return attrs_.epilogue == "silu_mul" ? gemm::Epilogue::kSiluMul : gemm::Epilogue::kNone;
 }
 
+bool FlatGemmPlugin::prepare_library_gemm(const nvinfer1::PluginTensorDesc* in) const {
+  gemm::Problem p;
+  p.m = leading_product(in[0].dims);
+  p.n = in[1].dims.d[0];
+  p.k = in[1].dims.d[1];
+  if (p.m <= 0 || gemm::select_impl(p.m, plan_) != gemm::Impl::kCublasLt) return true;
+  // cuBLASLt's plan depends on the shape and the pointers' alignment: TensorRT's buffers are 256-byte aligned.
+  void* const aligned = reinterpret_cast<void*>(uintptr_t{256});
+  p.x = p.w = aligned;
+  p.y = aligned;
+  p.bias = attrs_.has_bias ? aligned : nullptr;
+  p.residual = attrs_.epilogue == "residual" ? aligned : nullptr;
+  p.dtype = to_dtype(in[0].type);
+  p.epilogue = kernel_epilogue();
+  const cudaError_t err = gemm::prepare_implc_cublaslt(p);
+  if (err != cudaSuccess) {
+    log_error(std::string("cuBLASLt plan for M = ") + std::to_string(p.m) + ": " + cudaGetErrorString(err) + " (" +
+              gemm::last_detail() + ")");
+    return false;
+  }
+  return true;
+}
+
 bool FlatGemmPlugin::resolve_plan(int64_t n, int64_t k) {
   plan_ = attrs_.plan;
   gemm::DeviceInfo dev;
@@ -270,7 +294,8 @@ int32_t FlatGemmPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int3
       log_error("weight must be 2-D [N, K]");
       return -1;
     }
-    return resolve_plan(in[1].dims.d[0], in[1].dims.d[1]) ? 0 : -1;
+    if (!resolve_plan(in[1].dims.d[0], in[1].dims.d[1])) return -1;
+    return prepare_library_gemm(in) ? 0 : -1;
   } catch (...) {
     return -1;
   }

@@ -70,6 +70,9 @@ class FlatGemmPlugin : public PluginBase<FlatGemmPlugin> {
   // plan_ for this weight [N, K] on the current GPU: the node's plan, or for an unprofiled node the library's
   // default ImplB tiles for the device (contract.json unprofiled_default). False with a logged reason if unusable.
   bool resolve_plan(int64_t n, int64_t k);
+  // Builds the cuBLASLt plan enqueue will use for these shapes when ImplC serves their M, so that enqueue (and a
+  // CUDA-graph capture of it) only launches. False with a logged reason if cuBLASLt cannot serve them.
+  bool prepare_library_gemm(const nvinfer1::PluginTensorDesc* in) const;
 
   FlatGemmAttributes attrs_;
   gemm::Plan plan_;        // what enqueue runs (attrs_.plan until resolve_plan)

@@ -32,15 +32,15 @@ def cache_capacity(model):
 
 # ---- the shapes of each op's decode and prefill cases ---------------------------------------------------------
 def gemm_cases(model, node, dtype, folder=None, seed=0):
-    """x [2, 1, K] (decode) and [1, 7, K] (prefill) against the node's weight [N, K]; with `folder`, random inputs
-    in files and the float32 reference output of each case."""
+    """x [2, 1, K] (decode: M = 2, ImplB) and [1, 12, K] (prefill: M = 12, ImplC) against the node's weight
+    [N, K]; with `folder`, random inputs in files and the float32 reference output of each case."""
     n, k = initializer_shape(model, node.input[1])
     attrs = node_attributes(node)
     rng = np.random.default_rng(seed)
     weight = rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k)
     bias = rng.standard_normal(n).astype(np.float32) if attrs["has_bias"] else None
     cases, expected = [], {}
-    for label, lead in (("decode", (2, 1)), ("prefill", (1, 7))):
+    for label, lead in (("decode", (2, 1)), ("prefill", (1, 12))):
         x = rng.standard_normal((*lead, k)).astype(np.float32)
         residual = rng.standard_normal((*lead, n)).astype(np.float32) if attrs["epilogue"] == "residual" else None
         tensors = [("x", x), ("weight", weight)] + ([("bias", bias)] if bias is not None else []) + (
@@ -102,7 +102,7 @@ def test_flat_gemm_build_phase_and_round_trip(tmp_path, harness, plugin_library,
     contract = load_contract("FlatGemm")
     routed = {"plugin_version"}  # picks the creator; not a field of the plugin
     assert result.values("creator_field") == [name for name in contract.attributes if name not in routed]
-    for label, lead in (("decode", (2, 1)), ("prefill", (1, 7))):
+    for label, lead in (("decode", (2, 1)), ("prefill", (1, 12))):
         answers = result.cases[label]
         half = "half" if dtype == "float16" else "bf16"
         shape = ",".join(map(str, expected_gemm_shape(tiny_rewritten, node, lead)))
