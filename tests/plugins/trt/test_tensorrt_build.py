@@ -11,6 +11,7 @@ from trt_harness_io import fdpp_nodes_graph
 from fdpp_rewrite import cli
 from fdpp_rewrite.engine import tensorrt_build
 from fdpp_rewrite.engine.tensorrt_build import DECODE, PREFILL, profile_shapes
+from fdpp_rewrite.errors import FdppError
 
 
 def error_lines(capsys):
@@ -39,6 +40,23 @@ def test_an_existing_plan_is_kept_without_force(tmp_path, tiny_rewritten_path, m
     assert "--force" in line and plan.read_bytes() == b"the user's engine"
 
 
+def test_the_rtx_wheels_missing_library_link_is_named(tmp_path, monkeypatch):
+    """TensorRT-RTX's parser aborts the process without libtensorrt_rtx.so; the build says how to add the link."""
+    import types
+
+    libs = tmp_path / "tensorrt_rtx_libs"
+    libs.mkdir()
+    (libs / "__init__.py").write_text("")
+    (libs / "libtensorrt_rtx.so.1").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx_libs", types.SimpleNamespace(__file__=str(libs / "__init__.py")))
+    rtx = types.SimpleNamespace(__name__="tensorrt_rtx_bindings")
+    with pytest.raises(FdppError, match=f"ln -s libtensorrt_rtx.so.1 {libs}/libtensorrt_rtx.so"):
+        tensorrt_build.check_rtx_parser(rtx)
+    (libs / "libtensorrt_rtx.so").symlink_to("libtensorrt_rtx.so.1")
+    tensorrt_build.check_rtx_parser(rtx)  # with the link: nothing to say
+    tensorrt_build.check_rtx_parser(types.SimpleNamespace(__name__="tensorrt"))  # full TensorRT: not concerned
+
+
 def test_profiles_cover_decode_and_prefill_up_to_the_cache(tiny_rewritten):
     shapes = profile_shapes(tiny_rewritten, max_batch=4, max_seq=None)
     assert shapes[DECODE]["input_ids"] == ((1, 1), (4, 1), (4, 1))
@@ -52,7 +70,7 @@ def test_an_unknown_dynamic_dimension_is_refused(tiny_rewritten):
     model = onnx.ModelProto()
     model.CopyFrom(tiny_rewritten)
     model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "tokens"
-    with pytest.raises(Exception, match="dimension 'tokens' the tensorrt backend has no range for"):
+    with pytest.raises(FdppError, match="dimension 'tokens' the tensorrt backend has no range for"):
         profile_shapes(model, max_batch=1, max_seq=8)
 
 
