@@ -21,15 +21,16 @@ HELP = {
 
 def add_build_arguments(parser) -> None:
     parser.add_argument("model", type=Path, help="the rewritten graph (model.fdpp.onnx from `rewrite`)")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="the engine folder to write")
+    parser.add_argument("-o", "--output", type=Path, required=True,
+                        help="the engine folder to write (a plan file for --backend tensorrt)")
     parser.add_argument("--max-batch", type=int, default=8, help="most sequences decoded together (default 8)")
     parser.add_argument("--max-seq", type=int, help="longest sequence, prompt + new tokens (default: the graph's "
                                                     "cache capacity)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                         help="check the graph has this dtype (default: any; the engine keeps the graph's)")
-    parser.add_argument("--backend", choices=["auto", "cuda", "cpu", "migraphx"], default="auto",
+    parser.add_argument("--backend", choices=["auto", "cuda", "cpu", "migraphx", "tensorrt"], default="auto",
                         help="cuda (this GPU's kernels), cpu (the reference ops), migraphx (AMD, docs/amd.md), "
-                             "auto: cuda when a GPU is visible")
+                             "tensorrt (a TensorRT plan file, docs/tensorrt.md), auto: cuda when a GPU is visible")
     parser.add_argument("--profile", type=Path, help="GEMM profile (default engines/profiles/<gpu>.json); shapes it "
                                                      "lacks are profiled during the build")
     parser.add_argument("--force", action="store_true", help="replace the engine folder if it exists")
@@ -75,6 +76,14 @@ def run_build(args) -> int:
         from fdpp_rewrite.engine.migraphx_build import build_migraphx_engine
 
         build_migraphx_engine(args.model, args.output, force=args.force)
+        return 0
+    if args.backend == "tensorrt":  # a serialized TensorRT engine: its own module (docs/tensorrt.md)
+        from fdpp_rewrite.engine.tensorrt_build import build_tensorrt_engine
+
+        built = build_tensorrt_engine(args.model, args.output, max_batch=args.max_batch, max_seq=args.max_seq,
+                                      force=args.force)
+        print(f"wrote {args.output} ({built['module']} {built['version']}, {built['bytes']} bytes, decode and "
+              f"prefill profiles up to batch {args.max_batch})")
         return 0
     from fdpp_rewrite.engine.build import build_engine
 

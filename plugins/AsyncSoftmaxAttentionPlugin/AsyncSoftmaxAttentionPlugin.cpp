@@ -13,56 +13,69 @@
 namespace fdpp {
 namespace {
 
-constexpr const char* kPluginName = contract::kAttentionOp;                // = the ONNX op type in domain "fdpp"
-constexpr const char* kPluginVersion = contract::kAttentionVersionString;  // = contract.json "version"
-constexpr const char* kPluginNamespace = "";
-
 using nvinfer1::DataType;
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
+using Spec = AttributeSpec<AttentionAttributes>;
 
-void log_error(const std::string& message) noexcept { log_plugin_error(kPluginName, message); }
+void log_error(const std::string& message) noexcept { log_plugin_error(AsyncSoftmaxAttentionPlugin::kName, message); }
 
 bool is_supported_type(DataType t) { return t == DataType::kHALF || t == DataType::kBF16; }
 
+FieldValue float_value(float f) { return FieldValue{f, 0, {}}; }
+FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
+
+constexpr const char* kMaskModes[] = {"past_len", "bias", "none"};
+
+// The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h). A new
+// attribute is a new row here and a member of AttentionAttributes.
+const Spec kAttributes[] = {
+    {"scale", PluginFieldType::kFLOAT32, true,
+     [](const PluginField& f, AttentionAttributes& a) {
+       a.scale = read_float(f, contract::kAttentionScaleMin, contract::kAttentionScaleMax);
+     },
+     [](const AttentionAttributes& a) { return float_value(a.scale); }},
+    {"phi", PluginFieldType::kFLOAT32, false,
+     [](const PluginField& f, AttentionAttributes& a) {
+       a.phi = read_float(f, contract::kAttentionPhiMin, contract::kAttentionPhiMax);
+     },
+     [](const AttentionAttributes& a) { return float_value(a.phi); }},
+    {"guard_lo", PluginFieldType::kFLOAT32, false,
+     [](const PluginField& f, AttentionAttributes& a) {
+       a.guard_lo = read_float(f, contract::kAttentionGuardLoMin, contract::kAttentionGuardLoMax);
+     },
+     [](const AttentionAttributes& a) { return float_value(a.guard_lo); }},
+    {"guard_hi", PluginFieldType::kFLOAT32, false,
+     [](const PluginField& f, AttentionAttributes& a) {
+       a.guard_hi = read_float(f, contract::kAttentionGuardHiMin, contract::kAttentionGuardHiMax);
+     },
+     [](const AttentionAttributes& a) { return float_value(a.guard_hi); }},
+    {"mask_mode", PluginFieldType::kCHAR, false,
+     [](const PluginField& f, AttentionAttributes& a) { a.mask_mode = read_string_choice(f, kMaskModes); },
+     [](const AttentionAttributes& a) { return FieldValue{0.f, 0, a.mask_mode}; }},
+    {"num_heads", PluginFieldType::kINT32, true,
+     [](const PluginField& f, AttentionAttributes& a) {
+       a.num_heads = static_cast<int32_t>(read_int(f, contract::kAttentionHeadsMin, contract::kAttentionHeadsMax));
+     },
+     [](const AttentionAttributes& a) { return int_value(a.num_heads); }},
+    {"num_kv_heads", PluginFieldType::kINT32, true,
+     [](const PluginField& f, AttentionAttributes& a) {
+       a.num_kv_heads =
+           static_cast<int32_t>(read_int(f, contract::kAttentionKvHeadsMin, contract::kAttentionKvHeadsMax));
+     },
+     [](const AttentionAttributes& a) { return int_value(a.num_kv_heads); }},
+    {"head_dim", PluginFieldType::kINT32, true,
+     [](const PluginField& f, AttentionAttributes& a) {
+       a.head_dim = static_cast<int32_t>(read_int_choice(f, contract::kAttentionHeadDims));
+     },
+     [](const AttentionAttributes& a) { return int_value(a.head_dim); }},
+};
+
 }  // namespace
 
-// ---- attributes (names, ranges and defaults: contract.json, through fdpp_contract_constants.h) ----------------
 AttentionAttributes AttentionAttributes::parse(const nvinfer1::PluginFieldCollection* fc) {
-  AttentionAttributes a;
-  bool have_scale = false, have_heads = false, have_kv_heads = false, have_dim = false;
-  for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i) {
-    const PluginField& f = fc->fields[i];
-    const std::string name = f.name ? f.name : "";
-    if (name == "scale") {
-      a.scale = read_float(f, contract::kAttentionScaleMin, contract::kAttentionScaleMax), have_scale = true;
-    } else if (name == "phi") {
-      a.phi = read_float(f, contract::kAttentionPhiMin, contract::kAttentionPhiMax);
-    } else if (name == "guard_lo") {
-      a.guard_lo = read_float(f, contract::kAttentionGuardLoMin, contract::kAttentionGuardLoMax);
-    } else if (name == "guard_hi") {
-      a.guard_hi = read_float(f, contract::kAttentionGuardHiMin, contract::kAttentionGuardHiMax);
-    } else if (name == "mask_mode") {
-      a.mask_mode = read_string(f);
-      if (a.mask_mode != "past_len" && a.mask_mode != "bias" && a.mask_mode != "none")
-        throw std::invalid_argument("mask_mode '" + a.mask_mode + "' is not past_len, bias or none");
-    } else if (name == "num_heads") {
-      a.num_heads = static_cast<int32_t>(read_int(f, contract::kAttentionHeadsMin, contract::kAttentionHeadsMax));
-      have_heads = true;
-    } else if (name == "num_kv_heads") {
-      a.num_kv_heads =
-          static_cast<int32_t>(read_int(f, contract::kAttentionKvHeadsMin, contract::kAttentionKvHeadsMax));
-      have_kv_heads = true;
-    } else if (name == "head_dim") {
-      a.head_dim = static_cast<int32_t>(read_int_choice(f, contract::kAttentionHeadDims)), have_dim = true;
-    } else if (name == "plugin_version" || name == "plugin_namespace") {
-      // routing fields the ONNX parser may pass along
-    } else {
-      throw std::invalid_argument("unknown attribute '" + name + "'");
-    }
-  }
-  if (!have_scale || !have_heads || !have_kv_heads || !have_dim)
-    throw std::invalid_argument("attributes scale, num_heads, num_kv_heads and head_dim are required");
+  AttentionAttributes a = parse_attributes(fc, kAttributes, AttentionAttributes{});
+  // The contract's constraints.
   if (!(a.guard_lo < a.guard_hi)) throw std::invalid_argument("guard_lo must be below guard_hi");
   if (a.num_heads % a.num_kv_heads != 0) throw std::invalid_argument("num_heads must be a multiple of num_kv_heads");
   return a;
@@ -76,28 +89,16 @@ MaskMode AttentionAttributes::mode() const {
 AsyncSoftmaxAttentionPlugin::AsyncSoftmaxAttentionPlugin(AttentionAttributes attributes)
     : attrs_(std::move(attributes)) {}
 
-nvinfer1::IPluginCapability* AsyncSoftmaxAttentionPlugin::getCapabilityInterface(
-    nvinfer1::PluginCapabilityType type) noexcept {
-  switch (type) {
-    case nvinfer1::PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
-    case nvinfer1::PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
-    case nvinfer1::PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
-  }
-  return nullptr;
+AsyncSoftmaxAttentionPlugin* AsyncSoftmaxAttentionPlugin::create(const nvinfer1::PluginFieldCollection* fc) {
+  return new AsyncSoftmaxAttentionPlugin(AttentionAttributes::parse(fc));
 }
 
-nvinfer1::IPluginV3* AsyncSoftmaxAttentionPlugin::clone() noexcept {
-  try {
-    return new AsyncSoftmaxAttentionPlugin(attrs_);
-  } catch (const std::exception& e) {
-    log_error(std::string("clone failed: ") + e.what());
-    return nullptr;
-  }
+const nvinfer1::PluginFieldCollection* AsyncSoftmaxAttentionPlugin::fieldNames() {
+  static FieldTable names;
+  static const nvinfer1::PluginFieldCollection* collection = names.names(kAttributes);
+  return collection;
 }
 
-const char* AsyncSoftmaxAttentionPlugin::getPluginName() const noexcept { return kPluginName; }
-const char* AsyncSoftmaxAttentionPlugin::getPluginVersion() const noexcept { return kPluginVersion; }
-const char* AsyncSoftmaxAttentionPlugin::getPluginNamespace() const noexcept { return kPluginNamespace; }
 int32_t AsyncSoftmaxAttentionPlugin::getNbOutputs() const noexcept { return 1; }
 
 bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, DataType type,
@@ -180,28 +181,41 @@ int32_t AsyncSoftmaxAttentionPlugin::configurePlugin(const nvinfer1::DynamicPlug
 
 int32_t AsyncSoftmaxAttentionPlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs,
                                                         const DataType* inputTypes, int32_t nbInputs) const noexcept {
-  if (nbOutputs != 1 || nbInputs < 1) return -1;
-  outputTypes[0] = inputTypes[0];
-  return 0;
+  try {
+    if (nbOutputs != 1 || nbInputs < 1) return -1;
+    outputTypes[0] = inputTypes[0];
+    return 0;
+  } catch (...) {
+    return -1;
+  }
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs,
                                                      const nvinfer1::DimsExprs* /*shapeInputs*/,
                                                      int32_t /*nbShapeInputs*/, nvinfer1::DimsExprs* outputs,
                                                      int32_t nbOutputs, nvinfer1::IExprBuilder& /*builder*/) noexcept {
-  if (nbInputs < 3 || nbOutputs != 1 || inputs[0].nbDims != 4) return -1;
-  outputs[0] = inputs[0];
-  return 0;
+  try {
+    // The output is [B, Hq, S, D], the query's shape; the caches are read, never written (RopeAppend writes them).
+    if (nbInputs != attrs_.num_inputs() || nbOutputs != 1 || inputs[0].nbDims != 4) return -1;
+    outputs[0] = inputs[0];
+    return 0;
+  } catch (...) {
+    return -1;
+  }
 }
 
 bool AsyncSoftmaxAttentionPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
                                                             int32_t nbInputs, int32_t nbOutputs) noexcept {
-  if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-  const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-  if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-  if (pos == 0) return is_supported_type(d.type);  // float32 is the CPU reference's; these kernels run fp16/bf16
-  if (pos == 3 && pos < nbInputs && attrs_.mode() == MaskMode::kPastLen) return d.type == DataType::kINT64;
-  return d.type == inOut[0].desc.type;
+  try {
+    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
+    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
+    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
+    if (pos == 0) return is_supported_type(d.type);  // float32 is the CPU reference's; these kernels run fp16/bf16
+    if (pos == 3 && pos < nbInputs && attrs_.mode() == MaskMode::kPastLen) return d.type == DataType::kINT64;
+    return d.type == inOut[0].desc.type;
+  } catch (...) {
+    return false;
+  }
 }
 
 size_t AsyncSoftmaxAttentionPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
@@ -266,66 +280,17 @@ int32_t AsyncSoftmaxAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* i
   }
 }
 
-nvinfer1::IPluginV3* AsyncSoftmaxAttentionPlugin::attachToContext(
-    nvinfer1::IPluginResourceContext* /*context*/) noexcept {
-  return clone();
-}
-
 const nvinfer1::PluginFieldCollection* AsyncSoftmaxAttentionPlugin::getFieldsToSerialize() noexcept {
   try {
-    floats_ = {attrs_.scale, attrs_.phi, attrs_.guard_lo, attrs_.guard_hi};
-    ints_ = {attrs_.num_heads, attrs_.num_kv_heads, attrs_.head_dim};
-    fields_.clear();
-    const char* float_names[] = {"scale", "phi", "guard_lo", "guard_hi"};
-    const char* int_names[] = {"num_heads", "num_kv_heads", "head_dim"};
-    for (size_t i = 0; i < floats_.size(); ++i)
-      fields_.emplace_back(float_names[i], &floats_[i], PluginFieldType::kFLOAT32, 1);
-    for (size_t i = 0; i < ints_.size(); ++i) fields_.emplace_back(int_names[i], &ints_[i], PluginFieldType::kINT32, 1);
-    fields_.emplace_back("mask_mode", attrs_.mask_mode.c_str(), PluginFieldType::kCHAR,
-                         static_cast<int32_t>(attrs_.mask_mode.size() + 1));
-    collection_.nbFields = static_cast<int32_t>(fields_.size());
-    collection_.fields = fields_.data();
-    return &collection_;
+    return serialized_.serialize(kAttributes, attrs_);
   } catch (const std::exception& e) {
     log_error(std::string("getFieldsToSerialize: ") + e.what());
     return nullptr;
   }
 }
 
-// ---- creator --------------------------------------------------------------------------------------------------
-AsyncSoftmaxAttentionPluginCreator::AsyncSoftmaxAttentionPluginCreator() {
-  for (const char* name : {"scale", "phi", "guard_lo", "guard_hi"})
-    fields_.emplace_back(name, nullptr, PluginFieldType::kFLOAT32, 1);
-  fields_.emplace_back("mask_mode", nullptr, PluginFieldType::kCHAR, 0);
-  for (const char* name : {"num_heads", "num_kv_heads", "head_dim"})
-    fields_.emplace_back(name, nullptr, PluginFieldType::kINT32, 1);
-  collection_.nbFields = static_cast<int32_t>(fields_.size());
-  collection_.fields = fields_.data();
-}
-
-nvinfer1::IPluginV3* AsyncSoftmaxAttentionPluginCreator::createPlugin(const char* name,
-                                                                      const nvinfer1::PluginFieldCollection* fc,
-                                                                      nvinfer1::TensorRTPhase /*phase*/) noexcept {
-  try {
-    return new AsyncSoftmaxAttentionPlugin(AttentionAttributes::parse(fc));
-  } catch (const std::exception& e) {
-    log_error(std::string("cannot create '") + (name ? name : "") + "': " + e.what());
-    return nullptr;
-  } catch (...) {
-    log_error("createPlugin: unknown exception");
-    return nullptr;
-  }
-}
-
-const nvinfer1::PluginFieldCollection* AsyncSoftmaxAttentionPluginCreator::getFieldNames() noexcept {
-  return &collection_;
-}
-const char* AsyncSoftmaxAttentionPluginCreator::getPluginName() const noexcept { return kPluginName; }
-const char* AsyncSoftmaxAttentionPluginCreator::getPluginVersion() const noexcept { return kPluginVersion; }
-const char* AsyncSoftmaxAttentionPluginCreator::getPluginNamespace() const noexcept { return kPluginNamespace; }
-
 nvinfer1::IPluginCreatorInterface* attentionPluginCreator() {
-  static AsyncSoftmaxAttentionPluginCreator creator;
+  static PluginCreator<AsyncSoftmaxAttentionPlugin> creator;
   return &creator;
 }
 

@@ -10,8 +10,9 @@
 #include <NvInferRuntime.h>
 
 #include <string>
-#include <vector>
 
+#include "common/attributes.h"
+#include "common/plugin_base.h"
 #include "fdpp_contract_constants.h"
 #include "kernels/attention/attention_params.h"
 
@@ -29,22 +30,16 @@ struct AttentionAttributes {
   MaskMode mode() const;
 };
 
-class AsyncSoftmaxAttentionPlugin : public nvinfer1::IPluginV3,
-                                    public nvinfer1::IPluginV3OneCore,
-                                    public nvinfer1::IPluginV3OneBuild,
-                                    public nvinfer1::IPluginV3OneRuntime {
+class AsyncSoftmaxAttentionPlugin : public PluginBase<AsyncSoftmaxAttentionPlugin> {
  public:
+  static constexpr const char* kName = contract::kAttentionOp;                // the ONNX op type in domain "fdpp"
+  static constexpr const char* kVersion = contract::kAttentionVersionString;  // contract.json "version"
+  static constexpr const char* kNamespace = "";                               // the ONNX parser's default
+  static AsyncSoftmaxAttentionPlugin* create(const nvinfer1::PluginFieldCollection* fc);
+  static const nvinfer1::PluginFieldCollection* fieldNames();
+
   explicit AsyncSoftmaxAttentionPlugin(AttentionAttributes attributes);
-  ~AsyncSoftmaxAttentionPlugin() override = default;
-
-  // IPluginV3
-  nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-  nvinfer1::IPluginV3* clone() noexcept override;
-
-  // IPluginV3OneCore
-  const char* getPluginName() const noexcept override;
-  const char* getPluginVersion() const noexcept override;
-  const char* getPluginNamespace() const noexcept override;
+  AsyncSoftmaxAttentionPlugin(const AsyncSoftmaxAttentionPlugin& other) : attrs_(other.attrs_) {}
 
   // IPluginV3OneBuild
   int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
@@ -66,7 +61,6 @@ class AsyncSoftmaxAttentionPlugin : public nvinfer1::IPluginV3,
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
                   const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override;
-  nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
   const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
  private:
@@ -74,25 +68,7 @@ class AsyncSoftmaxAttentionPlugin : public nvinfer1::IPluginV3,
   bool make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, nvinfer1::DataType type, AttentionParams* p) const;
 
   AttentionAttributes attrs_;
-  std::vector<nvinfer1::PluginField> fields_;  // backing storage of getFieldsToSerialize()'s collection
-  std::vector<float> floats_;
-  std::vector<int32_t> ints_;
-  nvinfer1::PluginFieldCollection collection_{};
-};
-
-class AsyncSoftmaxAttentionPluginCreator : public nvinfer1::IPluginCreatorV3One {
- public:
-  AsyncSoftmaxAttentionPluginCreator();
-  nvinfer1::IPluginV3* createPlugin(const char* name, const nvinfer1::PluginFieldCollection* fc,
-                                    nvinfer1::TensorRTPhase phase) noexcept override;
-  const nvinfer1::PluginFieldCollection* getFieldNames() noexcept override;
-  const char* getPluginName() const noexcept override;
-  const char* getPluginVersion() const noexcept override;
-  const char* getPluginNamespace() const noexcept override;
-
- private:
-  std::vector<nvinfer1::PluginField> fields_;
-  nvinfer1::PluginFieldCollection collection_{};
+  FieldTable serialized_;  // backs getFieldsToSerialize()'s collection
 };
 
 }  // namespace fdpp

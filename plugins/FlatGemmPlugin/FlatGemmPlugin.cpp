@@ -1,6 +1,7 @@
 // TensorRT IPluginV3 adapter of fdpp::FlatGemm: translates tensors and attributes, calls fdpp::gemm::run_gemm.
 #include "FlatGemmPlugin/FlatGemmPlugin.h"
 
+#include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -13,14 +14,11 @@
 namespace fdpp {
 namespace {
 
-constexpr const char* kPluginName = contract::kFlatGemmOp;                // = the ONNX op type in domain "fdpp"
-constexpr const char* kPluginVersion = contract::kFlatGemmVersionString;  // = the node's plugin_version
-constexpr const char* kPluginNamespace = "";                              // the ONNX parser's default plugin_namespace
-
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
+using Spec = AttributeSpec<FlatGemmAttributes>;
 
-void log_error(const std::string& message) noexcept { log_plugin_error(kPluginName, message); }
+void log_error(const std::string& message) noexcept { log_plugin_error(FlatGemmPlugin::kName, message); }
 
 int64_t leading_product(const nvinfer1::Dims& d) {
   int64_t m = 1;
@@ -58,88 +56,131 @@ int32_t implc_code(const std::string& implc) {
   throw std::invalid_argument("implc '" + implc + "' is not cutlass, cublaslt or cublas");
 }
 
+FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
+FieldValue text_value(std::string s) { return FieldValue{0.f, 0, std::move(s)}; }
+
+constexpr const char* kEpilogues[] = {"none", "silu_mul", "residual"};
+
+// The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h). A new
+// attribute is a new row here and a member of FlatGemmAttributes.
+const Spec kAttributes[] = {
+    {"epilogue", PluginFieldType::kCHAR, false,
+     [](const PluginField& f, FlatGemmAttributes& a) { a.epilogue = read_string_choice(f, kEpilogues); },
+     [](const FlatGemmAttributes& a) { return text_value(a.epilogue); }},
+    {"has_bias", PluginFieldType::kINT32, false,
+     [](const PluginField& f, FlatGemmAttributes& a) { a.has_bias = static_cast<int32_t>(read_int(f, 0, 1)); },
+     [](const FlatGemmAttributes& a) { return int_value(a.has_bias); }},
+    {"m1", PluginFieldType::kINT32, true,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.m1 = static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.m1); }},
+    {"m2", PluginFieldType::kINT32, true,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.m2 = static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.m2); }},
+    {"implb_n_tile", PluginFieldType::kINT32, false,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.implb.n_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmNTiles));
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.n_tile); }},
+    {"implb_k_tile", PluginFieldType::kINT32, false,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.implb.k_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmKTiles));
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.k_tile); }},
+    {"implb_stages", PluginFieldType::kINT32, false,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.implb.stages =
+           static_cast<int32_t>(read_int(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax));
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.stages); }},
+    {"implb_split_k", PluginFieldType::kINT32, false,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.implb.split_k =
+           static_cast<int32_t>(read_int(f, contract::kFlatGemmSplitKMin, contract::kFlatGemmSplitKMax));
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.split_k); }},
+    {"implb_loader", PluginFieldType::kCHAR, false,
+     [](const PluginField& f, FlatGemmAttributes& a) { a.plan.implb.loader = loader_code(read_string(f)); },
+     [](const FlatGemmAttributes& a) { return text_value(loader_name(a.plan.implb.loader)); }},
+    {"implc", PluginFieldType::kCHAR, false,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.implc = read_string(f);
+       a.plan.implc = implc_code(a.implc);
+     },
+     [](const FlatGemmAttributes& a) { return text_value(a.implc); }},
+    {"profile", PluginFieldType::kCHAR, false,
+     [](const PluginField& f, FlatGemmAttributes& a) { a.profile = read_string(f); },
+     [](const FlatGemmAttributes& a) { return text_value(a.profile); }},
+};
+
 }  // namespace
 
 FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollection* fc) {
-  FlatGemmAttributes a;  // the contract's defaults for the optional fields
-  a.plan.implb = gemm::ImplBConfig{contract::kFlatGemmNTileDefault, contract::kFlatGemmKTileDefault,
-                                   contract::kFlatGemmStagesDefault, contract::kFlatGemmSplitKDefault,
-                                   loader_code(contract::kFlatGemmLoaderDefault)};
-  a.plan.implc = implc_code(a.implc);
-  bool have_m1 = false, have_m2 = false;
-  for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i) {
-    const PluginField& f = fc->fields[i];
-    const std::string name = f.name ? f.name : "";
-    if (name == "epilogue") {
-      a.epilogue = read_string(f);
-      if (a.epilogue != "none" && a.epilogue != "silu_mul" && a.epilogue != "residual")
-        throw std::invalid_argument("epilogue '" + a.epilogue + "' is not none, silu_mul or residual");
-    } else if (name == "has_bias") {
-      a.has_bias = static_cast<int32_t>(read_int(f, 0, 1));
-    } else if (name == "m1" || name == "m2") {
-      const auto m =
-          static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
-      (name == "m1" ? a.plan.m1 : a.plan.m2) = m;
-      (name == "m1" ? have_m1 : have_m2) = true;
-    } else if (name == "implb_n_tile") {
-      a.plan.implb.n_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmNTiles));
-    } else if (name == "implb_k_tile") {
-      a.plan.implb.k_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmKTiles));
-    } else if (name == "implb_stages") {
-      a.plan.implb.stages =
-          static_cast<int32_t>(read_int(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax));
-    } else if (name == "implb_split_k") {
-      a.plan.implb.split_k =
-          static_cast<int32_t>(read_int(f, contract::kFlatGemmSplitKMin, contract::kFlatGemmSplitKMax));
-    } else if (name == "implb_loader") {
-      a.plan.implb.loader = loader_code(read_string(f));
-    } else if (name == "implc") {
-      a.implc = read_string(f);
-      a.plan.implc = implc_code(a.implc);
-    } else if (name == "profile") {
-      a.profile = read_string(f);
-    } else if (name == "plugin_version" || name == "plugin_namespace") {
-      // Routing fields the ONNX parser may pass along.
-    } else {
-      throw std::invalid_argument("unknown attribute '" + name + "'");
-    }
-  }
-  if (!have_m1 || !have_m2) throw std::invalid_argument("attributes m1 and m2 are required");
-  if (const char* why = gemm::plan_problem(a.plan)) throw std::invalid_argument(why);
+  FlatGemmAttributes defaults;  // the contract's defaults for the optional fields
+  defaults.plan.implb = gemm::ImplBConfig{contract::kFlatGemmNTileDefault, contract::kFlatGemmKTileDefault,
+                                          contract::kFlatGemmStagesDefault, contract::kFlatGemmSplitKDefault,
+                                          loader_code(contract::kFlatGemmLoaderDefault)};
+  defaults.plan.implc = implc_code(defaults.implc);
+  FlatGemmAttributes a = parse_attributes(fc, kAttributes, defaults);
+  if (const char* why = gemm::plan_problem(a.plan)) throw std::invalid_argument(why);  // the constraint m1 <= m2
   return a;
 }
 
 // ---- plugin ---------------------------------------------------------------------------------------------------
-FlatGemmPlugin::FlatGemmPlugin(FlatGemmAttributes attributes) : attrs_(std::move(attributes)) {}
+FlatGemmPlugin::FlatGemmPlugin(FlatGemmAttributes attributes) : attrs_(std::move(attributes)), plan_(attrs_.plan) {}
+
+FlatGemmPlugin* FlatGemmPlugin::create(const nvinfer1::PluginFieldCollection* fc) {
+  return new FlatGemmPlugin(FlatGemmAttributes::parse(fc));
+}
+
+const nvinfer1::PluginFieldCollection* FlatGemmPlugin::fieldNames() {
+  static FieldTable names;
+  static const nvinfer1::PluginFieldCollection* collection = names.names(kAttributes);
+  return collection;
+}
 
 gemm::Epilogue FlatGemmPlugin::kernel_epilogue() const {
   return attrs_.epilogue == "silu_mul" ? gemm::Epilogue::kSiluMul : gemm::Epilogue::kNone;
 }
 
-nvinfer1::IPluginCapability* FlatGemmPlugin::getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept {
-  try {
-    switch (type) {
-      case nvinfer1::PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
-      case nvinfer1::PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
-      case nvinfer1::PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
-    }
-  } catch (...) {
+bool FlatGemmPlugin::prepare_library_gemm(const nvinfer1::PluginTensorDesc* in) const {
+  gemm::Problem p;
+  p.m = leading_product(in[0].dims);
+  p.n = in[1].dims.d[0];
+  p.k = in[1].dims.d[1];
+  if (p.m <= 0 || gemm::select_impl(p.m, plan_) != gemm::Impl::kCublasLt) return true;
+  // cuBLASLt's plan depends on the shape and the pointers' alignment: TensorRT's buffers are 256-byte aligned.
+  void* const aligned = reinterpret_cast<void*>(uintptr_t{256});
+  p.x = p.w = aligned;
+  p.y = aligned;
+  p.bias = attrs_.has_bias ? aligned : nullptr;
+  p.residual = attrs_.epilogue == "residual" ? aligned : nullptr;
+  p.dtype = to_dtype(in[0].type);
+  p.epilogue = kernel_epilogue();
+  const cudaError_t err = gemm::prepare_implc_cublaslt(p);
+  if (err != cudaSuccess) {
+    log_error(std::string("cuBLASLt plan for M = ") + std::to_string(p.m) + ": " + cudaGetErrorString(err) + " (" +
+              gemm::last_detail() + ")");
+    return false;
   }
-  return nullptr;
+  return true;
 }
 
-nvinfer1::IPluginV3* FlatGemmPlugin::clone() noexcept {
-  try {
-    return new FlatGemmPlugin(attrs_);
-  } catch (const std::exception& e) {
-    log_error(std::string("clone failed: ") + e.what());
-    return nullptr;
+bool FlatGemmPlugin::resolve_plan(int64_t n, int64_t k) {
+  plan_ = attrs_.plan;
+  gemm::DeviceInfo dev;
+  if (n <= 0 || k <= 0 || gemm::current_device_info(&dev) != cudaSuccess) return true;  // no GPU: checked at run time
+  if (attrs_.profile == contract::kFlatGemmProfileDefault)
+    plan_.implb = gemm::default_implb_config(n, k, attrs_.epilogue == "silu_mul", dev.num_sms, dev.cc_major);
+  if (const char* why = gemm::implb_config_problem(plan_.implb, k, 1, dev.max_smem_optin, dev.cc_major)) {
+    log_error(std::string("ImplB config from the profile cannot run on this GPU: ") + why);
+    return false;
   }
+  return true;
 }
-
-const char* FlatGemmPlugin::getPluginName() const noexcept { return kPluginName; }
-const char* FlatGemmPlugin::getPluginVersion() const noexcept { return kPluginVersion; }
-const char* FlatGemmPlugin::getPluginNamespace() const noexcept { return kPluginNamespace; }
 
 int32_t FlatGemmPlugin::getNbOutputs() const noexcept { return 1; }
 
@@ -171,14 +212,7 @@ int32_t FlatGemmPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc*
       log_error("silu_mul needs an even N (gate rows then up rows)");
       return -1;
     }
-    gemm::DeviceInfo dev;
-    if (k > 0 && gemm::current_device_info(&dev) == cudaSuccess) {
-      if (const char* why = gemm::implb_config_problem(attrs_.plan.implb, k, 1, dev.max_smem_optin, dev.cc_major)) {
-        log_error(std::string("ImplB config from the profile cannot run on this GPU: ") + why);
-        return -1;
-      }
-    }
-    return 0;
+    return resolve_plan(n, k) ? 0 : -1;
   } catch (const std::exception& e) {
     log_error(std::string("configurePlugin: ") + e.what());
     return -1;
@@ -242,7 +276,7 @@ size_t FlatGemmPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc*
     const int64_t max_m = leading_product(inputs[0].max);
     const int64_t n = inputs[1].max.d[0];
     if (max_m <= 0 || n <= 0) return 0;
-    return gemm::workspace_bytes(max_m, n, kernel_epilogue(), to_dtype(inputs[0].desc.type), attrs_.plan);
+    return gemm::workspace_bytes(max_m, n, kernel_epilogue(), to_dtype(inputs[0].desc.type), plan_);
   } catch (...) {
     return 0;
   }
@@ -256,7 +290,12 @@ int32_t FlatGemmPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int3
       log_error("x must be float16 or bfloat16");
       return -1;
     }
-    return 0;
+    if (in[1].dims.nbDims != 2) {
+      log_error("weight must be 2-D [N, K]");
+      return -1;
+    }
+    if (!resolve_plan(in[1].dims.d[0], in[1].dims.d[1])) return -1;
+    return prepare_library_gemm(in) ? 0 : -1;
   } catch (...) {
     return -1;
   }
@@ -283,8 +322,8 @@ int32_t FlatGemmPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
       return -1;
     }
     // TensorRT allocated getWorkspaceSize() for the largest M; this M needs at most that.
-    const size_t ws = gemm::workspace_bytes(p.m, p.n, p.epilogue, p.dtype, attrs_.plan);
-    const cudaError_t err = gemm::run_gemm(p, attrs_.plan, gemm::Impl::kAuto, nullptr, 8, workspace, ws, stream);
+    const size_t ws = gemm::workspace_bytes(p.m, p.n, p.epilogue, p.dtype, plan_);
+    const cudaError_t err = gemm::run_gemm(p, plan_, gemm::Impl::kAuto, nullptr, 8, workspace, ws, stream);
     if (err != cudaSuccess) {
       const std::string detail = gemm::last_detail();
       log_error(std::string("enqueue: ") + cudaGetErrorString(err) + (detail.empty() ? "" : " (" + detail + ")"));
@@ -300,66 +339,17 @@ int32_t FlatGemmPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
   }
 }
 
-nvinfer1::IPluginV3* FlatGemmPlugin::attachToContext(nvinfer1::IPluginResourceContext* /*context*/) noexcept {
-  return clone();
-}
-
 const nvinfer1::PluginFieldCollection* FlatGemmPlugin::getFieldsToSerialize() noexcept {
   try {
-    ints_ = {attrs_.has_bias,          attrs_.plan.m1,           attrs_.plan.m2,           attrs_.plan.implb.n_tile,
-             attrs_.plan.implb.k_tile, attrs_.plan.implb.stages, attrs_.plan.implb.split_k};
-    fields_.clear();
-    auto text = [&](const char* name, const std::string& value) {
-      fields_.emplace_back(name, value.c_str(), PluginFieldType::kCHAR, static_cast<int32_t>(value.size() + 1));
-    };
-    const char* int_names[] = {"has_bias", "m1", "m2", "implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k"};
-    text("epilogue", attrs_.epilogue);
-    for (size_t i = 0; i < ints_.size(); ++i) fields_.emplace_back(int_names[i], &ints_[i], PluginFieldType::kINT32, 1);
-    loader_ = loader_name(attrs_.plan.implb.loader);
-    text("implb_loader", loader_);
-    text("implc", attrs_.implc);
-    text("profile", attrs_.profile);
-    collection_.nbFields = static_cast<int32_t>(fields_.size());
-    collection_.fields = fields_.data();
-    return &collection_;
+    return serialized_.serialize(kAttributes, attrs_);  // the node's plan, not the device's: resolved again on load
   } catch (const std::exception& e) {
     log_error(std::string("getFieldsToSerialize: ") + e.what());
     return nullptr;
   }
 }
 
-// ---- creator --------------------------------------------------------------------------------------------------
-FlatGemmPluginCreator::FlatGemmPluginCreator() {
-  fields_.emplace_back("epilogue", nullptr, PluginFieldType::kCHAR, 0);
-  for (const char* name : {"has_bias", "m1", "m2", "implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k"})
-    fields_.emplace_back(name, nullptr, PluginFieldType::kINT32, 1);
-  fields_.emplace_back("implb_loader", nullptr, PluginFieldType::kCHAR, 0);
-  fields_.emplace_back("implc", nullptr, PluginFieldType::kCHAR, 0);
-  fields_.emplace_back("profile", nullptr, PluginFieldType::kCHAR, 0);
-  collection_.nbFields = static_cast<int32_t>(fields_.size());
-  collection_.fields = fields_.data();
-}
-
-nvinfer1::IPluginV3* FlatGemmPluginCreator::createPlugin(const char* name, const nvinfer1::PluginFieldCollection* fc,
-                                                         nvinfer1::TensorRTPhase /*phase*/) noexcept {
-  try {
-    return new FlatGemmPlugin(FlatGemmAttributes::parse(fc));
-  } catch (const std::exception& e) {
-    log_error(std::string("cannot create '") + (name ? name : "") + "': " + e.what());
-    return nullptr;
-  } catch (...) {
-    log_error("createPlugin: unknown exception");
-    return nullptr;
-  }
-}
-
-const nvinfer1::PluginFieldCollection* FlatGemmPluginCreator::getFieldNames() noexcept { return &collection_; }
-const char* FlatGemmPluginCreator::getPluginName() const noexcept { return kPluginName; }
-const char* FlatGemmPluginCreator::getPluginVersion() const noexcept { return kPluginVersion; }
-const char* FlatGemmPluginCreator::getPluginNamespace() const noexcept { return kPluginNamespace; }
-
 nvinfer1::IPluginCreatorInterface* flatGemmPluginCreator() {
-  static FlatGemmPluginCreator creator;
+  static PluginCreator<FlatGemmPlugin> creator;
   return &creator;
 }
 

@@ -11,8 +11,9 @@
 #include <NvInferRuntime.h>
 
 #include <string>
-#include <vector>
 
+#include "common/attributes.h"
+#include "common/plugin_base.h"
 #include "fdpp_contract_constants.h"
 #include "kernels/gemm/gemm.h"
 
@@ -31,22 +32,16 @@ struct FlatGemmAttributes {
   int32_t num_inputs() const { return 2 + has_bias + (epilogue == "residual" ? 1 : 0); }
 };
 
-class FlatGemmPlugin : public nvinfer1::IPluginV3,
-                       public nvinfer1::IPluginV3OneCore,
-                       public nvinfer1::IPluginV3OneBuild,
-                       public nvinfer1::IPluginV3OneRuntime {
+class FlatGemmPlugin : public PluginBase<FlatGemmPlugin> {
  public:
+  static constexpr const char* kName = contract::kFlatGemmOp;                // the ONNX op type in domain "fdpp"
+  static constexpr const char* kVersion = contract::kFlatGemmVersionString;  // = the node's plugin_version
+  static constexpr const char* kNamespace = "";                              // the ONNX parser's default
+  static FlatGemmPlugin* create(const nvinfer1::PluginFieldCollection* fc);
+  static const nvinfer1::PluginFieldCollection* fieldNames();
+
   explicit FlatGemmPlugin(FlatGemmAttributes attributes);
-  ~FlatGemmPlugin() override = default;
-
-  // IPluginV3
-  nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-  nvinfer1::IPluginV3* clone() noexcept override;
-
-  // IPluginV3OneCore
-  const char* getPluginName() const noexcept override;
-  const char* getPluginVersion() const noexcept override;
-  const char* getPluginNamespace() const noexcept override;
+  FlatGemmPlugin(const FlatGemmPlugin& other) : attrs_(other.attrs_), plan_(other.plan_) {}
 
   // IPluginV3OneBuild
   int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
@@ -68,33 +63,20 @@ class FlatGemmPlugin : public nvinfer1::IPluginV3,
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
                   const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override;
-  nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
   const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
  private:
   gemm::Epilogue kernel_epilogue() const;
+  // plan_ for this weight [N, K] on the current GPU: the node's plan, or for an unprofiled node the library's
+  // default ImplB tiles for the device (contract.json unprofiled_default). False with a logged reason if unusable.
+  bool resolve_plan(int64_t n, int64_t k);
+  // Builds the cuBLASLt plan enqueue will use for these shapes when ImplC serves their M, so that enqueue (and a
+  // CUDA-graph capture of it) only launches. False with a logged reason if cuBLASLt cannot serve them.
+  bool prepare_library_gemm(const nvinfer1::PluginTensorDesc* in) const;
 
   FlatGemmAttributes attrs_;
-  // Backing storage of getFieldsToSerialize()'s collection.
-  std::vector<nvinfer1::PluginField> fields_;
-  std::vector<int32_t> ints_;
-  std::string loader_;  // the serialized implb_loader
-  nvinfer1::PluginFieldCollection collection_{};
-};
-
-class FlatGemmPluginCreator : public nvinfer1::IPluginCreatorV3One {
- public:
-  FlatGemmPluginCreator();
-  nvinfer1::IPluginV3* createPlugin(const char* name, const nvinfer1::PluginFieldCollection* fc,
-                                    nvinfer1::TensorRTPhase phase) noexcept override;
-  const nvinfer1::PluginFieldCollection* getFieldNames() noexcept override;
-  const char* getPluginName() const noexcept override;
-  const char* getPluginVersion() const noexcept override;
-  const char* getPluginNamespace() const noexcept override;
-
- private:
-  std::vector<nvinfer1::PluginField> fields_;
-  nvinfer1::PluginFieldCollection collection_{};
+  gemm::Plan plan_;        // what enqueue runs (attrs_.plan until resolve_plan)
+  FieldTable serialized_;  // backs getFieldsToSerialize()'s collection
 };
 
 }  // namespace fdpp

@@ -1,7 +1,10 @@
 // The adapters' attribute readers (fields.h).
 #include "common/fields.h"
 
+#include "common/attributes.h"
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -10,6 +13,13 @@ namespace {
 
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
+
+// %g: "-6" and "1e-06", not std::to_string's "-6.000000" and "0.000001".
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
 
 std::string field_name(const PluginField& f) { return std::string("attribute ") + (f.name ? f.name : "?"); }
 
@@ -57,8 +67,8 @@ float read_float(const PluginField& f, double lo, double hi) {
     default: throw std::invalid_argument(field_name(f) + " must be a float");
   }
   if (!std::isfinite(v) || v < lo || v > hi)
-    throw std::invalid_argument(field_name(f) + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) +
-                                ", " + std::to_string(hi) + "]");
+    throw std::invalid_argument(field_name(f) + " = " + number(v) + " is outside [" + number(lo) + ", " + number(hi) +
+                                "]");
   return static_cast<float>(v);
 }
 
@@ -68,5 +78,18 @@ std::string read_string(const PluginField& f) {
   const char* chars = static_cast<const char*>(f.data);
   return std::string(chars, strnlen(chars, static_cast<size_t>(f.length)));
 }
+
+std::string read_string_choice(const PluginField& f, const char* const* choices, size_t count) {
+  const std::string v = read_string(f);
+  std::string listed;
+  for (size_t i = 0; i < count; ++i) {
+    if (v == choices[i]) return v;
+    listed += (listed.empty() ? "" : ", ") + std::string(choices[i]);
+  }
+  throw std::invalid_argument(field_name(f) + " = '" + v + "' is not one of " + listed);
+}
+
+// TensorRT's ONNX parser picks the creator by plugin_version and plugin_namespace and may pass them along.
+bool is_routing_field(const std::string& name) { return name == "plugin_version" || name == "plugin_namespace"; }
 
 }  // namespace fdpp

@@ -26,4 +26,11 @@ float read_float(const nvinfer1::PluginField& f, double lo, double hi);
 // A string field (CHAR; the length may or may not count a terminating NUL).
 std::string read_string(const nvinfer1::PluginField& f);
 
+// A string field that is one of choices[0 .. count).
+std::string read_string_choice(const nvinfer1::PluginField& f, const char* const* choices, size_t count);
+template <size_t N>
+std::string read_string_choice(const nvinfer1::PluginField& f, const char* const (&choices)[N]) {
+  return read_string_choice(f, choices, N);
+}
+
 }  // namespace fdpp
