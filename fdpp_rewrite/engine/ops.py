@@ -248,11 +248,9 @@ def _gather_nd(attrs, host):
         raise FdppError(f"GatherND with batch_dims {attrs['batch_dims']} is not supported by the engine")
 
     def fn(data, indices):
-        depth = indices.shape[-1]
-        index = indices.to(torch.int64)
-        sizes = torch.tensor(data.shape[:depth], dtype=torch.int64, device=index.device)
-        index = torch.where(index < 0, index + sizes, index)  # ONNX allows negative indices
-        return data[tuple(index.unbind(-1))]
+        # ONNX allows negative indices; the sizes stay Python ints (no host-to-device copy inside a CUDA graph)
+        parts = [torch.where(i < 0, i + size, i) for i, size in zip(indices.to(torch.int64).unbind(-1), data.shape)]
+        return data[tuple(parts)]
     return fn
 
 

@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxscript")  # the dynamo exporter needs it
 hf_exports = pytest.importorskip("hf_exports")
 
-FAMILIES = ["llama", "mistral", "qwen2"]  # the RoPE families: position_ids drive the rotation
+FAMILIES = hf_exports.FAMILIES  # RoPE from position_ids (llama, mistral, qwen2), OPT's positions from the mask
 CASES = [(family, exporter) for family in FAMILIES for exporter in ("dynamo", "torchscript")]
 PROMPTS = [[1, 5, 9, 22, 7, 64, 3], [3, 4, 100]]
 NEW_TOKENS = 12
@@ -72,7 +72,8 @@ def transformers_greedy(family, prompt, steps):
 
 
 def onnxruntime_greedy(path, prompt, steps):
-    """Greedy decoding of the original (standard-op) graph in onnxruntime, feeding back its presents."""
+    """(tokens, logits of each step [steps, V]): greedy decoding of the original (standard-op) graph in
+    onnxruntime, feeding back its presents."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -80,7 +81,7 @@ def onnxruntime_greedy(path, prompt, steps):
     past_names = [n for n in metas if n.startswith("past_key_values.")]
     kv_heads, head_dim = metas[past_names[0]].shape[1], metas[past_names[0]].shape[3]
     past = {n: np.zeros((1, kv_heads, 0, head_dim), np.float32) for n in past_names}
-    ids, tokens = list(prompt), []
+    ids, tokens, step_logits = list(prompt), [], []
     step_ids = ids
     for _ in range(steps):
         start = len(ids) - len(step_ids)
@@ -91,10 +92,11 @@ def onnxruntime_greedy(path, prompt, steps):
         names = ["logits"] + [n.replace("past_key_values", "present") for n in past_names]
         logits, *presents = session.run(names, feed)
         past = dict(zip(past_names, presents))
+        step_logits.append(logits[0, -1])
         tokens.append(int(logits[0, -1].argmax()))
         ids.append(tokens[-1])
         step_ids = [tokens[-1]]
-    return tokens
+    return tokens, np.stack(step_logits)
 
 
 def test_the_build_lowers_every_present_concat(engine):
@@ -107,10 +109,22 @@ def test_the_build_lowers_every_present_concat(engine):
 
 
 def test_greedy_tokens_equal_transformers_and_onnxruntime(built, engine):
+    """The tokens, and every step's logits (the tiny random GPT-2 and OPT repeat one token, so the logits are what
+    tells there), against onnxruntime on the original graph."""
+    from fdpp_rewrite.engine.runtime import Sampler
+
     family, original, _ = built
-    tokens = engine.generate([PROMPTS[0]], NEW_TOKENS).tokens[0]
+    captured, greedy = [], Sampler()
+
+    def record(logits):
+        captured.append(logits[0].float().numpy())
+        return greedy(logits)
+
+    tokens = engine.generate([PROMPTS[0]], NEW_TOKENS, sampler=record).tokens[0]
     assert tokens == transformers_greedy(family, PROMPTS[0], NEW_TOKENS)
-    assert tokens == onnxruntime_greedy(original, PROMPTS[0], NEW_TOKENS)
+    expected_tokens, expected_logits = onnxruntime_greedy(original, PROMPTS[0], NEW_TOKENS)
+    assert tokens == expected_tokens
+    np.testing.assert_allclose(np.stack(captured), expected_logits, atol=2e-4, rtol=2e-4)
 
 
 def test_batch_of_two_lengths_equals_each_alone(built, engine):
@@ -206,3 +220,26 @@ def test_graphs_the_engine_cannot_feed_are_one_line_errors(exports, tmp_path, ed
     with pytest.raises(FdppError, match=message) as error:
         build_engine(_edited(rewritten, tmp_path, edit), tmp_path / "engine", backend="cpu", stream=io.StringIO())
     assert "\n" not in str(error.value)
+
+
+def test_gather_nd_and_flatten_equal_the_onnx_reference():
+    """The two standard ops only these exports need (dynamo's GatherND, TorchScript's Flatten), negative indices
+    included, against onnx's reference evaluator."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from fdpp_rewrite.engine import ops
+
+    data = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    indices = np.array([[0, -1], [1, 0], [-2, 2]], np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("GatherND", ["data", "indices"], ["gathered"]),
+         helper.make_node("Flatten", ["data"], ["flat"], axis=2)], "g",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [2, 3, 4]),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, [3, 2])],
+        [helper.make_tensor_value_info("gathered", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("flat", TensorProto.FLOAT, None)])
+    gathered, flat = ReferenceEvaluator(helper.make_model(graph)).run(None, {"data": data, "indices": indices})
+    got = ops.LOWERINGS["GatherND"]({}, {})(torch.from_numpy(data), torch.from_numpy(indices))
+    np.testing.assert_array_equal(got.numpy(), gathered)
+    np.testing.assert_array_equal(ops.LOWERINGS["Flatten"]({"axis": 2}, {})(torch.from_numpy(data)).numpy(), flat)
