@@ -5,7 +5,7 @@ plugin library's kernels and CUDA graphs, benchmark it.
     python -m fdpp_rewrite run engines/m --prompt "..." [--max-new-tokens 64 --temperature 0.7 ...]
     python -m fdpp_rewrite bench engines/m [--batch 1 --context 128 --new-tokens 128]
 
-Modules: build.py (lowering and the engine folder), ops.py (ONNX op ->
+Modules: build.py (lowering and the engine folder), hf_interface.py (Hugging Face graphs), ops.py (ONNX op ->
 torch), backends.py (fdpp ops -> kernels on `cuda`, reference math on `cpu`), interpreter.py (per-bucket
 tracing into replayable Programs), runtime.py (KV cache, prefill, decode with CUDA graphs, sampling),
 bench.py, cli.py.
@@ -28,6 +28,10 @@ Decisions (what DESIGN.md leaves open):
   bucket are traced once, then captured as one CUDA graph and replayed.
 - baseline=True swaps only the GEMMs (cuBLAS through torch, epilogues unfused) and the attention (SDPA) for stock
   torch: the peer `bench --kernels fdpp torch` measures against.
+- Two graph interfaces, told apart by build from the graph's inputs: our exporter's (input_ids, past_len,
+  key_cache.N / value_cache.N written in place) and torch.onnx exports of transformers' models (input_ids,
+  attention_mask, position_ids, past_key_values.N.*; present = Concat(past, new), lowered to an in-place append
+  into the engine's cache: hf_interface.py). A prefill-only Hugging Face export is refused (one line).
 - Format version FORMAT_VERSION; a newer engine, another GPU or another plugin library build is a one-line error.
 """
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from fdpp_rewrite import __version__
-from fdpp_rewrite.engine import FORMAT_VERSION, ops
+from fdpp_rewrite.engine import FORMAT_VERSION, hf_interface, ops
 from fdpp_rewrite.errors import FdppError, cannot_load
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
@@ -123,27 +123,47 @@ def read_graph(path: Path):
                       "inputs": list(node.input), "outputs": list(node.output), "attrs": _attributes(node)})
 
     inputs = {i.name: i for i in graph.input if i.name not in arrays}
-    for required in ("input_ids", "past_len", "key_cache.0", "value_cache.0"):
-        if required not in inputs:
-            raise FdppError(f"{path} has no input '{required}'; build engines from `fdpp_rewrite export` graphs")
-    caches = [name for name in inputs if name.startswith(CACHE_PREFIXES)]
-    first = inputs["key_cache.0"]
+    if hf_interface.is_hf_interface(inputs):
+        caches = hf_interface.past_inputs(inputs, path)
+        hf_interface.lower_cache_concats(nodes, caches, path)
+        interface = "hf"
+    else:
+        for required in ("input_ids", "past_len", "key_cache.0", "value_cache.0"):
+            if required not in inputs:
+                raise FdppError(f"{path} has no input '{required}'; build engines from `fdpp_rewrite export` graphs "
+                                "or from torch.onnx exports of Hugging Face models (with past_key_values)")
+        caches = [name for name in inputs if name.startswith(CACHE_PREFIXES)]
+        interface = "fdpp"
+    first = inputs[caches[0]]
     cache_dims = _dims(first)
     if len(cache_dims) != 4 or not all(isinstance(d, int) for d in cache_dims[1:2] + cache_dims[3:]):
-        raise FdppError(f"key_cache.0 has shape {cache_dims}; expected [batch, kv_heads, capacity, head_dim]")
+        raise FdppError(f"{caches[0]} has shape {cache_dims}; expected [batch, kv_heads, capacity, head_dim] with "
+                        "static kv_heads and head_dim")
     elem = first.type.tensor_type.elem_type
     logits = next((o for o in graph.output if o.name == "logits"), None)
     if logits is None:
         raise FdppError(f"{path} has no output 'logits'")
     vocab = _dims(logits)[-1]
     plan = {
-        "inputs": list(inputs), "outputs": [o.name for o in graph.output], "cache_inputs": caches,
-        "num_layers": len(caches) // 2, "num_kv_heads": cache_dims[1], "head_dim": cache_dims[3],
-        "graph_capacity": cache_dims[2] if isinstance(cache_dims[2], int) else None,
+        "interface": interface, "inputs": list(inputs), "outputs": [o.name for o in graph.output],
+        "cache_inputs": caches, "num_layers": len(caches) // 2, "num_kv_heads": cache_dims[1],
+        "head_dim": cache_dims[3],
+        "graph_capacity": cache_dims[2] if interface == "fdpp" and isinstance(cache_dims[2], int) else None,
         "dtype": DTYPE_NAMES.get(elem, str(elem)), "vocab_size": vocab if isinstance(vocab, int) else None,
         "nodes": nodes,
     }
+    if plan["vocab_size"] is None:  # a dynamo export leaves the logits dim symbolic: the embedding table has it
+        plan["vocab_size"] = _embedding_rows(nodes, arrays)
     return plan, arrays
+
+
+def _embedding_rows(nodes: list, arrays: dict) -> int | None:
+    """Rows of the table the input_ids are gathered from (the vocabulary), or None."""
+    for node in nodes:
+        if node["op"] == "Gather" and len(node["inputs"]) == 2 and node["inputs"][1] == "input_ids":
+            table = arrays.get(node["inputs"][0])
+            return int(table.shape[0]) if table is not None and table.ndim == 2 else None
+    return None
 
 
 def prune(plan: dict) -> None:
@@ -162,7 +182,8 @@ def check_ops(plan: dict) -> None:
 
     unknown = sorted({(n["domain"] + "::" if n["domain"] else "") + n["op"] for n in plan["nodes"]
                       if (n["domain"] == "fdpp" and n["op"] not in FDPP_OPS)
-                      or (n["domain"] not in ("fdpp",) and n["op"] not in ops.SUPPORTED)})
+                      or (n["domain"] == ops.ENGINE_DOMAIN and n["op"] not in ops.ENGINE_OPS)
+                      or (n["domain"] not in ("fdpp", ops.ENGINE_DOMAIN) and n["op"] not in ops.SUPPORTED)})
     if unknown:
         raise FdppError(f"the graph uses ops the engine does not support: {', '.join(unknown)}")
 
@@ -315,7 +336,8 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
     manifest = {
         "format": "fdpp-engine", "format_version": FORMAT_VERSION, "fdpp_rewrite_version": __version__,
         "backend": backend, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": str(source), "source_sha256": sha256_file(source), "dtype": plan["dtype"],
+        "source": str(source), "source_sha256": sha256_file(source), "interface": plan["interface"],
+        "dtype": plan["dtype"],
         "max_batch": int(max_batch), "max_seq": max_seq, "num_layers": plan["num_layers"],
         "library": library, "gpu": None, "profile": None, "profile_sha256": None, "gemm_shapes_profiled_now": [],
         "glue_ops": glue_ops, "model": {"config": config, "source": (metadata or {}).get("source"),

@@ -107,6 +107,11 @@ def trace(nodes: list, output_names: list, feeds: dict, weights: dict, host_valu
                 raise FdppError(f"fdpp::{op} (node {node['name']}) is not supported by this engine version")
             fn = backend.lower(op, attrs, node["name"])
             host_positions = set()
+        elif domain == ops.ENGINE_DOMAIN:  # the engine's own ops (CacheAppend), written into the plan by build
+            if op not in ops.ENGINE_OPS:
+                raise FdppError(f"{domain}::{op} (node {node['name']}) is not supported by this engine version")
+            fn = ops.ENGINE_OPS[op]
+            host_positions = set()
         elif op == "Shape":  # the shape of any tensor is known on the host
             source = host.get(inputs[0])
             if source is None:

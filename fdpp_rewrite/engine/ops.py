@@ -7,7 +7,8 @@ folds them from the graph's shape-only subgraphs per bucket, so a step never rea
 Example: Reshape(x, shape) lowers to `fn(x)` with shape = [0, 0, 3, 64] baked in; with x [1, 5, 192] it returns
 x.reshape(1, 5, 3, 64).
 
-ScatterND into a graph input (the KV caches) is an in-place index write: the output is the input itself.
+ScatterND into a graph input (the KV caches) is an in-place index write: the output is the input itself, as is
+CacheAppend (the engine's own op for a Hugging Face graph's present = Concat(past, new); hf_interface.py).
 """
 
 from __future__ import annotations
@@ -221,6 +222,38 @@ def scatter_nd(in_place: bool):
     return fn
 
 
+def cache_append(new, buffer, write_pos):
+    """CacheAppend (hf_interface.py): new [B, H, S, D] written into the cache view buffer [B, H, past + S, D] at rows
+    write_pos[b] + s, in place; returns the view (a present output). Example: write_pos [3, 5], S 1: rows 3 and 5."""
+    batch, heads, seq, _ = new.shape
+    b_index = torch.arange(batch, device=new.device).reshape(batch, 1, 1)
+    h_index = torch.arange(heads, device=new.device).reshape(1, heads, 1)
+    rows = write_pos.reshape(batch, 1) + torch.arange(seq, device=new.device).reshape(1, seq)
+    s_index = rows.reshape(batch, 1, seq)
+    buffer.index_put_((b_index, h_index, s_index), new.to(buffer.dtype))
+    return buffer
+
+
+def _flatten(attrs, host):
+    axis = attrs.get("axis", 1)
+
+    def fn(x):
+        a = _axis(axis, x.dim())
+        return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
+    return fn
+
+
+def _gather_nd(attrs, host):
+    if attrs.get("batch_dims", 0) != 0:
+        raise FdppError(f"GatherND with batch_dims {attrs['batch_dims']} is not supported by the engine")
+
+    def fn(data, indices):
+        # ONNX allows negative indices; the sizes stay Python ints (no host-to-device copy inside a CUDA graph)
+        parts = [torch.where(i < 0, i + size, i) for i, size in zip(indices.to(torch.int64).unbind(-1), data.shape)]
+        return data[tuple(parts)]
+    return fn
+
+
 LOWERINGS = {
     "Add": _binary(torch.add), "Sub": _binary(torch.sub), "Mul": _binary(torch.mul), "Div": _binary(torch.div),
     "Pow": _pow, "Equal": _binary(torch.eq), "Less": _binary(torch.lt), "LessOrEqual": _binary(torch.le),
@@ -235,9 +268,12 @@ LOWERINGS = {
     "Concat": _concat, "Split": _split, "Slice": _slice, "Expand": _expand, "Gather": _gather, "Range": _range,
     "Where": _where, "Shape": _shape, "Softmax": _softmax, "ReduceMean": _reduce_mean, "ReduceSum": _reduce_sum,
     "LayerNormalization": _layer_norm, "MatMul": _matmul, "ConstantOfShape": _constant_of_shape, "Tile": _tile,
+    "Flatten": _flatten, "GatherND": _gather_nd,
 }
 
 SUPPORTED = set(LOWERINGS) | {"ScatterND", "Constant"}
+ENGINE_DOMAIN = "fdpp.engine"  # ops the engine's build writes into its own plan (never found in an ONNX file)
+ENGINE_OPS = {"CacheAppend": cache_append}
 
 
 def rms_norm_torch(x, weight, eps: float):

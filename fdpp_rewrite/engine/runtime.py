@@ -196,6 +196,11 @@ class Engine:
         self.active = 0
         self.batch_buckets, self.kv_buckets = batch_buckets(self.max_batch), kv_buckets(self.max_seq)
         self.prefill_buckets = prefill_buckets(self.max_seq)
+        self.hf_feeds = None  # a Hugging Face graph's inputs (hf_interface.py); None for our exporter's graphs
+        if self.plan.get("interface") == "hf":
+            from fdpp_rewrite.engine.hf_interface import HfFeeds
+
+            self.hf_feeds = HfFeeds(self.plan["inputs"], self.cache_names, self.max_batch, self.max_seq, device)
         self.programs = {}   # ((batch, seq), kv_len) -> Program, for decode and prefill buckets
         self.use_graphs = use_graphs and backend == "cuda"
         self.graphs = {}     # (batch bucket, kv bucket) -> (CUDAGraph, logits tensor it writes)
@@ -211,7 +216,13 @@ class Engine:
 
     # -- one forward pass ----------------------------------------------------------------------------------------
 
-    def feeds(self, input_ids, past_len, slots: slice, kv_len: int) -> dict:
+    def feeds(self, input_ids, past_len, slots: slice, kv_len: int, start: int | None = None) -> dict:
+        """The graph's inputs for a step of `slots` over the cache views [:kv_len]: a decode step of the batch
+        bucket, or (start given) a prompt chunk of one slot after its `start` tokens."""
+        if self.hf_feeds is not None:
+            if start is None:
+                return self.hf_feeds.decode(input_ids, past_len, self.caches, slots.stop, kv_len)
+            return self.hf_feeds.prefill(input_ids, self.caches, slots.start, start)
         feeds = {"input_ids": input_ids, "past_len": past_len}
         for name, cache in zip(self.cache_names, self.caches):
             feeds[name] = cache[slots, :, :kv_len]
@@ -219,7 +230,7 @@ class Engine:
 
     def forward(self, feeds: dict, cache_program: bool):
         """logits for these feeds: a traced Program of the same shapes when there is one, else a trace."""
-        key = (tuple(feeds["input_ids"].shape), feeds[self.cache_names[0]].shape[2])
+        key = self.program_key(feeds)
         program = self.programs.get(key)
         if program is not None:
             return program.run(feeds)["logits"]
@@ -227,6 +238,16 @@ class Engine:
         if cache_program:
             self.programs[key] = program
         return outputs["logits"]
+
+    def program_key(self, feeds: dict) -> tuple:
+        """((batch, seq), KV view length) of a step: the shapes a traced Program is specialized to (for a Hugging
+        Face graph the view its cache appends go to, past + seq; the past is then seq's complement)."""
+        cache = self.cache_names[0]
+        if self.hf_feeds is not None:
+            from fdpp_rewrite.engine.hf_interface import BUFFER_PREFIX
+
+            cache = BUFFER_PREFIX + cache
+        return tuple(feeds["input_ids"].shape), feeds[cache].shape[2]
 
     def reset(self) -> None:
         self.past_len.zero_()
@@ -255,7 +276,7 @@ class Engine:
         input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
         input_ids = input_ids.to(self.device)
         past = torch.zeros(1, dtype=torch.int64, device=self.device)
-        logits = self.forward(self.feeds(input_ids, past, slice(slot, slot + 1), kv_len), cache_program=True)
+        logits = self.forward(self.feeds(input_ids, past, slice(slot, slot + 1), kv_len, start=0), cache_program=True)
         self.past_len[slot] = seq
         self.lengths[slot] = seq
         return logits[0, seq - 1]
@@ -284,6 +305,8 @@ class Engine:
         key = (bucket_batch, kv_len)
         if key in self.graphs:
             graph, logits = self.graphs[key]
+            if self.hf_feeds is not None:  # the mask is a graph input the step's lengths decide
+                self.hf_feeds.refresh_decode_mask(self.past_len[:bucket_batch], bucket_batch, kv_len)
             graph.replay()
             return logits
         feeds = self.feeds(self.step_ids[:bucket_batch], self.past_len[:bucket_batch], slice(0, bucket_batch), kv_len)
@@ -294,7 +317,7 @@ class Engine:
 
     def capture(self, key, feeds) -> None:
         """Record the bucket's Program into a CUDA graph (recording runs nothing: the step already ran)."""
-        program = self.programs[(tuple(feeds["input_ids"].shape), feeds[self.cache_names[0]].shape[2])]
+        program = self.programs[self.program_key(feeds)]
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = program.run(feeds)["logits"]
@@ -317,8 +340,9 @@ class Engine:
         input_ids = torch.zeros(1, padded, dtype=torch.int64)
         input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
         past = torch.tensor([start], dtype=torch.int64, device=self.device)
-        feeds = self.feeds(input_ids.to(self.device), past, slice(slot, slot + 1), kv_len)
-        logits = self.forward(feeds, cache_program=True)
+        feeds = self.feeds(input_ids.to(self.device), past, slice(slot, slot + 1), kv_len, start=start)
+        # a Hugging Face graph's chunk after `start` tokens has its own past length: keep only start-0 Programs
+        logits = self.forward(feeds, cache_program=self.hf_feeds is None or start == 0)
         self.past_len[slot] = start + seq
         self.lengths[slot] = start + seq
         return logits[0, seq - 1]

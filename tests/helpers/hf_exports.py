@@ -47,14 +47,14 @@ def tiny_config(family: str):
     raise ValueError(f"unknown family {family}; known: {', '.join(FAMILIES)}")
 
 
-def _model(family: str, attention: str):
+def _model(family: str, attention: str, dtype: str = "float32"):
     import torch
     import transformers
 
     config = tiny_config(family)
     config._attn_implementation = attention  # noqa: SLF001 - how transformers picks the attention function
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
+    return transformers.AutoModelForCausalLM.from_config(config).eval().to(getattr(torch, dtype))
 
 
 def _wrappers():
@@ -94,11 +94,14 @@ def _wrappers():
     return Prefill, Decode
 
 
-def export_hf(family: str, dynamo: bool, cache: bool, folder) -> Path:
+def export_hf(family: str, dynamo: bool, cache: bool, folder, dtype: str = "float32") -> Path:
+    """dtype: the model's weights and caches (float16 for the GPU engine; the file name then says so)."""
     import torch
 
-    path = Path(folder) / f"{family}-{'dynamo' if dynamo else 'torchscript'}-{'decode' if cache else 'prefill'}.onnx"
-    model = _model(family, "sdpa" if dynamo else "eager")
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    path = Path(folder) / (f"{family}-{'dynamo' if dynamo else 'torchscript'}-{'decode' if cache else 'prefill'}"
+                           f"{suffix}.onnx")
+    model = _model(family, "sdpa" if dynamo else "eager", dtype)
     config = model.config
     prefill, decode = _wrappers()
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
@@ -107,7 +110,7 @@ def export_hf(family: str, dynamo: bool, cache: bool, folder) -> Path:
     if cache:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        past = [torch.randn(BATCH, kv_heads, PAST, head_dim) for _ in range(2 * LAYERS)]
+        past = [torch.randn(BATCH, kv_heads, PAST, head_dim, dtype=getattr(torch, dtype)) for _ in range(2 * LAYERS)]
         args = (ids, torch.ones(BATCH, PAST + SEQ, dtype=torch.int64),
                 torch.arange(PAST, PAST + SEQ).expand(BATCH, SEQ).contiguous(), *past)
         names += ["position_ids"] + [f"past_key_values.{i}.{kind}" for i in range(LAYERS) for kind in ("key", "value")]
