@@ -26,6 +26,7 @@ FieldValue float_value(float f) { return FieldValue{f, 0, {}}; }
 FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
 
 constexpr const char* kMaskModes[] = {"past_len", "bias", "none"};
+constexpr const char* kSoftmaxModes[] = {"unified", "synchronized"};
 
 // The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h). A new
 // attribute is a new row here and a member of AttentionAttributes.
@@ -52,7 +53,14 @@ const Spec kAttributes[] = {
      [](const AttentionAttributes& a) { return float_value(a.guard_hi); }},
     {"mask_mode", PluginFieldType::kCHAR, false,
      [](const PluginField& f, AttentionAttributes& a) { a.mask_mode = read_string_choice(f, kMaskModes); },
-     [](const AttentionAttributes& a) { return FieldValue{0.f, 0, a.mask_mode}; }},
+     [](const AttentionAttributes& a) {
+       return FieldValue{0.f, 0, a.mask_mode};
+     }},
+    {"softmax", PluginFieldType::kCHAR, false,
+     [](const PluginField& f, AttentionAttributes& a) { a.softmax = read_string_choice(f, kSoftmaxModes); },
+     [](const AttentionAttributes& a) {
+       return FieldValue{0.f, 0, a.softmax};
+     }},
     {"num_heads", PluginFieldType::kINT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
        a.num_heads = static_cast<int32_t>(read_int(f, contract::kAttentionHeadsMin, contract::kAttentionHeadsMax));
@@ -133,7 +141,7 @@ bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_
   p->seq = static_cast<int>(q.d[2]), p->head_dim = attrs_.head_dim, p->kv_capacity = static_cast<int>(k.d[2]);
   p->max_kv_len = p->kv_capacity;
   p->mask_mode = attrs_.mode();
-  p->softmax = SoftmaxMode::kUnified;
+  p->softmax = attrs_.softmax == "synchronized" ? SoftmaxMode::kSynchronized : SoftmaxMode::kUnified;
   p->scale = attrs_.scale, p->phi = attrs_.phi, p->guard_lo = attrs_.guard_lo, p->guard_hi = attrs_.guard_hi;
   const int64_t d = attrs_.head_dim;
   p->q_ss = d, p->q_sh = q.d[2] * d, p->q_sb = q.d[1] * q.d[2] * d;

@@ -22,6 +22,7 @@ struct AttentionAttributes {
   float scale = 0.f, phi = contract::kAttentionPhiDefault;
   float guard_lo = contract::kAttentionGuardLoDefault, guard_hi = contract::kAttentionGuardHiDefault;
   std::string mask_mode = contract::kAttentionMaskModeDefault;
+  std::string softmax = contract::kAttentionSoftmaxDefault;  // a calibration verdict per layer
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
 
   // Reads a field collection (any order; unknown fields rejected); throws std::invalid_argument naming the field.

@@ -22,9 +22,9 @@ struct FieldValue {
 
 template <class Attributes>
 struct AttributeSpec {
-  const char* name;                 // the ONNX attribute and the PluginField name
-  nvinfer1::PluginFieldType type;   // kFLOAT32, kINT32 or kCHAR: what the ONNX parser passes for float/int/string
-  bool required;                    // the contract's "required": no default
+  const char* name;                // the ONNX attribute and the PluginField name
+  nvinfer1::PluginFieldType type;  // kFLOAT32, kINT32 or kCHAR: what the ONNX parser passes for float/int/string
+  bool required;                   // the contract's "required": no default
   // Reads and validates one field into the attributes (throws std::invalid_argument naming the field).
   void (*read)(const nvinfer1::PluginField& field, Attributes& into);
   // The value getFieldsToSerialize writes, which read() accepts back.

@@ -203,8 +203,8 @@ std::vector<nv::PluginField> to_plugin_fields(const std::vector<Field>& fields) 
   for (const Field& f : fields) {
     if (f.type == "int") out.emplace_back(f.name.c_str(), &f.i, nv::PluginFieldType::kINT32, 1);
     else if (f.type == "float") out.emplace_back(f.name.c_str(), &f.f, nv::PluginFieldType::kFLOAT32, 1);
-    else out.emplace_back(f.name.c_str(), f.text.c_str(), nv::PluginFieldType::kCHAR,
-                          static_cast<int32_t>(f.text.size()));
+    else
+      out.emplace_back(f.name.c_str(), f.text.c_str(), nv::PluginFieldType::kCHAR, static_cast<int32_t>(f.text.size()));
   }
   return out;
 }
@@ -316,10 +316,10 @@ size_t elements(const nv::Dims& d) {
   return n;
 }
 
-#define CUDA_OK(call)                                                                           \
-  do {                                                                                          \
-    const cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) fail(std::string(#call) + ": " + cudaGetErrorString(e_));            \
+#define CUDA_OK(call)                                                                \
+  do {                                                                               \
+    const cudaError_t e_ = (call);                                                   \
+    if (e_ != cudaSuccess) fail(std::string(#call) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 
 // The runtime phase on the GPU: onShapeChange, enqueue eagerly, then the same enqueue captured in a CUDA graph
@@ -359,7 +359,8 @@ void enqueue_case(nv::IPluginV3OneRuntime* runtime, nv::IPluginV3OneBuild* build
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  std::printf("enqueue %d\n", runtime->enqueue(in.data(), out.data(), device_in.data(), &device_out, device_ws, stream));
+  std::printf("enqueue %d\n",
+              runtime->enqueue(in.data(), out.data(), device_in.data(), &device_out, device_ws, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   std::vector<char> eager(out_bytes), graphed(out_bytes);
   CUDA_OK(cudaMemcpy(eager.data(), device_out, out_bytes, cudaMemcpyDeviceToHost));
