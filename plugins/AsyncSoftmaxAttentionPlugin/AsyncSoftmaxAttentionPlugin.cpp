@@ -28,8 +28,8 @@ FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
 constexpr const char* kMaskModes[] = {"past_len", "bias", "none"};
 constexpr const char* kSoftmaxModes[] = {"unified", "synchronized"};
 
-// The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h). A new
-// attribute is a new row here and a member of AttentionAttributes.
+// The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h), in the
+// contract's order. A new attribute is a new row here and a member of AttentionAttributes.
 const Spec kAttributes[] = {
     {"scale", PluginFieldType::kFLOAT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
@@ -51,15 +51,15 @@ const Spec kAttributes[] = {
        a.guard_hi = read_float(f, contract::kAttentionGuardHiMin, contract::kAttentionGuardHiMax);
      },
      [](const AttentionAttributes& a) { return float_value(a.guard_hi); }},
-    {"mask_mode", PluginFieldType::kCHAR, false,
-     [](const PluginField& f, AttentionAttributes& a) { a.mask_mode = read_string_choice(f, kMaskModes); },
-     [](const AttentionAttributes& a) {
-       return FieldValue{0.f, 0, a.mask_mode};
-     }},
     {"softmax", PluginFieldType::kCHAR, false,
      [](const PluginField& f, AttentionAttributes& a) { a.softmax = read_string_choice(f, kSoftmaxModes); },
      [](const AttentionAttributes& a) {
        return FieldValue{0.f, 0, a.softmax};
+     }},
+    {"mask_mode", PluginFieldType::kCHAR, false,
+     [](const PluginField& f, AttentionAttributes& a) { a.mask_mode = read_string_choice(f, kMaskModes); },
+     [](const AttentionAttributes& a) {
+       return FieldValue{0.f, 0, a.mask_mode};
      }},
     {"num_heads", PluginFieldType::kINT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
