@@ -59,11 +59,17 @@ HIST_BINS = 512
 # (SmolLM2-135M, 1024-token prompts: about 12 s a prompt for its 30 layers); the default run, 24 prompts, takes
 # about 5 minutes there, longer on a busy machine.
 CPU_SECONDS_PER_TOKEN_LAYER = 4e-4
+# The engine path on a GPU: the export, rewrite and engine build first (about a minute for SmolLM2-135M, GEMM
+# profiling included), then the prompts, whose cost is mostly the score statistics (an estimate for an H200).
+GPU_SETUP_SECONDS, GPU_SECONDS_PER_TOKEN_LAYER = 60, 5e-6
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def add_arguments(parser) -> None:
-    parser.description = (f"{parser.description}. Runs the model's reference implementation on the CPU; the "
-                          "defaults take about 5 minutes on an idle 2-core machine (fewer --calibration-tokens and "
+    parser.description = (f"{parser.description}. On a GPU (--device cuda, the default where one is present) it runs "
+                          "the model's rewritten graph on the engine and collects the scores from the attention "
+                          "kernels' inputs (about a minute); on the CPU the model's reference implementation, "
+                          "about 5 minutes on an idle 2-core machine at the defaults (fewer --calibration-tokens and "
                           "--heldout-tokens are quicker). The expected duration is printed before the work starts.")
     parser.add_argument("model", nargs="?", default="smollm2-135m",
                         help="preset with trained weights, checkpoint directory or .gguf (default: smollm2-135m)")
@@ -79,6 +85,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--calibration-tokens", type=int, default=16384, help="tokens of calibration text")
     parser.add_argument("--heldout-tokens", type=int, default=8192, help="tokens of held-out text")
     parser.add_argument("--chunk", type=int, default=1024, help="tokens per forward pass (one prompt)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cuda: through the engine on the GPU; cpu: through the reference model (default: auto, "
+                             "cuda where a GPU and the plugin library are present)")
     parser.add_argument("--num-layers", type=int, help="only the first N layers, for quick checks (default: all)")
     parser.add_argument("--apply", metavar="MODEL_FDPP_ONNX",
                         help="also set phi and the guards on this rewritten graph's attention nodes, in graph order "
@@ -91,9 +100,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
 
 
-def expected_duration(tokens: int, num_layers: int) -> str:
-    """e.g. 24576 tokens through 30 layers -> "about 5 min" (CPU_SECONDS_PER_TOKEN_LAYER)."""
-    seconds = CPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
+def expected_duration(tokens: int, num_layers: int, device: str = "cpu") -> str:
+    """e.g. 24576 tokens through 30 layers on the cpu -> "about 5 min" (CPU_SECONDS_PER_TOKEN_LAYER)."""
+    if device == "cuda":
+        seconds = GPU_SETUP_SECONDS + GPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
+    else:
+        seconds = CPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
     return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {max(seconds, 1):.0f} s"
 
 
@@ -115,11 +127,12 @@ class LayerStats:
     def arrays(self):
         import torch
 
-        return torch.cat(self.row_max), torch.cat(self.row_min), torch.cat(self.head)
+        return torch.cat(self.row_max).cpu(), torch.cat(self.row_min).cpu(), torch.cat(self.head).cpu()
 
 
 class ScoreCollector:
-    """The ReferenceModel score_hook: scores [B, Hq, S, L] (scaled, before the mask), mask [B, 1, S, L]."""
+    """The score hook of both paths (ReferenceModel's, and the engine's CollectingBackend): scores [B, Hq, S, L]
+    (scaled, before the mask), mask [B, 1, S, L], on any device; the statistics stay on it until arrays()."""
 
     def __init__(self, num_layers: int):
         self.layers = [LayerStats() for _ in range(num_layers)]
@@ -132,10 +145,11 @@ class ScoreCollector:
         s = scores.float()
         stats.row_max.append(s.masked_fill(~visible, -math.inf).amax(-1).flatten())
         stats.row_min.append(s.masked_fill(~visible, math.inf).amin(-1).flatten())
-        heads = torch.arange(s.shape[1]).view(1, -1, 1).expand(s.shape[0], -1, s.shape[2])
+        heads = torch.arange(s.shape[1], device=s.device).view(1, -1, 1).expand(s.shape[0], -1, s.shape[2])
         stats.head.append(heads.flatten())
         values = s[visible]
         hist = torch.histc(values, bins=HIST_BINS, min=HIST_RANGE[0], max=HIST_RANGE[1])
+        hist = hist.cpu()  # 512 counts: plot_histogram reads them on the host
         stats.hist = hist if stats.hist is None else stats.hist + hist
         stats.below += int((values < HIST_RANGE[0]).sum())
         stats.above += int((values > HIST_RANGE[1]).sum())
@@ -418,12 +432,73 @@ def _refuse_overwrite(path: Path, force: bool) -> None:
         raise FdppError(f"{path} exists; pass --force to overwrite it")
 
 
+class ByteTokens:
+    """The tokenizer of a model without one (random-init test presets): each UTF-8 byte is a token, modulo the
+    vocabulary, so that test models can be calibrated on real text."""
+
+    chat_template = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [b % self.vocab_size for b in text.encode()]
+
+
+# The longest prompt the engine prefills in one pass (runtime.MAX_PREFILL_CHUNK; longer ones run as chunks whose
+# past the collection would mis-slice).
+MAX_ENGINE_PROMPT = 8192
+
+
+def calibration_device(choice: str) -> str:
+    """--device: auto is cuda where torch sees a GPU and the plugin library loads, else cpu."""
+    import torch
+
+    if choice == "cuda":
+        from fdpp_rewrite.errors import require_gpu
+
+        require_gpu("calibrate --device cuda")
+        return "cuda"
+    if choice == "auto" and torch.cuda.is_available():
+        from fdpp_rewrite.engine.build import library_facts
+
+        return "cuda" if library_facts() is not None else "cpu"
+    return "cpu"
+
+
+def collect_with_reference(loaded, calibration_chunks, heldout_chunks):
+    """(calibration, held-out) ScoreCollectors from the CPU reference model."""
+    from fdpp_rewrite.models.reference import ReferenceModel
+
+    model = ReferenceModel(loaded.config, loaded.weights)
+    cal, held = ScoreCollector(loaded.config.num_layers), ScoreCollector(loaded.config.num_layers)
+    run_model(model, calibration_chunks, cal, "calibration text")
+    run_model(model, heldout_chunks, held, "held-out text")
+    return cal, held
+
+
+def collect_with_engine(source: str, backend: str, calibration_chunks, heldout_chunks, chunk: int,
+                        num_layers: int | None):
+    """(calibration, held-out) ScoreCollectors from the engine running the model's rewritten graph
+    (fdpp_rewrite.engine.calibration)."""
+    from fdpp_rewrite.engine.calibration import EngineCollector
+
+    collector = EngineCollector(source, backend, max_prompt=max(chunk, 2), num_layers=num_layers)
+    try:
+        layers = collector.engine.num_layers
+        cal, held = ScoreCollector(layers), ScoreCollector(layers)
+        collector.run(calibration_chunks, cal, "calibration text")
+        collector.run(heldout_chunks, held, "held-out text")
+    finally:
+        collector.close()
+    return cal, held
+
+
 def run(args) -> int:
     import torch
 
     from fdpp_rewrite.atomic import AtomicOutputs
     from fdpp_rewrite.models import load_model
-    from fdpp_rewrite.models.reference import ReferenceModel
 
     output = Path(args.output)
     histogram = Path(args.histogram) if args.histogram else output.with_suffix(".png")
@@ -448,27 +523,35 @@ def run(args) -> int:
     if args.apply:
         load_apply_target(Path(args.apply), apply_output)
 
+    device = calibration_device(args.device)
+    if device == "cuda" and args.chunk > MAX_ENGINE_PROMPT:
+        raise FdppError(f"--chunk {args.chunk} is over the engine's one-pass prefill of {MAX_ENGINE_PROMPT} tokens; "
+                        "pass a smaller --chunk")
     loaded = load_model(args.model, dtype="float32", num_layers=args.num_layers)
-    if loaded.tokenizer is None:
-        raise FdppError(f"{args.model} has no tokenizer ({loaded.origin}); calibrate a model with trained weights "
-                        "and a tokenizer (e.g. smollm2-135m)")
-    model = ReferenceModel(loaded.config, loaded.weights)
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        tokenizer = ByteTokens(loaded.config.vocab_size)
+        print(f"calibrate: {args.model} has no tokenizer ({loaded.origin}): its tokens are the text's UTF-8 bytes "
+              "(modulo the vocabulary), for checks on test models only", file=sys.stderr)
     num_layers = loaded.config.num_layers
     torch.set_grad_enabled(False)
 
-    text = calibration_text(args.text, loaded.tokenizer)
-    calibration_chunks = text_chunks(loaded.tokenizer, text.calibration, "calibration", args.calibration_tokens,
-                                     args.chunk)
-    heldout_chunks = text_chunks(loaded.tokenizer, text.heldout, "heldout", args.heldout_tokens, args.chunk)
+    text = calibration_text(args.text, tokenizer)
+    calibration_chunks = text_chunks(tokenizer, text.calibration, "calibration", args.calibration_tokens, args.chunk)
+    heldout_chunks = text_chunks(tokenizer, text.heldout, "heldout", args.heldout_tokens, args.chunk)
     prompts = len(calibration_chunks) + len(heldout_chunks)
     tokens = sum(map(len, calibration_chunks)) + sum(map(len, heldout_chunks))
+    where = ("the GPU, through the engine (export, rewrite and engine build first)" if device == "cuda" else
+             "the CPU, through the reference model")
     print(f"calibrate: {text.name}: {prompts} prompts of up to {args.chunk} tokens through {num_layers} layers on "
-          f"the CPU, {expected_duration(tokens, num_layers)} on an idle 2-core machine (fewer --calibration-tokens "
-          "/ --heldout-tokens are quicker)", file=sys.stderr, flush=True)
-    cal = ScoreCollector(num_layers)
-    run_model(model, calibration_chunks, cal, "calibration text")
-    held = ScoreCollector(num_layers)
-    run_model(model, heldout_chunks, held, "held-out text")
+          f"{where}: {expected_duration(tokens, num_layers, device)}"
+          + ("" if device == "cuda" else " on an idle 2-core machine (fewer --calibration-tokens / --heldout-tokens "
+             "are quicker)"), file=sys.stderr, flush=True)
+    if device == "cuda":
+        cal, held = collect_with_engine(args.model, "cuda", calibration_chunks, heldout_chunks, args.chunk,
+                                        args.num_layers)
+    else:
+        cal, held = collect_with_reference(loaded, calibration_chunks, heldout_chunks)
 
     layers = []
     for i in range(num_layers):
@@ -489,6 +572,8 @@ def run(args) -> int:
                 f"{low_guard_tail():g}; fp16 prefill (anchored): iff max(s) - max(s over the row's first-processed "
                 "tiles) > 11; a layer over the fallback budget is softmax=synchronized",
         "fallback_budget": args.fallback_budget,
+        "collected_on": "engine (cuda backend, float16 kernels' inputs)" if device == "cuda" else
+                        "reference model (cpu, float32)",
         "heldout_rows": rows, "heldout_fallback_rate_cpu": rates,
         "layers": layers,
     }
@@ -504,7 +589,7 @@ def run(args) -> int:
             count = apply_to_graph(calibration, Path(args.apply), apply_outputs.temp(apply_output))
         print(f"set phi and the guards on {count} attention nodes of {apply_output}")
     if qkv_path:
-        ids = text_chunks(loaded.tokenizer, text.heldout, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
+        ids = text_chunks(tokenizer, text.heldout, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
         with qkv_outputs:
             save_heldout_qkv(loaded, ids, qkv_outputs.temp(qkv_path))
         print(f"wrote {qkv_path} (held-out q/k/v of {len(ids)} tokens for scripts/calibration_gpu_check.py)")
