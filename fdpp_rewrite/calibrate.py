@@ -466,32 +466,39 @@ def calibration_device(choice: str) -> str:
     return "cpu"
 
 
-def collect_with_reference(loaded, calibration_chunks, heldout_chunks):
-    """(calibration, held-out) ScoreCollectors from the CPU reference model."""
+def collect_with_reference(loaded, chunk_sets: dict) -> dict:
+    """{name: ScoreCollector} of each {name: prompts} from the CPU reference model."""
     from fdpp_rewrite.models.reference import ReferenceModel
 
     model = ReferenceModel(loaded.config, loaded.weights)
-    cal, held = ScoreCollector(loaded.config.num_layers), ScoreCollector(loaded.config.num_layers)
-    run_model(model, calibration_chunks, cal, "calibration text")
-    run_model(model, heldout_chunks, held, "held-out text")
-    return cal, held
+    collectors = {}
+    for name, chunks in chunk_sets.items():
+        collectors[name] = ScoreCollector(loaded.config.num_layers)
+        run_model(model, chunks, collectors[name], name)
+    return collectors
 
 
-def collect_with_engine(source: str, backend: str, calibration_chunks, heldout_chunks, chunk: int,
-                        num_layers: int | None):
-    """(calibration, held-out) ScoreCollectors from the engine running the model's rewritten graph
-    (fdpp_rewrite.engine.calibration)."""
+def collect_with_engine(source: str, backend: str, chunk_sets: dict, chunk: int, num_layers: int | None) -> dict:
+    """{name: ScoreCollector} of each {name: prompts} from the engine running the model's rewritten graph
+    (fdpp_rewrite.engine.calibration; one export and engine build for all)."""
     from fdpp_rewrite.engine.calibration import EngineCollector
 
-    collector = EngineCollector(source, backend, max_prompt=max(chunk, 2), num_layers=num_layers)
+    engine = EngineCollector(source, backend, max_prompt=max(chunk, 2), num_layers=num_layers)
+    collectors = {}
     try:
-        layers = collector.engine.num_layers
-        cal, held = ScoreCollector(layers), ScoreCollector(layers)
-        collector.run(calibration_chunks, cal, "calibration text")
-        collector.run(heldout_chunks, held, "held-out text")
+        for name, chunks in chunk_sets.items():
+            collectors[name] = ScoreCollector(engine.engine.num_layers)
+            engine.run(chunks, collectors[name], name)
     finally:
-        collector.close()
-    return cal, held
+        engine.close()
+    return collectors
+
+
+def collect(device: str, source: str, loaded, chunk_sets: dict, chunk: int, num_layers: int | None) -> dict:
+    """{name: ScoreCollector}: through the engine on cuda, through the reference model on the cpu."""
+    if device == "cuda":
+        return collect_with_engine(source, "cuda", chunk_sets, chunk, num_layers)
+    return collect_with_reference(loaded, chunk_sets)
 
 
 def run(args) -> int:
@@ -547,11 +554,9 @@ def run(args) -> int:
           f"{where}: {expected_duration(tokens, num_layers, device)}"
           + ("" if device == "cuda" else " on an idle 2-core machine (fewer --calibration-tokens / --heldout-tokens "
              "are quicker)"), file=sys.stderr, flush=True)
-    if device == "cuda":
-        cal, held = collect_with_engine(args.model, "cuda", calibration_chunks, heldout_chunks, args.chunk,
-                                        args.num_layers)
-    else:
-        cal, held = collect_with_reference(loaded, calibration_chunks, heldout_chunks)
+    collected = collect(device, args.model, loaded, {"calibration text": calibration_chunks,
+                                                     "held-out text": heldout_chunks}, args.chunk, args.num_layers)
+    cal, held = collected["calibration text"], collected["held-out text"]
 
     layers = []
     for i in range(num_layers):

@@ -23,9 +23,10 @@ def _collect_both(source: str, backend: str, lengths=(200, 131), held_lengths=(9
     loaded = load_model(source, dtype="float32")
     chunks = _prompts(loaded.config.vocab_size, lengths, 0)
     held = _prompts(loaded.config.vocab_size, held_lengths, 1)
-    reference = calibrate.collect_with_reference(loaded, chunks, held)
-    engine = calibrate.collect_with_engine(source, backend, chunks, held, max(lengths), None)
-    return reference, engine
+    sets = {"calibration": chunks, "heldout": held}
+    reference = calibrate.collect_with_reference(loaded, sets)
+    engine = calibrate.collect_with_engine(source, backend, sets, max(lengths), None)
+    return tuple(reference.values()), tuple(engine.values())
 
 
 def _assert_same_statistics(reference, engine, atol: float):
