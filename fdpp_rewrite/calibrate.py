@@ -5,7 +5,12 @@ Chooses FlashDecoding++'s unified max phi per layer from the model's real attent
 The model (default smollm2-135m, its trained weights) reads the calibration split of the real text
 (--text: the user's own, its last quarter held out; default fdpp_rewrite.text's KJV, Old Testament);
 a score hook records, for every attention row (one query token of
-one head), the largest and the smallest visible scaled score. The decode kernel (the paper's unified max) sends a
+one head), the largest and the smallest visible scaled score. On a GPU (--device cuda, or auto with a GPU and the
+plugin library) the hook sits on the engine running the model's rewritten graph and sees the attention kernels'
+real inputs (fdpp_rewrite.engine.calibration); on the CPU it sits in the reference model. Both give the same JSON.
+A model without a tokenizer (a random-init test preset such as tiny-opt-wide) reads the text as UTF-8 bytes.
+
+The decode kernel (the paper's unified max) sends a
 row to the exact fallback unless
 
     max(s) - phi <= guard_hi   and   (guard_lo <= min(s) - phi  or  max(s) - phi >= guard_lo + low_guard_tail)
