@@ -93,3 +93,22 @@ def test_cuda_calibration_of_16k_tokens_of_smollm2_is_under_two_minutes(tmp_path
     assert calibration["collected_on"].startswith("engine")
     assert len(calibration["layers"]) == 30 and calibration["text"]["calibration_tokens"] == 16384
     assert elapsed < 120, f"took {elapsed:.0f} s"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
+    from fdpp_rewrite.cli import main
+
+    assert main(["calibrate", "tiny-opt", "--device", "cuda", "-o", str(tmp_path / "c.json")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "needs a CUDA GPU" in err and len(err.splitlines()) == 1 and not (tmp_path / "c.json").exists()
+
+
+def test_the_eta_line_says_which_path_runs(tmp_path, capsys):
+    from fdpp_rewrite.cli import main
+
+    assert main(["calibrate", "tiny-opt", "--device", "cpu", "--calibration-tokens", "64", "--heldout-tokens", "32",
+                 "--chunk", "32", "-o", str(tmp_path / "c.json")]) == 0
+    err = capsys.readouterr().err
+    assert "on the CPU, through the reference model: about" in err and "UTF-8 bytes" in err
+    assert json.loads((tmp_path / "c.json").read_text())["collected_on"].startswith("reference model")
