@@ -5,7 +5,12 @@ Chooses FlashDecoding++'s unified max phi per layer from the model's real attent
 The model (default smollm2-135m, its trained weights) reads the calibration split of the real text
 (--text: the user's own, its last quarter held out; default fdpp_rewrite.text's KJV, Old Testament);
 a score hook records, for every attention row (one query token of
-one head), the largest and the smallest visible scaled score. The decode kernel (the paper's unified max) sends a
+one head), the largest and the smallest visible scaled score. On a GPU (--device cuda, or auto with a GPU and the
+plugin library) the hook sits on the engine running the model's rewritten graph and sees the attention kernels'
+real inputs (fdpp_rewrite.engine.calibration); on the CPU it sits in the reference model. Both give the same JSON.
+A model without a tokenizer (a random-init test preset such as tiny-opt-wide) reads the text as UTF-8 bytes.
+
+The decode kernel (the paper's unified max) sends a
 row to the exact fallback unless
 
     max(s) - phi <= guard_hi   and   (guard_lo <= min(s) - phi  or  max(s) - phi >= guard_lo + low_guard_tail)
@@ -59,11 +64,17 @@ HIST_BINS = 512
 # (SmolLM2-135M, 1024-token prompts: about 12 s a prompt for its 30 layers); the default run, 24 prompts, takes
 # about 5 minutes there, longer on a busy machine.
 CPU_SECONDS_PER_TOKEN_LAYER = 4e-4
+# The engine path on a GPU: the export, rewrite and engine build first (about a minute for SmolLM2-135M, GEMM
+# profiling included), then the prompts, whose cost is mostly the score statistics (an estimate for an H200).
+GPU_SETUP_SECONDS, GPU_SECONDS_PER_TOKEN_LAYER = 60, 5e-6
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def add_arguments(parser) -> None:
-    parser.description = (f"{parser.description}. Runs the model's reference implementation on the CPU; the "
-                          "defaults take about 5 minutes on an idle 2-core machine (fewer --calibration-tokens and "
+    parser.description = (f"{parser.description}. On a GPU (--device cuda, the default where one is present) it runs "
+                          "the model's rewritten graph on the engine and collects the scores from the attention "
+                          "kernels' inputs (about a minute); on the CPU the model's reference implementation, "
+                          "about 5 minutes on an idle 2-core machine at the defaults (fewer --calibration-tokens and "
                           "--heldout-tokens are quicker). The expected duration is printed before the work starts.")
     parser.add_argument("model", nargs="?", default="smollm2-135m",
                         help="preset with trained weights, checkpoint directory or .gguf (default: smollm2-135m)")
@@ -79,6 +90,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--calibration-tokens", type=int, default=16384, help="tokens of calibration text")
     parser.add_argument("--heldout-tokens", type=int, default=8192, help="tokens of held-out text")
     parser.add_argument("--chunk", type=int, default=1024, help="tokens per forward pass (one prompt)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cuda: through the engine on the GPU; cpu: through the reference model (default: auto, "
+                             "cuda where a GPU and the plugin library are present)")
     parser.add_argument("--num-layers", type=int, help="only the first N layers, for quick checks (default: all)")
     parser.add_argument("--apply", metavar="MODEL_FDPP_ONNX",
                         help="also set phi and the guards on this rewritten graph's attention nodes, in graph order "
@@ -91,9 +105,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
 
 
-def expected_duration(tokens: int, num_layers: int) -> str:
-    """e.g. 24576 tokens through 30 layers -> "about 5 min" (CPU_SECONDS_PER_TOKEN_LAYER)."""
-    seconds = CPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
+def expected_duration(tokens: int, num_layers: int, device: str = "cpu") -> str:
+    """e.g. 24576 tokens through 30 layers on the cpu -> "about 5 min" (CPU_SECONDS_PER_TOKEN_LAYER)."""
+    if device == "cuda":
+        seconds = GPU_SETUP_SECONDS + GPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
+    else:
+        seconds = CPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
     return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {max(seconds, 1):.0f} s"
 
 
@@ -115,11 +132,12 @@ class LayerStats:
     def arrays(self):
         import torch
 
-        return torch.cat(self.row_max), torch.cat(self.row_min), torch.cat(self.head)
+        return torch.cat(self.row_max).cpu(), torch.cat(self.row_min).cpu(), torch.cat(self.head).cpu()
 
 
 class ScoreCollector:
-    """The ReferenceModel score_hook: scores [B, Hq, S, L] (scaled, before the mask), mask [B, 1, S, L]."""
+    """The score hook of both paths (ReferenceModel's, and the engine's CollectingBackend): scores [B, Hq, S, L]
+    (scaled, before the mask), mask [B, 1, S, L], on any device; the statistics stay on it until arrays()."""
 
     def __init__(self, num_layers: int):
         self.layers = [LayerStats() for _ in range(num_layers)]
@@ -132,10 +150,11 @@ class ScoreCollector:
         s = scores.float()
         stats.row_max.append(s.masked_fill(~visible, -math.inf).amax(-1).flatten())
         stats.row_min.append(s.masked_fill(~visible, math.inf).amin(-1).flatten())
-        heads = torch.arange(s.shape[1]).view(1, -1, 1).expand(s.shape[0], -1, s.shape[2])
+        heads = torch.arange(s.shape[1], device=s.device).view(1, -1, 1).expand(s.shape[0], -1, s.shape[2])
         stats.head.append(heads.flatten())
         values = s[visible]
         hist = torch.histc(values, bins=HIST_BINS, min=HIST_RANGE[0], max=HIST_RANGE[1])
+        hist = hist.cpu()  # 512 counts: plot_histogram reads them on the host
         stats.hist = hist if stats.hist is None else stats.hist + hist
         stats.below += int((values < HIST_RANGE[0]).sum())
         stats.above += int((values > HIST_RANGE[1]).sum())
@@ -418,12 +437,80 @@ def _refuse_overwrite(path: Path, force: bool) -> None:
         raise FdppError(f"{path} exists; pass --force to overwrite it")
 
 
+class ByteTokens:
+    """The tokenizer of a model without one (random-init test presets): each UTF-8 byte is a token, modulo the
+    vocabulary, so that test models can be calibrated on real text."""
+
+    chat_template = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [b % self.vocab_size for b in text.encode()]
+
+
+# The longest prompt the engine prefills in one pass (runtime.MAX_PREFILL_CHUNK; longer ones run as chunks whose
+# past the collection would mis-slice).
+MAX_ENGINE_PROMPT = 8192
+
+
+def calibration_device(choice: str) -> str:
+    """--device: auto is cuda where torch sees a GPU and the plugin library loads, else cpu."""
+    import torch
+
+    if choice == "cuda":
+        from fdpp_rewrite.errors import require_gpu
+
+        require_gpu("calibrate --device cuda")
+        return "cuda"
+    if choice == "auto" and torch.cuda.is_available():
+        from fdpp_rewrite.engine.build import library_facts
+
+        return "cuda" if library_facts() is not None else "cpu"
+    return "cpu"
+
+
+def collect_with_reference(loaded, chunk_sets: dict) -> dict:
+    """{name: ScoreCollector} of each {name: prompts} from the CPU reference model."""
+    from fdpp_rewrite.models.reference import ReferenceModel
+
+    model = ReferenceModel(loaded.config, loaded.weights)
+    collectors = {}
+    for name, chunks in chunk_sets.items():
+        collectors[name] = ScoreCollector(loaded.config.num_layers)
+        run_model(model, chunks, collectors[name], name)
+    return collectors
+
+
+def collect_with_engine(source: str, backend: str, chunk_sets: dict, chunk: int, num_layers: int | None) -> dict:
+    """{name: ScoreCollector} of each {name: prompts} from the engine running the model's rewritten graph
+    (fdpp_rewrite.engine.calibration; one export and engine build for all)."""
+    from fdpp_rewrite.engine.calibration import EngineCollector
+
+    engine = EngineCollector(source, backend, max_prompt=max(chunk, 2), num_layers=num_layers)
+    collectors = {}
+    try:
+        for name, chunks in chunk_sets.items():
+            collectors[name] = ScoreCollector(engine.engine.num_layers)
+            engine.run(chunks, collectors[name], name)
+    finally:
+        engine.close()
+    return collectors
+
+
+def collect(device: str, source: str, loaded, chunk_sets: dict, chunk: int, num_layers: int | None) -> dict:
+    """{name: ScoreCollector}: through the engine on cuda, through the reference model on the cpu."""
+    if device == "cuda":
+        return collect_with_engine(source, "cuda", chunk_sets, chunk, num_layers)
+    return collect_with_reference(loaded, chunk_sets)
+
+
 def run(args) -> int:
     import torch
 
     from fdpp_rewrite.atomic import AtomicOutputs
     from fdpp_rewrite.models import load_model
-    from fdpp_rewrite.models.reference import ReferenceModel
 
     output = Path(args.output)
     histogram = Path(args.histogram) if args.histogram else output.with_suffix(".png")
@@ -448,27 +535,33 @@ def run(args) -> int:
     if args.apply:
         load_apply_target(Path(args.apply), apply_output)
 
+    device = calibration_device(args.device)
+    if device == "cuda" and args.chunk > MAX_ENGINE_PROMPT:
+        raise FdppError(f"--chunk {args.chunk} is over the engine's one-pass prefill of {MAX_ENGINE_PROMPT} tokens; "
+                        "pass a smaller --chunk")
     loaded = load_model(args.model, dtype="float32", num_layers=args.num_layers)
-    if loaded.tokenizer is None:
-        raise FdppError(f"{args.model} has no tokenizer ({loaded.origin}); calibrate a model with trained weights "
-                        "and a tokenizer (e.g. smollm2-135m)")
-    model = ReferenceModel(loaded.config, loaded.weights)
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        tokenizer = ByteTokens(loaded.config.vocab_size)
+        print(f"calibrate: {args.model} has no tokenizer ({loaded.origin}): its tokens are the text's UTF-8 bytes "
+              "(modulo the vocabulary), for checks on test models only", file=sys.stderr)
     num_layers = loaded.config.num_layers
     torch.set_grad_enabled(False)
 
-    text = calibration_text(args.text, loaded.tokenizer)
-    calibration_chunks = text_chunks(loaded.tokenizer, text.calibration, "calibration", args.calibration_tokens,
-                                     args.chunk)
-    heldout_chunks = text_chunks(loaded.tokenizer, text.heldout, "heldout", args.heldout_tokens, args.chunk)
+    text = calibration_text(args.text, tokenizer)
+    calibration_chunks = text_chunks(tokenizer, text.calibration, "calibration", args.calibration_tokens, args.chunk)
+    heldout_chunks = text_chunks(tokenizer, text.heldout, "heldout", args.heldout_tokens, args.chunk)
     prompts = len(calibration_chunks) + len(heldout_chunks)
     tokens = sum(map(len, calibration_chunks)) + sum(map(len, heldout_chunks))
+    where = ("the GPU, through the engine (export, rewrite and engine build first)" if device == "cuda" else
+             "the CPU, through the reference model")
     print(f"calibrate: {text.name}: {prompts} prompts of up to {args.chunk} tokens through {num_layers} layers on "
-          f"the CPU, {expected_duration(tokens, num_layers)} on an idle 2-core machine (fewer --calibration-tokens "
-          "/ --heldout-tokens are quicker)", file=sys.stderr, flush=True)
-    cal = ScoreCollector(num_layers)
-    run_model(model, calibration_chunks, cal, "calibration text")
-    held = ScoreCollector(num_layers)
-    run_model(model, heldout_chunks, held, "held-out text")
+          f"{where}: {expected_duration(tokens, num_layers, device)}"
+          + ("" if device == "cuda" else " on an idle 2-core machine (fewer --calibration-tokens / --heldout-tokens "
+             "are quicker)"), file=sys.stderr, flush=True)
+    collected = collect(device, args.model, loaded, {"calibration text": calibration_chunks,
+                                                     "held-out text": heldout_chunks}, args.chunk, args.num_layers)
+    cal, held = collected["calibration text"], collected["held-out text"]
 
     layers = []
     for i in range(num_layers):
@@ -489,6 +582,8 @@ def run(args) -> int:
                 f"{low_guard_tail():g}; fp16 prefill (anchored): iff max(s) - max(s over the row's first-processed "
                 "tiles) > 11; a layer over the fallback budget is softmax=synchronized",
         "fallback_budget": args.fallback_budget,
+        "collected_on": "engine (cuda backend, float16 kernels' inputs)" if device == "cuda" else
+                        "reference model (cpu, float32)",
         "heldout_rows": rows, "heldout_fallback_rate_cpu": rates,
         "layers": layers,
     }
@@ -504,7 +599,7 @@ def run(args) -> int:
             count = apply_to_graph(calibration, Path(args.apply), apply_outputs.temp(apply_output))
         print(f"set phi and the guards on {count} attention nodes of {apply_output}")
     if qkv_path:
-        ids = text_chunks(loaded.tokenizer, text.heldout, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
+        ids = text_chunks(tokenizer, text.heldout, "heldout", args.qkv_tokens, args.qkv_tokens)[0]
         with qkv_outputs:
             save_heldout_qkv(loaded, ids, qkv_outputs.temp(qkv_path))
         print(f"wrote {qkv_path} (held-out q/k/v of {len(ids)} tokens for scripts/calibration_gpu_check.py)")

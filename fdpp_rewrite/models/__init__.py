@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models.config import ModelConfig
-from fdpp_rewrite.models.presets import PRESETS, get_config, unknown_preset
+from fdpp_rewrite.models.presets import PRESET_WEIGHT_SCALES, PRESETS, get_config, unknown_preset
 
 if TYPE_CHECKING:  # weights.py imports torch: only loading a model needs it, not the preset table or --help
     from fdpp_rewrite.models.weights import Weights
@@ -70,7 +70,7 @@ def load_model(source: str, dtype: str = "float32", num_layers: int | None = Non
             model.source, model.preset = source, source
             return model
         config = get_config(source).with_layers(num_layers)
-        return LoadedModel(config, random_weights(config, seed, dtype),
+        return LoadedModel(config, random_weights(config, seed, dtype, PRESET_WEIGHT_SCALES.get(source)),
                            f"random init (seed {seed}): not trained weights", None, source, source)
     if random_init:
         raise FdppError("--random-init applies to presets only; drop it to load the checkpoint's weights")

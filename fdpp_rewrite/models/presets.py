@@ -83,6 +83,9 @@ PRESETS: dict[str, ModelConfig] = {
                            tie_embeddings=True),
     "tiny-opt": _opt(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=2, num_kv_heads=2,
                      head_dim=64, vocab_size=313, max_position=512, norm_eps=1e-5),
+    # tiny-opt with widened attention scores in layer 1 (PRESET_WEIGHT_SCALES): the synchronized verdict's test model
+    "tiny-opt-wide": _opt(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=2, num_kv_heads=2,
+                          head_dim=64, vocab_size=313, max_position=512, norm_eps=1e-5),
     "tiny-chatglm": _chatglm(hidden_size=512, intermediate_size=344, num_layers=2, num_heads=4, num_kv_heads=2,
                              head_dim=128, rotary_dim=64, vocab_size=389, max_position=512, norm_eps=1e-5,
                              rope_theta=10000.0),
@@ -100,6 +103,17 @@ PRESETS: dict[str, ModelConfig] = {
                              sliding_window=256),
     "tiny-gpt2": _gpt2(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=2, num_kv_heads=2,
                        head_dim=64, vocab_size=331, max_position=512, norm_eps=1e-5),
+}
+
+
+# Seeded weight transforms of random-init presets: preset -> {weight name: factor}, applied after the seeded init
+# (weights.random_weights). tiny-opt-wide scales layer 1's q and k projections (weights and biases) by 50, so that
+# layer's scores are 2500 times tiny-opt's, spanning several hundred (OPT-6.7B's span about [-497, 364]): no phi
+# covers them within the fallback budget and calibrate marks that layer synchronized; layer 0 stays unified.
+WIDE_SCORES_FACTOR = 50.0
+PRESET_WEIGHT_SCALES: dict[str, dict[str, float]] = {
+    "tiny-opt-wide": {f"layers.1.attn.{proj}.{part}": WIDE_SCORES_FACTOR for proj in ("q", "k")
+                      for part in ("weight", "bias")},
 }
 
 

@@ -71,6 +71,7 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return values
 
 
-def random_weights(config: ModelConfig, seed: int, dtype: str) -> Weights:
-    shapes = weight_shapes(config)
-    return Weights(config, lambda name: random_tensor(name, shapes[name], seed), dtype)
+def random_weights(config: ModelConfig, seed: int, dtype: str, scales: dict[str, float] | None = None) -> Weights:
+    """Seeded random weights; `scales` (a preset's PRESET_WEIGHT_SCALES) multiplies the named tensors."""
+    shapes, scales = weight_shapes(config), scales or {}
+    return Weights(config, lambda name: random_tensor(name, shapes[name], seed) * scales.get(name, 1.0), dtype)

@@ -1,0 +1,114 @@
+"""Calibration through the engine (fdpp_rewrite.engine.calibration): the scores collected from the attention steps'
+inputs equal the reference model's, so both paths give the same calibration; on the GPU, the cuda backend's."""
+
+import json
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fdpp_rewrite import calibrate  # noqa: E402
+from fdpp_rewrite.engine.calibration import visible_scores  # noqa: E402
+from fdpp_rewrite.models import load_model  # noqa: E402
+
+
+def _prompts(vocab: int, lengths, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+def _collect_both(source: str, backend: str, lengths=(200, 131), held_lengths=(90,)):
+    torch.set_grad_enabled(False)
+    loaded = load_model(source, dtype="float32")
+    chunks = _prompts(loaded.config.vocab_size, lengths, 0)
+    held = _prompts(loaded.config.vocab_size, held_lengths, 1)
+    sets = {"calibration": chunks, "heldout": held}
+    reference = calibrate.collect_with_reference(loaded, sets)
+    engine = calibrate.collect_with_engine(source, backend, sets, max(lengths), None)
+    return tuple(reference.values()), tuple(engine.values())
+
+
+def _assert_same_statistics(reference, engine, atol: float):
+    for ref_collector, eng_collector in zip(reference, engine):
+        assert len(ref_collector.layers) == len(eng_collector.layers)
+        for ref, eng in zip(ref_collector.layers, eng_collector.layers):
+            (rmax, rmin, rhead), (emax, emin, ehead) = ref.arrays(), eng.arrays()
+            assert rmax.shape == emax.shape  # the padding rows of the prefill bucket are not counted
+            torch.testing.assert_close(emax, rmax, atol=atol, rtol=0)
+            torch.testing.assert_close(emin, rmin, atol=atol, rtol=0)
+            assert torch.equal(ehead, rhead)
+            assert eng.prefill_fallback == ref.prefill_fallback
+            assert int(eng.hist.sum()) == int(ref.hist.sum())
+
+
+def _same_calibration(reference, engine, atol: float):
+    (rcal, rheld), (ecal, eheld) = reference, engine
+    for i in range(len(rcal.layers)):
+        rmax, rmin, _ = rcal.layers[i].arrays()
+        emax, emin, _ = ecal.layers[i].arrays()
+        ref_entry = calibrate.summarize_layer(i, rcal.layers[i], rheld.layers[i], calibrate.choose_phi(rmax, rmin))
+        eng_entry = calibrate.summarize_layer(i, ecal.layers[i], eheld.layers[i], calibrate.choose_phi(emax, emin))
+        assert eng_entry.keys() == ref_entry.keys()
+        assert eng_entry["phi"] == pytest.approx(ref_entry["phi"], abs=atol)
+        for key in ("softmax", "calibration_rows", "heldout_rows", "calibration_fallback_rows_decode",
+                    "heldout_fallback_rows_decode"):
+            assert eng_entry[key] == ref_entry[key], key
+
+
+@pytest.mark.parametrize("preset", ["tiny-smollm2", "tiny-opt"])
+def test_engine_path_collects_the_reference_models_scores(preset):
+    reference, engine = _collect_both(preset, "cpu")
+    _assert_same_statistics(reference, engine, atol=1e-5)
+    _same_calibration(reference, engine, atol=1e-3)
+
+
+def test_visible_scores_mask_is_causal_after_the_past():
+    query = torch.randn(1, 4, 3, 8)
+    key = torch.randn(1, 2, 10, 8)
+    scores, mask = visible_scores(query, key, torch.tensor([2]), 0.5, valid_rows=3)
+    assert scores.shape == (1, 4, 3, 5) and mask.shape == (1, 1, 3, 5)
+    # row i sees keys 0 .. 2 + i; head 3 reads key head 1 (GQA)
+    assert torch.isfinite(mask[0, 0]).sum(-1).tolist() == [3, 4, 5]
+    torch.testing.assert_close(scores[0, 3, 1, 2], (query[0, 3, 1] @ key[0, 1, 2]) * 0.5)
+
+
+@pytest.mark.gpu
+def test_cuda_engine_path_matches_the_reference_model():
+    reference, engine = _collect_both("tiny-smollm2", "cuda")
+    _assert_same_statistics(reference, engine, atol=5e-3)  # float16 q/k on the GPU
+    _same_calibration(reference, engine, atol=5e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_calibration_of_16k_tokens_of_smollm2_is_under_two_minutes(tmp_path, capsys):
+    from fdpp_rewrite.cli import main
+
+    out = tmp_path / "calibration.json"
+    started = time.perf_counter()
+    assert main(["calibrate", "smollm2-135m", "--device", "cuda", "--calibration-tokens", "16384",
+                 "--heldout-tokens", "8192", "-o", str(out)]) == 0
+    elapsed = time.perf_counter() - started
+    calibration = json.loads(out.read_text())
+    assert calibration["collected_on"].startswith("engine")
+    assert len(calibration["layers"]) == 30 and calibration["text"]["calibration_tokens"] == 16384
+    assert elapsed < 120, f"took {elapsed:.0f} s"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
+    from fdpp_rewrite.cli import main
+
+    assert main(["calibrate", "tiny-opt", "--device", "cuda", "-o", str(tmp_path / "c.json")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "needs a CUDA GPU" in err and len(err.splitlines()) == 1 and not (tmp_path / "c.json").exists()
+
+
+def test_the_eta_line_says_which_path_runs(tmp_path, capsys):
+    from fdpp_rewrite.cli import main
+
+    assert main(["calibrate", "tiny-opt", "--device", "cpu", "--calibration-tokens", "64", "--heldout-tokens", "32",
+                 "--chunk", "32", "-o", str(tmp_path / "c.json")]) == 0
+    err = capsys.readouterr().err
+    assert "on the CPU, through the reference model: about" in err and "UTF-8 bytes" in err
+    assert json.loads((tmp_path / "c.json").read_text())["collected_on"].startswith("reference model")
