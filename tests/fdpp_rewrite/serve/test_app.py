@@ -201,7 +201,7 @@ def test_a_full_queue_is_503_with_retry_after(server):
 
 
 def test_request_timeout(engine_dir):
-    from conftest import RunningServer
+    from serve_server import RunningServer
 
     strict = RunningServer(engine_dir, request_timeout=0.05)
     try:

@@ -1,0 +1,43 @@
+"""The real `serve` HTTP server for tests (tests/fdpp_rewrite/serve/): a module of its own, not conftest.py,
+so a test can import it by name without meeting another folder's conftest."""
+
+
+class RunningServer:
+    """The real uvicorn server of `serve` on a free loopback port, in a background thread of the test process."""
+
+    def __init__(self, engine_dir, **options):
+        import threading
+
+        import uvicorn
+
+        from fdpp_rewrite.engine.runtime import Engine
+        from fdpp_rewrite.serve.server import bind, build_app
+
+        self.app, self.scheduler = build_app(Engine(engine_dir), model_name="tiny", **options)
+        sock = bind("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        for _ in range(200):
+            if self.server.started:
+                break
+            self.thread.join(0.05)
+        assert self.server.started, "the server did not start"
+
+    def client(self, **options):
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, **options)
+
+    def metrics(self) -> dict:
+        import httpx
+
+        from fdpp_rewrite.serve.metrics import parse
+
+        return parse(httpx.get(f"{self.url}/metrics").text)
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(10)
