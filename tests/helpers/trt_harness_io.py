@@ -115,8 +115,8 @@ def rounded(array: np.ndarray, dtype: str) -> np.ndarray:
 
 def fdpp_nodes_graph(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
     """A graph of the rewritten model's first FlatGemm (its weight, loaded) and first attention node alone, fed by
-    graph inputs with the exporter's dimension names, in `dtype`: what TensorRT can build while the glue ops
-    (RMSNorm, RopeAppend) have no TensorRT adapter."""
+    graph inputs with the exporter's dimension names, in `dtype`: the two big plugins in a plan of their own, at
+    real-size shapes too (scripts/trt_job.sh llama2)."""
     elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
     gemm = next(n for n in model.graph.node if n.op_type == "FlatGemm")
     attention = next(n for n in model.graph.node if n.op_type == "AsyncSoftmaxAttention")
