@@ -71,7 +71,8 @@ def load_plugins(trt, library: Path, model: onnx.ModelProto) -> None:
                 missing.add(f"{node.op_type} (version {version})")
     if missing:
         raise FdppError(f"{library.name} has no TensorRT plugin for the graph's fdpp nodes {', '.join(sorted(missing))}"
-                        "; their TensorRT adapters are not written yet (docs/tensorrt.md), use --backend cuda")
+                        "; rebuild the library from this checkout with -DTensorRT_INCLUDE_DIR=<TensorRT>/include, or "
+                        "use --backend cuda")
 
 
 def profile_shapes(model: onnx.ModelProto, max_batch: int, max_seq: int | None) -> dict:
@@ -133,6 +134,8 @@ def build_tensorrt_engine(source: Path, output: Path, *, max_batch: int = 8, max
         first = parser.get_error(0) if parser.num_errors else "no error reported"
         raise FdppError(f"TensorRT's ONNX parser refused {source.name}: {first}")
     config = builder.create_builder_config()
+    # RopeAppend's cache outputs alias its cache inputs (getAliasedInput): without this TensorRT refuses the layer.
+    config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
     for profile in (DECODE, PREFILL):
         optimization = builder.create_optimization_profile()
         for name, (lo, opt, hi) in shapes[profile].items():

@@ -7,8 +7,9 @@
 extern "C" {
 
 FDPP_API nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators) {
-  static nvinfer1::IPluginCreatorInterface* const creators[] = {fdpp::flatGemmPluginCreator(),
-                                                                fdpp::attentionPluginCreator()};
+  static nvinfer1::IPluginCreatorInterface* const creators[] = {
+      fdpp::flatGemmPluginCreator(), fdpp::attentionPluginCreator(), fdpp::rmsNormPluginCreator(),
+      fdpp::ropeAppendPluginCreator()};
   nbCreators = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
   return creators;
 }

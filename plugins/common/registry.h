@@ -7,7 +7,9 @@
 
 namespace fdpp {
 
-nvinfer1::IPluginCreatorInterface* flatGemmPluginCreator();   // plugins/FlatGemmPlugin/FlatGemmPlugin.cpp
-nvinfer1::IPluginCreatorInterface* attentionPluginCreator();  // plugins/AsyncSoftmaxAttentionPlugin/...Plugin.cpp
+nvinfer1::IPluginCreatorInterface* flatGemmPluginCreator();    // plugins/FlatGemmPlugin/FlatGemmPlugin.cpp
+nvinfer1::IPluginCreatorInterface* attentionPluginCreator();   // plugins/AsyncSoftmaxAttentionPlugin/...Plugin.cpp
+nvinfer1::IPluginCreatorInterface* rmsNormPluginCreator();     // plugins/RMSNormPlugin/RMSNormPlugin.cpp
+nvinfer1::IPluginCreatorInterface* ropeAppendPluginCreator();  // plugins/RopeAppendPlugin/RopeAppendPlugin.cpp
 
 }  // namespace fdpp

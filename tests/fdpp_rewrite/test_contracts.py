@@ -38,9 +38,10 @@ def test_plugin_version_matches_the_contract_and_reaches_the_onnx_parser(op):
     from pathlib import Path
 
     contract = load_contract(op)
-    source = (Path(__file__).parents[2] / "plugins" / f"{op}Plugin" / f"{op}Plugin.cpp").read_text()
+    folder = Path(__file__).parents[2] / "plugins" / f"{op}Plugin"
+    source = (folder / f"{op}Plugin.h").read_text() + (folder / f"{op}Plugin.cpp").read_text()
     # The adapter registers the contract's own version (fdpp_contract_constants.h, generated from contract.json).
-    assert re.search(r"kPluginVersion = contract::k\w+VersionString;", source)
+    assert re.search(r"kVersion = contract::k\w+VersionString;", source)
     registered = str(contract.version)
     attrs = contract.validate_attributes(ATTENTION_ATTRS if op == "AsyncSoftmaxAttention" else GEMM_ATTRS)
     assert attrs.get("plugin_version", "1") == registered

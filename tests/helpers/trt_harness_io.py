@@ -115,8 +115,8 @@ def rounded(array: np.ndarray, dtype: str) -> np.ndarray:
 
 def fdpp_nodes_graph(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
     """A graph of the rewritten model's first FlatGemm (its weight, loaded) and first attention node alone, fed by
-    graph inputs with the exporter's dimension names, in `dtype`: what TensorRT can build while the glue ops
-    (RMSNorm, RopeAppend) have no TensorRT adapter."""
+    graph inputs with the exporter's dimension names, in `dtype`: the two big plugins in a plan of their own, at
+    real-size shapes too (scripts/trt_job.sh llama2)."""
     elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
     gemm = next(n for n in model.graph.node if n.op_type == "FlatGemm")
     attention = next(n for n in model.graph.node if n.op_type == "AsyncSoftmaxAttention")
@@ -151,3 +151,30 @@ def fdpp_nodes_graph(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
          helper.make_tensor_value_info("attn", elem, ["batch", heads, "seq", dim])],
         initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("fdpp", 4)])
+
+
+def as_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A float16 graph (weights loaded) retyped to bfloat16: inputs, outputs, value infos, initializers, Constant
+    values and Cast targets (the exporter writes float16 and float32 only; the TensorRT build takes both halves)."""
+    bf16, f16 = TensorProto.BFLOAT16, TensorProto.FLOAT16
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+
+    def retype(tensor: onnx.TensorProto) -> None:
+        if tensor.data_type == f16:
+            values = numpy_helper.to_array(tensor).astype(np.float32)
+            tensor.CopyFrom(helper.make_tensor(tensor.name, bf16, values.shape, to_bits(values, "bfloat16"), raw=True))
+
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.type.tensor_type.elem_type == f16:
+            info.type.tensor_type.elem_type = bf16
+    for tensor in graph.initializer:
+        retype(tensor)
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == f16:
+                attr.i = bf16
+            elif attr.type == onnx.AttributeProto.TENSOR:
+                retype(attr.t)
+    return out

@@ -6,7 +6,7 @@ import sys
 
 import onnx
 import pytest
-from trt_harness_io import fdpp_nodes_graph
+from trt_harness_io import as_bfloat16, fdpp_nodes_graph
 
 from fdpp_rewrite import cli
 from fdpp_rewrite.engine import tensorrt_build
@@ -91,11 +91,37 @@ def trt(plugin_library, monkeypatch):
     pytest.skip("neither tensorrt nor tensorrt_rtx_bindings is importable")
 
 
-def test_a_graph_with_glue_nodes_names_the_missing_adapters(tmp_path, trt, tiny_rewritten_path, capsys):
-    code = cli.main(["build", str(tiny_rewritten_path), "--backend", "tensorrt", "-o", str(tmp_path / "m.plan")])
-    assert code == 2
-    (line,) = error_lines(capsys)
-    assert "no TensorRT plugin for the graph's fdpp nodes RMSNorm (version 1), RopeAppend (version 1)" in line
+def test_a_node_version_without_a_creator_is_named(trt, plugin_library, tiny_rewritten):
+    model = onnx.ModelProto()
+    model.CopyFrom(tiny_rewritten)
+    norm = next(n for n in model.graph.node if n.op_type == "RMSNorm")
+    norm.attribute.append(onnx.helper.make_attribute("plugin_version", "9"))
+    with pytest.raises(FdppError, match=r"no TensorRT plugin for the graph's fdpp nodes RMSNorm \(version 9\)"):
+        tensorrt_build.load_plugins(trt, plugin_library, model)
+
+
+WHOLE_PRESETS = ["tiny-llama", "tiny-smollm2", "tiny-chatglm", "tiny-opt"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("preset", WHOLE_PRESETS)
+def test_tensorrt_builds_a_whole_rewritten_model(tmp_path, trt, preset, dtype, capsys):
+    """Every node of the rewritten model (fdpp plugins and the standard ops left between them) parses and builds,
+    both profiles; the plan holds each fdpp plugin of the graph."""
+    exported, rewritten, plan = tmp_path / "m.onnx", tmp_path / "m.fdpp.onnx", tmp_path / "m.plan"
+    assert cli.main(["export", preset, "--dtype", "float16", "--max-cache", "64", "-o", str(exported)]) == 0
+    assert cli.main(["rewrite", str(exported), "-o", str(rewritten)]) == 0
+    if dtype == "bfloat16":  # the exporter writes float16; the same graph retyped
+        onnx.save(as_bfloat16(onnx.load(str(rewritten))), str(rewritten))
+    op_types = {n.op_type for n in onnx.load(str(rewritten), load_external_data=False).graph.node
+                if n.domain == "fdpp"}
+    assert {"FlatGemm", "AsyncSoftmaxAttention", "RopeAppend"} <= op_types
+    capsys.readouterr()
+    assert cli.main(["build", str(rewritten), "--backend", "tensorrt", "--max-batch", "2", "-o", str(plan)]) == 0, \
+        capsys.readouterr().err
+    data = plan.read_bytes()
+    for op_type in op_types:
+        assert op_type.encode() in data, op_type
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

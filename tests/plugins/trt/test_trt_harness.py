@@ -80,10 +80,52 @@ def attention_cases(model, node, dtype, folder=None, seed=0):
     return cases, expected
 
 
+def norm_cases(model, node, dtype, folder=None, seed=0):
+    """x [2, 1, H] (decode) and [1, 7, H] (prefill) against a random weight of the node's hidden size."""
+    (hidden,) = initializer_shape(model, node.input[1])
+    epsilon = node_attributes(node)["epsilon"]
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal(hidden).astype(np.float32)
+    cases, expected = [], {}
+    for label, lead in (("decode", (2, 1)), ("prefill", (1, 7))):
+        x = rng.standard_normal((*lead, hidden)).astype(np.float32)
+        cases.append(_case(label, [("x", x), ("weight", weight)], dtype, folder))
+        expected[label] = ref_ops.rms_norm(rounded(x, dtype), rounded(weight, dtype), epsilon=epsilon)
+    return cases, expected
+
+
+def rope_cases(model, node, dtype, folder=None, seed=0):
+    """Decode: 2 sequences of 1 new token after 5 and 9 cached ones; prefill: 7 new tokens into an empty cache.
+    The rotary table is the node's own (the rewriter's initializer); the caches are random. Expected: the three
+    outputs (query_out, key_cache_out, value_cache_out)."""
+    attrs = node_attributes(node)
+    heads, kv_heads, dim, capacity = attrs["num_heads"], attrs["num_kv_heads"], attrs["head_dim"], cache_capacity(model)
+    inv_freq = next(onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name == node.input[6])
+    inv_freq = inv_freq.astype(np.float32)
+    rng = np.random.default_rng(seed)
+    cases, expected = [], {}
+    for label, batch, seq, past in (("decode", 2, 1, [5, 9]), ("prefill", 1, 7, [0])):
+        tensors = [("query", rng.standard_normal((batch, heads, seq, dim))),
+                   ("k_new", rng.standard_normal((batch, kv_heads, seq, dim))),
+                   ("v_new", rng.standard_normal((batch, kv_heads, seq, dim))),
+                   ("key_cache", rng.standard_normal((batch, kv_heads, capacity, dim))),
+                   ("value_cache", rng.standard_normal((batch, kv_heads, capacity, dim)))]
+        tensors = [(name, a.astype(np.float32)) for name, a in tensors]
+        tensors += [("past_len", np.array(past, dtype=np.int64)), ("inv_freq", inv_freq)]
+        cases.append(_case(label, tensors, dtype, folder))
+        floats = [rounded(a, dtype) for _, a in tensors[:5]]
+        expected[label] = ref_ops.rope_append(*floats, tensors[5][1], inv_freq,
+                                              **{k: attrs[k] for k in load_contract("RopeAppend").attributes})
+    return cases, expected
+
+
+FLOAT32_INPUTS = {"inv_freq"}  # float32 in every model dtype (the contract's)
+
+
 def _case(label, tensors, dtype, folder):
     specs = []
     for name, array in tensors:
-        kind = "int64" if array.dtype == np.int64 else dtype
+        kind = "int64" if array.dtype == np.int64 else "float32" if name in FLOAT32_INPUTS else dtype
         path = None
         if folder is not None:
             path = folder / f"{label}_{name}.bin"
@@ -136,6 +178,61 @@ def test_attention_build_phase_and_round_trip(tmp_path, harness, plugin_library,
         assert answers["format_float32"] == ["0"]
         assert answers["configure"] == ["0"]
     _check_serialized(result, node, ROUTED)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_build_phase_and_round_trip(tmp_path, harness, plugin_library, tiny_rewritten, dtype):
+    node = first_node(tiny_rewritten, "RMSNorm")
+    cases, _ = norm_cases(tiny_rewritten, node, dtype)
+    result = run_harness(harness, plugin_library, write_spec(tmp_path / "spec", node, cases))
+    assert result.returncode == 0, result.lines
+
+    assert f"RMSNorm {plugin_version(node)} ''" in result.values("creator")
+    assert result.values("creator_field") == plugin_fields("RMSNorm")
+    for case in cases:
+        answers = result.cases[case.label]
+        half = "half" if dtype == "float16" else "bf16"
+        assert answers["output"] == [f"0 {half} " + ",".join(map(str, case.inputs[0].shape))]  # x's shape
+        assert answers["alias"] == ["0 -1"]
+        assert answers["format"] == ["0 1", "1 1", "2 1"]
+        assert answers["format_float32"] == ["0"]
+        assert answers["configure"] == ["0"] and answers["workspace"] == ["0"]
+    _check_serialized(result, node, ROUTED)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_append_build_phase_aliases_and_round_trip(tmp_path, harness, plugin_library, tiny_rewritten, dtype):
+    node = first_node(tiny_rewritten, "RopeAppend")
+    cases, _ = rope_cases(tiny_rewritten, node, dtype)
+    result = run_harness(harness, plugin_library, write_spec(tmp_path / "spec", node, cases))
+    assert result.returncode == 0, result.lines
+
+    assert f"RopeAppend {plugin_version(node)} ''" in result.values("creator")
+    assert result.values("creator_field") == plugin_fields("RopeAppend")
+    half = "half" if dtype == "float16" else "bf16"
+    for case in cases:
+        answers = result.cases[case.label]
+        shapes = [",".join(map(str, case.inputs[i].shape)) for i in (0, 3, 4)]  # query, key_cache, value_cache
+        assert answers["output"] == [f"{o} {half} {shape}" for o, shape in enumerate(shapes)]
+        assert answers["alias"] == ["0 0", "1 3", "2 4"]  # in place: no copy of the query or the caches
+        assert answers["format"] == [f"{pos} 1" for pos in range(10)]
+        assert answers["format_float32"] == ["0"]
+        assert answers["configure"] == ["0"] and answers["workspace"] == ["0"]
+    _check_serialized(result, node, ROUTED)
+
+
+@pytest.mark.parametrize(("op_type", "overrides", "message"), [
+    ("RMSNorm", {"epsilon": 2.0}, "attribute epsilon = 2 is outside [0, 1]"),
+    ("RopeAppend", {"rope_dim": 128}, "rope_dim must be at most head_dim"),
+    ("RopeAppend", {"num_kv_heads": 2}, "num_heads must be a multiple of num_kv_heads"),
+    ("RopeAppend", {"interleaved": 2}, "attribute interleaved = 2 is outside [0, 1]"),
+])
+def test_bad_glue_attributes_are_refused_with_the_reason(tmp_path, harness, plugin_library, tiny_rewritten, op_type,
+                                                         overrides, message):
+    node = first_node(tiny_rewritten, op_type)
+    result = run_harness(harness, plugin_library, write_spec(tmp_path / "spec", node, [], overrides))
+    assert result.returncode == 2 and "create failed" in result.lines
+    assert message in result.logs
 
 
 def _check_serialized(result, node, routed):
@@ -197,9 +294,12 @@ def _enqueue_and_compare(tmp_path, harness, plugin_library, model, node, make_ca
         answers = result.cases[case.label]
         assert answers["shape_change"] == ["0"] and answers["enqueue"] == ["0"], answers
         assert answers["graph_enqueue"] == ["0"] and answers["graph_equal"] == ["1"], answers
-        want = expected[case.label]
-        got = from_bits(case.output.read_bytes(), dtype, want.shape)
-        np.testing.assert_allclose(got, want.astype(np.float32), atol=atol, rtol=rtol, err_msg=case.label)
+        wants = expected[case.label]
+        for index, want in enumerate(wants if isinstance(wants, tuple) else (wants,)):
+            path = case.output if index == 0 else case.output.with_name(f"{case.output.name}.{index}")
+            got = from_bits(path.read_bytes(), dtype, want.shape)
+            np.testing.assert_allclose(got, want.astype(np.float32), atol=atol, rtol=rtol,
+                                       err_msg=f"{case.label} output {index}")
 
 
 @pytest.mark.gpu
@@ -217,9 +317,25 @@ def test_attention_enqueue_matches_the_reference(tmp_path, harness, plugin_libra
     _enqueue_and_compare(tmp_path, harness, plugin_library, tiny_rewritten, node, attention_cases, dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_enqueue_matches_the_reference(tmp_path, harness, plugin_library, tiny_rewritten, dtype):
+    node = first_node(tiny_rewritten, "RMSNorm")
+    _enqueue_and_compare(tmp_path, harness, plugin_library, tiny_rewritten, node, norm_cases, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_append_enqueue_matches_the_reference_in_place(tmp_path, harness, plugin_library, tiny_rewritten, dtype):
+    """The query and caches are written in place (the outputs are bound to the input buffers, as TensorRT binds
+    aliased outputs); all three outputs against the reference, eager and replayed from a CUDA graph."""
+    node = first_node(tiny_rewritten, "RopeAppend")
+    _enqueue_and_compare(tmp_path, harness, plugin_library, tiny_rewritten, node, rope_cases, dtype)
+
+
 def test_the_rewritten_nodes_name_the_creators_the_library_registers(tiny_rewritten):
     """The ONNX parser finds a creator by (op type, plugin_version or "1", namespace ""): the contract's versions."""
-    for op in ("FlatGemm", "AsyncSoftmaxAttention"):
+    for op in ("FlatGemm", "AsyncSoftmaxAttention", "RMSNorm", "RopeAppend"):
         node = first_node(tiny_rewritten, op)
         assert plugin_version(node) == str(load_contract(op).version)
         assert node.domain == "fdpp" and isinstance(node, onnx.NodeProto)

@@ -10,7 +10,7 @@
 //   field NAME int|float|string VALUE       one node attribute (string: the rest of the line)
 //   case LABEL                              a set of tensor shapes; the lines below belong to it
 //   input half|bf16|float|int64 D0,D1,.. [FILE]   an input tensor (FILE: its raw bytes, for enqueue)
-//   output FILE                             where enqueue writes output 0
+//   output FILE                             where enqueue writes output 0 (output i > 0: FILE.i)
 // It prints what each call answered, a line each ("key value..."), for the test to check; errors the plugin
 // logs come out as "log ..." lines. Exit code 0, or 2 for a bad spec or a call that failed.
 #include <NvInferRuntime.h>
@@ -240,14 +240,14 @@ std::vector<std::string> describe(const nv::PluginFieldCollection* fc) {
 // ---- the calls ------------------------------------------------------------------------------------------------
 struct Capabilities {
   nv::IPluginV3OneCore* core;
-  nv::IPluginV3OneBuild* build;
+  nv::IPluginV3OneBuildV2* build;  // every fdpp adapter has the V2 build capability (getAliasedInput)
   nv::IPluginV3OneRuntime* runtime;
 };
 
 Capabilities capabilities(nv::IPluginV3* plugin, bool need_build) {
   Capabilities c{
       static_cast<nv::IPluginV3OneCore*>(plugin->getCapabilityInterface(nv::PluginCapabilityType::kCORE)),
-      static_cast<nv::IPluginV3OneBuild*>(plugin->getCapabilityInterface(nv::PluginCapabilityType::kBUILD)),
+      static_cast<nv::IPluginV3OneBuildV2*>(plugin->getCapabilityInterface(nv::PluginCapabilityType::kBUILD)),
       static_cast<nv::IPluginV3OneRuntime*>(plugin->getCapabilityInterface(nv::PluginCapabilityType::kRUNTIME))};
   if (c.core == nullptr || c.runtime == nullptr || (need_build && c.build == nullptr))
     fail("getCapabilityInterface returned null");
@@ -255,7 +255,7 @@ Capabilities capabilities(nv::IPluginV3* plugin, bool need_build) {
 }
 
 // The build phase for one case: what TensorRT's builder asks while it adds the layer and picks formats.
-size_t build_phase(nv::IPluginV3OneBuild* build, const Case& c) {
+size_t build_phase(nv::IPluginV3OneBuildV2* build, const Case& c) {
   const int32_t nb_in = static_cast<int32_t>(c.inputs.size());
   const int32_t nb_out = build->getNbOutputs();
   std::printf("case %s\nnb_outputs %d\n", c.label.c_str(), nb_out);
@@ -287,6 +287,7 @@ size_t build_phase(nv::IPluginV3OneBuild* build, const Case& c) {
       d.dims.nbDims = e.nbDims;
       for (int j = 0; j < e.nbDims; ++j) d.dims.d[j] = e.d[j]->getConstantValue();
       std::printf("output %d %s %s\n", i - nb_in, type_name(d.type), dims_text(d.dims).c_str());
+      std::printf("alias %d %d\n", i - nb_in, build->getAliasedInput(i - nb_in));
     }
     descs[i].min = descs[i].opt = descs[i].max = d.dims;
   }
@@ -323,67 +324,97 @@ size_t elements(const nv::Dims& d) {
   } while (0)
 
 // The runtime phase on the GPU: onShapeChange, enqueue eagerly, then the same enqueue captured in a CUDA graph
-// (into a zeroed output) must write the same bytes.
-void enqueue_case(nv::IPluginV3OneRuntime* runtime, nv::IPluginV3OneBuild* build, const Case& c, size_t workspace) {
+// (from freshly uploaded inputs, into zeroed outputs) must write the same bytes. An output the plugin aliases to an
+// input (getAliasedInput) is bound to that input's buffer, as TensorRT binds it.
+void enqueue_case(nv::IPluginV3OneRuntime* runtime, nv::IPluginV3OneBuildV2* build, const Case& c, size_t workspace) {
   const int32_t nb_in = static_cast<int32_t>(c.inputs.size());
-  std::vector<nv::PluginTensorDesc> in(nb_in), out(1);
+  const int32_t nb_out = build->getNbOutputs();
+  std::vector<nv::PluginTensorDesc> in(nb_in), out(nb_out);
   for (int32_t i = 0; i < nb_in; ++i) in[i] = {c.inputs[i].dims, c.inputs[i].type, nv::TensorFormat::kLINEAR, 1.f};
-  // The output's shape and type: what the build phase answered for this case.
+  // The outputs' shapes and types: what the build phase answered for this case.
   ConstantExprBuilder exprs;
-  std::vector<nv::DimsExprs> in_exprs(nb_in);
-  nv::DimsExprs out_expr{};
+  std::vector<nv::DimsExprs> in_exprs(nb_in), out_exprs(nb_out);
+  std::vector<nv::DataType> in_types, out_types(nb_out);
   for (int32_t i = 0; i < nb_in; ++i) {
+    in_types.push_back(in[i].type);
     in_exprs[i].nbDims = in[i].dims.nbDims;
     for (int j = 0; j < in[i].dims.nbDims; ++j) in_exprs[i].d[j] = exprs.make(in[i].dims.d[j]);
   }
-  if (build->getOutputShapes(in_exprs.data(), nb_in, nullptr, 0, &out_expr, 1, exprs) != 0)
-    fail("getOutputShapes failed");
-  out[0] = {nv::Dims{}, c.inputs[0].type, nv::TensorFormat::kLINEAR, 1.f};
-  out[0].dims.nbDims = out_expr.nbDims;
-  for (int j = 0; j < out_expr.nbDims; ++j) out[0].dims.d[j] = out_expr.d[j]->getConstantValue();
-  std::printf("shape_change %d\n", runtime->onShapeChange(in.data(), nb_in, out.data(), 1));
+  if (build->getOutputShapes(in_exprs.data(), nb_in, nullptr, 0, out_exprs.data(), nb_out, exprs) != 0 ||
+      build->getOutputDataTypes(out_types.data(), nb_out, in_types.data(), nb_in) != 0)
+    fail("getOutputShapes or getOutputDataTypes failed");
+  for (int32_t o = 0; o < nb_out; ++o) {
+    out[o] = {nv::Dims{}, out_types[o], nv::TensorFormat::kLINEAR, 1.f};
+    out[o].dims.nbDims = out_exprs[o].nbDims;
+    for (int j = 0; j < out_exprs[o].nbDims; ++j) out[o].dims.d[j] = out_exprs[o].d[j]->getConstantValue();
+  }
+  std::printf("shape_change %d\n", runtime->onShapeChange(in.data(), nb_in, out.data(), nb_out));
 
+  std::vector<std::vector<char>> host_in(nb_in);
   std::vector<void*> device_in(nb_in);
   for (int32_t i = 0; i < nb_in; ++i) {
     const size_t bytes = elements(in[i].dims) * type_size(in[i].type);
-    std::vector<char> host;
-    if (!read_file(c.inputs[i].file, &host, bytes)) fail("input file " + c.inputs[i].file + " has the wrong size");
-    CUDA_OK(cudaMalloc(&device_in[i], bytes));
-    CUDA_OK(cudaMemcpy(device_in[i], host.data(), bytes, cudaMemcpyHostToDevice));
+    if (!read_file(c.inputs[i].file, &host_in[i], bytes))
+      fail("input file " + c.inputs[i].file + " has the wrong size");
+    CUDA_OK(cudaMalloc(&device_in[i], bytes > 0 ? bytes : 1));
   }
-  const size_t out_bytes = elements(out[0].dims) * type_size(out[0].type);
-  void* device_out = nullptr;
+  std::vector<size_t> out_bytes(nb_out);
+  std::vector<void*> device_out(nb_out);
+  std::vector<int32_t> alias(nb_out);
+  for (int32_t o = 0; o < nb_out; ++o) {
+    out_bytes[o] = elements(out[o].dims) * type_size(out[o].type);
+    alias[o] = build->getAliasedInput(o);
+    if (alias[o] >= 0) device_out[o] = device_in[alias[o]];
+    else CUDA_OK(cudaMalloc(&device_out[o], out_bytes[o]));
+  }
   void* device_ws = nullptr;
-  CUDA_OK(cudaMalloc(&device_out, out_bytes));
   CUDA_OK(cudaMalloc(&device_ws, workspace > 0 ? workspace : 1));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto upload = [&] {
+    for (int32_t i = 0; i < nb_in; ++i)
+      CUDA_OK(cudaMemcpy(device_in[i], host_in[i].data(), host_in[i].size(), cudaMemcpyHostToDevice));
+    for (int32_t o = 0; o < nb_out; ++o)
+      if (alias[o] < 0) CUDA_OK(cudaMemset(device_out[o], 0, out_bytes[o]));
+  };
+  auto download = [&] {
+    std::vector<std::vector<char>> got(nb_out);
+    for (int32_t o = 0; o < nb_out; ++o) {
+      got[o].resize(out_bytes[o]);
+      CUDA_OK(cudaMemcpy(got[o].data(), device_out[o], out_bytes[o], cudaMemcpyDeviceToHost));
+    }
+    return got;
+  };
 
+  upload();
   std::printf("enqueue %d\n",
-              runtime->enqueue(in.data(), out.data(), device_in.data(), &device_out, device_ws, stream));
+              runtime->enqueue(in.data(), out.data(), device_in.data(), device_out.data(), device_ws, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
-  std::vector<char> eager(out_bytes), graphed(out_bytes);
-  CUDA_OK(cudaMemcpy(eager.data(), device_out, out_bytes, cudaMemcpyDeviceToHost));
+  const std::vector<std::vector<char>> eager = download();
 
-  CUDA_OK(cudaMemset(device_out, 0, out_bytes));
+  upload();
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const int32_t captured = runtime->enqueue(in.data(), out.data(), device_in.data(), &device_out, device_ws, stream);
+  const int32_t captured =
+      runtime->enqueue(in.data(), out.data(), device_in.data(), device_out.data(), device_ws, stream);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   std::printf("graph_enqueue %d\n", captured);
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   CUDA_OK(cudaGraphLaunch(exec, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
-  CUDA_OK(cudaMemcpy(graphed.data(), device_out, out_bytes, cudaMemcpyDeviceToHost));
-  std::printf("graph_equal %d\n", eager == graphed ? 1 : 0);
+  std::printf("graph_equal %d\n", download() == eager ? 1 : 0);
 
-  std::ofstream(c.output_file, std::ios::binary).write(eager.data(), static_cast<std::streamsize>(out_bytes));
+  for (int32_t o = 0; o < nb_out; ++o) {
+    const std::string path = o == 0 ? c.output_file : c.output_file + "." + std::to_string(o);
+    std::ofstream(path, std::ios::binary).write(eager[o].data(), static_cast<std::streamsize>(out_bytes[o]));
+  }
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(stream));
   for (void* p : device_in) CUDA_OK(cudaFree(p));
-  CUDA_OK(cudaFree(device_out));
+  for (int32_t o = 0; o < nb_out; ++o)
+    if (alias[o] < 0) CUDA_OK(cudaFree(device_out[o]));
   CUDA_OK(cudaFree(device_ws));
 }
 
