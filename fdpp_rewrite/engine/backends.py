@@ -123,6 +123,24 @@ def baseline_lowering(op_type: str, attrs: dict):
     return None
 
 
+def all_reduced(fn, attrs: dict, name: str):
+    """A FlatGemm of a tensor-parallel rank (attribute all_reduce, tensor_parallel.py): its output is this rank's
+    partial sum, summed over the ranks in place (NCCL on the current stream, so a CUDA graph captures it)."""
+    if not attrs.get("all_reduce", 0):
+        return fn
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise FdppError(f"FlatGemm {name} belongs to one rank of a tensor-parallel engine; load the engine folder "
+                        "above its rank folders")
+
+    def step(*inputs):
+        y = fn(*inputs)
+        dist.all_reduce(y)
+        return y
+    return step
+
+
 def node_softmax(attrs: dict) -> str:
     """The node's softmax attribute: "synchronized" where calibrate found no phi for its layer, else "unified"."""
     return attrs.get("softmax", "unified")
@@ -139,6 +157,10 @@ class CpuBackend:
         self.baseline = baseline
 
     def lower(self, op_type: str, attrs: dict, name: str):
+        fn = self._lower(op_type, attrs, name)
+        return all_reduced(fn, attrs, name) if op_type == "FlatGemm" else fn
+
+    def _lower(self, op_type: str, attrs: dict, name: str):
         fn = baseline_lowering(op_type, attrs) if self.baseline else None
         if fn is not None:
             return fn
@@ -184,6 +206,10 @@ class CudaBackend:
         self.baseline = baseline
 
     def lower(self, op_type: str, attrs: dict, name: str):
+        fn = self._lower(op_type, attrs, name)
+        return all_reduced(fn, attrs, name) if op_type == "FlatGemm" else fn
+
+    def _lower(self, op_type: str, attrs: dict, name: str):
         fn = baseline_lowering(op_type, attrs) if self.baseline else None
         if self.ablate == "sdpa-attention" and op_type == "AsyncSoftmaxAttention":
             fn = sdpa_attention(attrs)

@@ -13,6 +13,9 @@ runs an unprofiled GEMM); write the folder atomically (a temporary folder beside
                          initializers are host values, and each FlatGemm's plan
     weights.safetensors  every initializer, as the graph holds it (FlatGemm weights already [N, K])
     tokenizer.json       the tokenizer, when the export had one
+
+With --tensor-parallel N the folder holds manifest.json (tensor_parallel N, each rank's GEMM shapes) and rank_0 ...
+rank_{N-1}, each the folder above for its shard (tensor_parallel.py).
 """
 
 from __future__ import annotations
@@ -301,7 +304,7 @@ def library_facts() -> dict | None:
 
 def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch: int = 8, max_seq: int | None = None,
                  dtype: str | None = None, profile: Path | None = None, force: bool = False,
-                 stream=sys.stdout) -> dict:
+                 tensor_parallel: int | None = None, stream=sys.stdout) -> dict:
     """Build the engine folder (see the module docstring); returns the manifest."""
     import torch
 
@@ -343,18 +346,39 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
         "glue_ops": glue_ops, "model": {"config": config, "source": (metadata or {}).get("source"),
                                   "origin": (metadata or {}).get("origin")}, "tokenizer": None,
     }
+    if tensor_parallel:
+        from fdpp_rewrite.engine import tensor_parallel as tp
+
+        tp.check_tensor_parallel(plan, tensor_parallel)
+        ranks = [tp.shard(plan, arrays, tensor_parallel, rank) for rank in range(tensor_parallel)]
+    else:
+        ranks = [(plan, arrays)]
+    rank_shapes = [gemm_shapes(rank_plan, rank_arrays) for rank_plan, rank_arrays in ranks]
     if backend == "cuda":
         if library is None:
             raise FdppError("the cuda backend needs the plugin library; build it (cmake) or set FDPP_PLUGIN_LIB")
         device = gpu_facts()
         manifest["gpu"] = {"name": device["name"], "compute_capability": device["cc"], "driver": device["driver"],
                            "num_sms": device["num_sms"]}
-        plans, profile_used, measured = gpu_gemm_plans(shapes, profile, device, stream)
+        every_shape = {f"{rank}/{name}": shape for rank, shapes in enumerate(rank_shapes) for name, shape in
+                       shapes.items()}
+        plans, profile_used, measured = gpu_gemm_plans(every_shape, profile, device, stream)
+        rank_plans = [{name: plans[f"{rank}/{name}"] for name in shapes} for rank, shapes in enumerate(rank_shapes)]
         manifest["profile"] = str(profile_used) if profile_used else None
         manifest["profile_sha256"] = sha256_file(profile_used) if profile_used else None
         manifest["gemm_shapes_profiled_now"] = measured
     else:
-        plans = node_gemm_plans(plan)
+        rank_plans = [node_gemm_plans(rank_plan) for rank_plan, _ in ranks]
+    for (rank_plan, rank_arrays), plans, shapes in zip(ranks, rank_plans, rank_shapes):
+        _finish_plan(rank_plan, rank_arrays, plans, shapes)
+    if not tensor_parallel:
+        _write_folder(output, manifest, plan, arrays, metadata, force)
+        return manifest
+    _write_tensor_parallel(output, manifest, ranks, metadata, force)
+    return manifest
+
+
+def _finish_plan(plan: dict, arrays: dict, plans: dict, shapes: dict) -> None:
     plan["gemm_plans"] = plans
     plan["gemm_shapes"] = {name: list(shape) for name, shape in shapes.items()}
     plan["host_values"] = sorted(name for name, a in arrays.items()
@@ -362,8 +386,26 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
     plan["host_values"] += sorted(name for name, a in arrays.items()
                                   if a.size <= HOST_VALUE_MAX_ELEMENTS and a.dtype.kind == "f"
                                   and not _used_as_weight(plan, name))
-    _write_folder(output, manifest, plan, arrays, metadata, force)
-    return manifest
+
+
+def _write_tensor_parallel(output: Path, manifest: dict, ranks: list, metadata: dict | None, force: bool) -> None:
+    """One engine folder of N rank folders (each a plain engine folder of its shard) and a manifest naming N and
+    every rank's GEMM shapes [N, K, dtype] (what a GPU build profiles)."""
+    from fdpp_rewrite.engine.tensor_parallel import rank_folder_name
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        for rank, (rank_plan, rank_arrays) in enumerate(ranks):
+            rank_manifest = dict(manifest, tensor_parallel_rank={"rank": rank, "size": len(ranks)})
+            _write_folder(tmp / rank_folder_name(rank), rank_manifest, rank_plan, rank_arrays, metadata, False)
+        manifest.update(tensor_parallel=len(ranks), tokenizer=rank_manifest["tokenizer"],
+                        rank_gemm_shapes=[rank_plan["gemm_shapes"] for rank_plan, _ in ranks])
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        _replace_folder(tmp, output, force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _used_as_weight(plan: dict, name: str) -> bool:
@@ -401,16 +443,21 @@ def _write_folder(output: Path, manifest: dict, plan: dict, arrays: dict, metada
         manifest["weights_sha256"] = sha256_file(tmp / "weights.safetensors")
         (tmp / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        if output.exists():
-            if not force:
-                raise FdppError(f"{output} exists; pass --force to replace it")
-            old = output.with_name(f".{output.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(output, old)
-            os.replace(tmp, output)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, output)
+        _replace_folder(tmp, output, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _replace_folder(tmp: Path, output: Path, force: bool) -> None:
+    """Move a finished temporary folder into place (the old engine, with --force, is removed only after)."""
+    if output.exists():
+        if not force:
+            raise FdppError(f"{output} exists; pass --force to replace it")
+        old = output.with_name(f".{output.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(output, old)
+        os.replace(tmp, output)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, output)

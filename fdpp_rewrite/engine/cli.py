@@ -33,6 +33,9 @@ def add_build_arguments(parser) -> None:
                              "tensorrt (a TensorRT plan file, docs/tensorrt.md), auto: cuda when a GPU is visible")
     parser.add_argument("--profile", type=Path, help="GEMM profile (default engines/profiles/<gpu>.json); shapes it "
                                                      "lacks are profiled during the build")
+    parser.add_argument("--tensor-parallel", type=int, metavar="N",
+                        help="shard the model over N ranks, one GPU each (1, 2, 4 or 8; docs/tensor-parallel.md); "
+                             "default: one unsharded engine")
     parser.add_argument("--force", action="store_true", help="replace the engine folder if it exists")
 
 
@@ -88,7 +91,8 @@ def run_build(args) -> int:
     from fdpp_rewrite.engine.build import build_engine
 
     manifest = build_engine(args.model, args.output, backend=args.backend, max_batch=args.max_batch,
-                            max_seq=args.max_seq, dtype=args.dtype, profile=args.profile, force=args.force)
+                            max_seq=args.max_seq, dtype=args.dtype, profile=args.profile, force=args.force,
+                            tensor_parallel=args.tensor_parallel)
     gpu = manifest["gpu"]["name"] if manifest["gpu"] else "cpu"
     print(f"wrote {args.output} ({manifest['backend']} backend, {gpu}, {manifest['dtype']}, max batch "
           f"{manifest['max_batch']}, max seq {manifest['max_seq']}, {manifest['glue_ops']['rms_norm']} RMSNorm and "

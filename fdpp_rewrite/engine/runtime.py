@@ -18,6 +18,7 @@ given slots, `release` frees a slot. `generate` and `decode` keep the whole-batc
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -84,7 +85,9 @@ def read_manifest(folder: Path) -> dict:
     if manifest["format_version"] > FORMAT_VERSION:
         raise FdppError(f"{folder} has engine format {manifest['format_version']}, newer than this fdpp_rewrite "
                         f"reads ({FORMAT_VERSION}); update fdpp_rewrite or rebuild the engine with this version")
-    for name in ("plan.json", "weights.safetensors"):
+    size = manifest.get("tensor_parallel")
+    names = [f"rank_{rank}/manifest.json" for rank in range(size)] if size else ["plan.json", "weights.safetensors"]
+    for name in names:
         if not (folder / name).is_file():
             raise FdppError(f"{folder} lacks {name} (a truncated engine?); rebuild the engine")
     return manifest
@@ -147,16 +150,49 @@ class GenerateResult:
     step_s: list = field(default_factory=list)  # wall seconds of each decode step (sampling and readback included)
 
 
+def mirrored(method):
+    """A state-changing call rank 0 of a tensor-parallel engine first broadcasts to the other ranks (not the calls
+    it makes itself: prefill's chunks are part of the prefill the followers run)."""
+    @functools.wraps(method)
+    def call(self, *args):
+        if self.leader is not None and not self._inside_call:
+            self.leader.broadcast(method.__name__, args, self.active)
+        self._inside_call += 1
+        try:
+            return method(self, *args)
+        finally:
+            self._inside_call -= 1
+    return call
+
+
 class Engine:
     def __init__(self, folder, backend: str | None = None, use_graphs: bool = True, softmax: str = "unified",
                  baseline: bool = False, ablate: str | None = None):
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        backend = backend or self.manifest["backend"]
+        self.leader, self._inside_call = None, 0  # leader: rank 0 of a tensor-parallel engine (tensor_parallel.py)
+        if self.manifest.get("tensor_parallel"):
+            from fdpp_rewrite.engine.tensor_parallel import Leader, rank_folder_name
+
+            self.leader = Leader(self.folder, self.manifest, {"backend": backend, "use_graphs": use_graphs,
+                                                              "softmax": softmax, "baseline": baseline,
+                                                              "ablate": ablate})
+            try:
+                self.folder = self.folder / rank_folder_name(0)
+                self.manifest = read_manifest(self.folder)
+                self._load(backend, use_graphs, softmax, baseline, ablate)
+            except FdppError as exc:
+                self.leader.confirm(f"rank 0: {exc}")
+            self.leader.confirm(None)
+        else:
+            self._load(backend, use_graphs, softmax, baseline, ablate)
+
+    def _load(self, backend: str, use_graphs: bool, softmax: str, baseline: bool, ablate: str | None) -> None:
         from safetensors.torch import load_file
 
         from fdpp_rewrite.engine.backends import CpuBackend, CudaBackend
 
-        self.folder = Path(folder)
-        self.manifest = read_manifest(self.folder)
-        backend = backend or self.manifest["backend"]
         if backend == "cuda":
             check_device(self.manifest, self.folder)
         elif backend != "cpu":
@@ -210,6 +246,11 @@ class Engine:
     def load(cls, folder, **options) -> "Engine":
         return cls(folder, **options)
 
+    def close(self) -> None:
+        """Stop the follower ranks of a tensor-parallel engine (also at exit); a plain engine has none."""
+        if self.leader is not None:
+            self.leader.close()
+
     @property
     def device(self):
         return self.backend.device
@@ -249,12 +290,14 @@ class Engine:
             cache = BUFFER_PREFIX + cache
         return tuple(feeds["input_ids"].shape), feeds[cache].shape[2]
 
+    @mirrored
     def reset(self) -> None:
         self.past_len.zero_()
         self.step_ids.zero_()
         self.lengths = [0] * self.max_batch
         self.active = 0
 
+    @mirrored
     def prefill(self, slot: int, ids: list[int]):
         """Run a prompt into cache slot `slot` (batch 1); returns the last prompt position's logits [V].
 
@@ -288,6 +331,7 @@ class Engine:
                             "--max-seq")
         return pick(batch, self.batch_buckets), pick(longest, self.kv_buckets)
 
+    @mirrored
     def decode(self, tokens):
         """One decode step of the active sequences with tokens [B] (device int64); returns logits [B, V]."""
         batch = self.active
@@ -325,6 +369,7 @@ class Engine:
 
     # -- slot-level work (the server's scheduler) ----------------------------------------------------------------
 
+    @mirrored
     def prefill_chunk(self, slot: int, ids: list[int]):
         """Run the next `ids` of a prompt into `slot`, after the lengths[slot] tokens already there (batch 1,
         past_len = those tokens); returns the chunk's last position's logits [V]. A whole prompt in one chunk is
@@ -358,6 +403,7 @@ class Engine:
                             "--max-seq")
         return bucket_batch, pick(longest, self.kv_buckets)
 
+    @mirrored
     def decode_slots(self, slots: list[int], tokens):
         """One decode step of the sequences in `slots` (distinct) with tokens [len(slots)] (device int64);
         returns their logits [len(slots), V] in that order. Only these slots advance.
@@ -374,6 +420,7 @@ class Engine:
         self.past_len[:bucket_batch].copy_(torch.tensor(self.lengths[:bucket_batch], dtype=torch.int64))
         return logits[index, -1]
 
+    @mirrored
     def release(self, slot: int) -> None:
         """Free a slot: length 0, so the decode steps of other slots write only its row 0 and the KV bucket is
         not held up by a finished sequence."""
