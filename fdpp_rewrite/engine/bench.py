@@ -50,7 +50,9 @@ def stream_read_bytes_per_s(gib: float) -> float:
 
 
 def weight_bytes_per_step(engine, batch: int) -> int:
-    """Bytes of weights one decode step reads: whole tensors, except Gather tables (one row per token)."""
+    """Bytes of weights one decode step reads: whole tensors, except Gather tables (one row per token). For a
+    tensor-parallel engine these are rank 0's: every GPU streams its own shard at once, so one GPU's roofline is the
+    step's."""
     gathered = {n["inputs"][0] for n in engine.plan["nodes"]
                 if n["op"] == "Gather" and n["inputs"][0] in engine.weights}
     total = 0
@@ -118,7 +120,9 @@ def bench_point(engine, batch: int, context: int, new_tokens: int, bandwidth: fl
         kv = kv_bytes_per_step(engine, batch, mean_len)
         point.update(weight_bytes=weights, kv_bytes_mean=kv, roofline_ms=(weights + kv) / bandwidth * 1e3)
         point["roofline_pct"] = 100 * point["roofline_ms"] / point["ms_per_step"]
-        point["launches"] = count_kernels(engine, batch)
+        if engine.leader is None or engine.manifest.get("tensor_parallel", 1) == 1:
+            # the profiler replays a step on rank 0 alone: the other ranks would wait in its all-reduce
+            point["launches"] = count_kernels(engine, batch)
     return point
 
 
