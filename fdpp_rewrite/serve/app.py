@@ -6,9 +6,9 @@ OpenAI responses. Nothing here touches the engine; the event loop only queues.
     GET  /v1/models, /health, /metrics           /metrics: Prometheus text (metrics.py, Scheduler.gauges)
 
 Every refusal is OpenAI's error object: 400 for a malformed body or a bad value (the message names the field),
-404 for another model name, 503 with Retry-After when the queue is full, 504 when a request runs past the
-timeout, 500 when the engine failed. A client that disconnects cancels its request (its slot is freed at the
-scheduler's next iteration).
+404 for another model name, 503 with Retry-After when the queue is full or the server is still warming up, 504
+when a request runs past the timeout, 500 when the engine failed. A client that disconnects cancels its request
+(its slot is freed at the scheduler's next iteration).
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
 
     @app.get("/health")
     async def health():
+        if scheduler.warming:
+            return JSONResponse({"status": "warming up"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         if not scheduler.healthy:
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return {"status": "ok", "last_engine_error": scheduler.last_error}
@@ -169,6 +171,10 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
         return max_tokens
 
     async def answer(body, prompt: list, max_tokens: int, asked: bool, http: HttpRequest, chat: bool):
+        if scheduler.warming:
+            raise APIError(503, f"the server is warming up (tracing the engine's shapes, see --warmup); retry in "
+                                f"{RETRY_AFTER_S} s", kind="server_error", code="warming_up",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
         max_tokens = check_limits(body, prompt, max_tokens, asked)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()

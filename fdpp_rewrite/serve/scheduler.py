@@ -10,6 +10,9 @@ Each iteration of the scheduler thread (run_once), between decode steps:
    free or mid-prefill, are neither advanced nor corrupted), then each sequence is retired on its own: EOS, a stop
    string, max_tokens.
 
+Before the loop the thread warms the engine up (warmup.py; `warming` is True until then, and the HTTP side
+answers 503).
+
 Events reach the request through its `emit` callback, called on this thread (the HTTP side hands them to its
 event loop): Delta(text) for new text, then one Finish (usage, finish reason) or Failure (timeout, engine
 error). A cancelled request gets nothing more. Greedy tokens do not depend on which requests share the batch
@@ -27,6 +30,7 @@ from typing import Callable
 
 from fdpp_rewrite.serve.metrics import Metrics
 from fdpp_rewrite.serve.text import TextStream
+from fdpp_rewrite.serve.warmup import warm_up
 
 COUNTER_PERIOD_S = 1.0  # how often the cuda backend's softmax fallback counter is read (a small device readback)
 IDLE_WAIT_S = 0.5       # the idle thread still wakes to expire waiting requests
@@ -76,13 +80,15 @@ class Request:
 
 class Scheduler:
     def __init__(self, engine, tokenizer=None, metrics: Metrics | None = None, max_queue: int = 64,
-                 prefill_chunk: int = 512, stop_ids=()):
+                 prefill_chunk: int = 512, stop_ids=(), warmup: str = "none"):
         self.engine = engine
         engine.reset()  # every slot free: the scheduler owns the engine from here on
         self.tokenizer = tokenizer
         self.metrics = metrics or Metrics()
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
         self.stop_ids = set(stop_ids)
+        self.warmup = warmup
+        self.warming = warmup != "none"  # until warm_up has run: the HTTP side refuses requests meanwhile
         self.slots: list[Request | None] = [None] * engine.max_batch
         self.waiting: deque[Request] = deque()
         self.cond = threading.Condition()
@@ -147,7 +153,19 @@ class Scheduler:
     def healthy(self) -> bool:
         return self.thread is not None and self.thread.is_alive() and not self.stopping
 
+    def warm_up(self, stream=None) -> None:
+        """Trace the engine's shapes (warmup.py) before any request; a failure is reported and serving goes on."""
+        try:
+            warm_up(self.engine, self.warmup, self.prefill_chunk, stopping=lambda: self.stopping, stream=stream)
+        except Exception as exc:  # noqa: BLE001 - the requests will meet the failure again and fail on their own
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            print(f"error: the warm-up failed ({self.last_error}); serving without it", file=sys.stderr)
+        finally:
+            self.warming = False
+
     def _loop(self) -> None:
+        if self.warming:
+            self.warm_up()
         while True:
             with self.cond:
                 if not self.stopping and not self.waiting and all(r is None for r in self.slots):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.serve.warmup import MODES
 
 
 def add_arguments(parser) -> None:
@@ -23,6 +24,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=512,
                         help="prompt tokens prefilled between two decode steps (a long prompt takes several)")
     parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
+    parser.add_argument("--warmup", choices=MODES, default="decode",
+                        help="shapes traced before the server is healthy: every decode bucket (decode), also every "
+                             "prefill chunk shape (all), or none (the first request of a shape traces it)")
 
 
 def check_options(args) -> None:
@@ -58,14 +62,16 @@ def engine_tokenizer(engine):
 
 
 def build_app(engine, *, model_name: str | None = None, max_queue: int = 64, request_timeout: float = 600.0,
-              prefill_chunk: int = 512):
-    """The FastAPI app and its scheduler for a loaded engine (the scheduler starts with the app)."""
+              prefill_chunk: int = 512, warmup: str = "none"):
+    """The FastAPI app and its scheduler for a loaded engine (the scheduler starts with the app, and warms the
+    engine up first unless warmup is "none")."""
     from fdpp_rewrite.serve.app import create_app
     from fdpp_rewrite.serve.scheduler import Scheduler
 
     tokenizer = engine_tokenizer(engine)
     stop_ids = {tokenizer.eos_id} if tokenizer is not None and tokenizer.eos_id is not None else set()
-    scheduler = Scheduler(engine, tokenizer, max_queue=max_queue, prefill_chunk=prefill_chunk, stop_ids=stop_ids)
+    scheduler = Scheduler(engine, tokenizer, max_queue=max_queue, prefill_chunk=prefill_chunk, stop_ids=stop_ids,
+                          warmup=warmup)
     return create_app(scheduler, tokenizer, model_name or engine.folder.name, request_timeout), scheduler
 
 
@@ -78,7 +84,8 @@ def run(args) -> int:
     sock = bind(args.host, args.port)
     engine = Engine(args.engine, backend=args.backend)
     app, scheduler = build_app(engine, model_name=args.model_name, max_queue=args.max_queue,
-                               request_timeout=args.request_timeout, prefill_chunk=args.prefill_chunk)
+                               request_timeout=args.request_timeout, prefill_chunk=args.prefill_chunk,
+                               warmup=args.warmup)
     host, port = sock.getsockname()[:2]
     print(f"serving {args.model_name or engine.folder.name} at http://{host}:{port}/v1 ({engine.backend.name} "
           f"backend, {engine.max_batch} KV slots, max sequence {engine.max_seq}); Ctrl-C stops", file=sys.stderr)

@@ -51,3 +51,25 @@ def test_continuous_batching_on_the_gpu(cuda_engine):
     _, fallback_rows, labels = scheduler.gauges()["softmax_fallback_rows_total"]
     assert labels == {"path": "kernel"} and isinstance(fallback_rows, int) and fallback_rows >= 0
     assert cuda_engine.lengths == [0] * cuda_engine.max_batch
+
+
+def test_warm_up_captures_every_decode_bucket_on_the_gpu(cuda_engine):
+    """After the decode warm-up every (batch, KV) bucket has its CUDA graph, the slots are free, and a request
+    then replays graphs only (no new capture) and gets its tokens alone."""
+    from fdpp_rewrite.engine.runtime import Engine, Sampler
+    from fdpp_rewrite.serve.scheduler import Request, Scheduler
+
+    engine = Engine(cuda_engine.folder)  # a fresh engine: nothing traced or captured yet
+    scheduler = Scheduler(engine, None, prefill_chunk=64, warmup="decode")
+    scheduler.warm_up(io.StringIO())
+    buckets = {(b, kv) for b in engine.batch_buckets for kv in engine.kv_buckets}
+    assert set(engine.graphs) == buckets and scheduler.last_error is None
+    assert engine.lengths == [0] * engine.max_batch and engine.past_len.tolist() == [0] * engine.max_batch
+    request = Request(prompt=PROMPTS[2], max_tokens=MAX_TOKENS[2], sampler=Sampler(), emit=lambda event: None)
+    scheduler.submit(request)
+    for _ in range(100):
+        if all(r is None for r in scheduler.slots) and not scheduler.waiting:
+            break
+        scheduler.run_once()
+    assert request.tokens == cuda_engine.generate([PROMPTS[2]], MAX_TOKENS[2]).tokens[0]
+    assert set(engine.graphs) == buckets
