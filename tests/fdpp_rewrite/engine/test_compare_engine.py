@@ -54,3 +54,41 @@ def test_gpu_engine_matches_the_original(tmp_path, preset):
     report = compare_engine(onnx_path, engine, batch=3)
     assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
     assert report.fallback_rows == 0
+
+
+def _hf_export_build(folder, exporter, dtype, backend):
+    """tiny llama's decode-with-cache export by torch.onnx.export (tests/helpers/hf_exports.py), rewritten and
+    built; skips where the exporter is not installed."""
+    from fdpp_rewrite.rewrite import rewrite_file
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    hf_exports = pytest.importorskip("hf_exports")
+    try:
+        original = hf_exports.export_hf("llama", exporter == "dynamo", True, folder, dtype=dtype)
+    except hf_exports.ExportUnsupported as exc:
+        pytest.skip(str(exc))
+    rewritten = rewrite_file(original, output=original.with_name(original.stem + ".fdpp.onnx"), force=True,
+                             stream=io.StringIO())
+    build_engine(rewritten, folder / "engine", backend=backend, max_batch=4, max_seq=48, stream=io.StringIO())
+    return original, folder / "engine"
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_cpu_engine_of_a_hugging_face_graph_matches_the_original(tmp_path, exporter, capsys):
+    original, engine = _hf_export_build(tmp_path, exporter, "float32", "cpu")
+    report = compare_engine(original, engine, batch=3)
+    assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
+    steps = {r.step for r in report.rows}
+    assert "prefill" in steps and "decode1" in steps and not any(s.startswith("padded-") for s in steps)
+    assert {r.output for r in report.rows} >= {"logits", "present.0.key", "present.0.value"}
+    assert "left-padded steps skipped" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_gpu_engine_of_a_hugging_face_graph_matches_the_original(tmp_path, exporter):
+    original, engine = _hf_export_build(tmp_path, exporter, "float16", "cuda")
+    report = compare_engine(original, engine, batch=3)
+    assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
+    assert report.fallback_rows == 0
