@@ -10,7 +10,6 @@
 
 #include <NvInferRuntime.h>
 
-#include "common/attributes.h"
 #include "common/plugin_base.h"
 #include "fdpp_contract_constants.h"
 #include "kernels/attention/attention_params.h"
@@ -25,17 +24,14 @@ struct RopeAppendAttributes {
   static RopeAppendAttributes parse(const nvinfer1::PluginFieldCollection* fc);
 };
 
-class RopeAppendPlugin : public PluginBase<RopeAppendPlugin> {
+class RopeAppendPlugin : public PluginBase<RopeAppendPlugin, RopeAppendAttributes> {
  public:
   static constexpr const char* kName = contract::kRopeAppendOp;                // the ONNX op type in domain "fdpp"
   static constexpr const char* kVersion = contract::kRopeAppendVersionString;  // contract.json "version"
-  static constexpr const char* kNamespace = "";                                // the ONNX parser's default
   static constexpr int32_t kInputs = 7, kOutputs = 3;
-  static RopeAppendPlugin* create(const nvinfer1::PluginFieldCollection* fc);
-  static const nvinfer1::PluginFieldCollection* fieldNames();
+  static AttributeTable<RopeAppendAttributes> attributes();
 
-  explicit RopeAppendPlugin(RopeAppendAttributes attributes) : attrs_(attributes) {}
-  RopeAppendPlugin(const RopeAppendPlugin& other) : attrs_(other.attrs_), counters_(other.counters_) {}
+  explicit RopeAppendPlugin(RopeAppendAttributes attributes) : PluginBase(attributes) {}
 
   // IPluginV3OneBuild / BuildV2
   int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
@@ -58,15 +54,12 @@ class RopeAppendPlugin : public PluginBase<RopeAppendPlugin> {
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
                   const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override;
-  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
  private:
   // The kernel parameters for these input shapes (pointers left null); false with a logged reason if unusable.
   bool make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, nvinfer1::DataType type, RopeAppendParams* p) const;
 
-  RopeAppendAttributes attrs_;
   unsigned long long* counters_ = nullptr;  // the library's dropped-token counters, resolved in onShapeChange
-  FieldTable serialized_;                   // backs getFieldsToSerialize()'s collection
 };
 
 }  // namespace fdpp
