@@ -16,8 +16,6 @@ using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<AttentionAttributes>;
 
-bool is_supported_type(DataType t) { return t == DataType::kHALF || t == DataType::kBF16; }
-
 FieldValue float_value(float f) { return FieldValue{f, 0, {}}; }
 FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
 
@@ -117,7 +115,7 @@ bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_
     log_error("tensor shapes disagree with num_heads / num_kv_heads / head_dim or the batch");
     return false;
   }
-  if (!is_supported_type(type)) {
+  if (!is_kernel_type(type)) {
     log_error("query must be float16 or bfloat16");
     return false;
   }
@@ -191,16 +189,9 @@ int32_t AsyncSoftmaxAttentionPlugin::getOutputShapes(const nvinfer1::DimsExprs* 
   });
 }
 
-bool AsyncSoftmaxAttentionPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
-                                                            int32_t nbInputs, int32_t nbOutputs) noexcept {
-  return guarded<AsyncSoftmaxAttentionPlugin>("supportsFormatCombination", false, [&] {
-    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    if (pos == 0) return is_supported_type(d.type);  // float32 is the CPU reference's; these kernels run fp16/bf16
-    if (pos == 3 && pos < nbInputs && attrs_.mode() == MaskMode::kPastLen) return d.type == DataType::kINT64;
-    return d.type == inOut[0].desc.type;
-  });
+std::optional<DataType> AsyncSoftmaxAttentionPlugin::fixed_type(int32_t pos, int32_t nbInputs) const {
+  if (pos == 3 && pos < nbInputs && attrs_.mode() == MaskMode::kPastLen) return DataType::kINT64;
+  return std::nullopt;
 }
 
 size_t AsyncSoftmaxAttentionPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,

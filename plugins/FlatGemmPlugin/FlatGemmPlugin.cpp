@@ -22,10 +22,6 @@ int64_t leading_product(const nvinfer1::Dims& d) {
   return m;
 }
 
-bool is_supported_type(nvinfer1::DataType t) {
-  return t == nvinfer1::DataType::kHALF || t == nvinfer1::DataType::kBF16;
-}
-
 gemm::Dtype to_dtype(nvinfer1::DataType t) {
   return t == nvinfer1::DataType::kBF16 ? gemm::Dtype::kBFloat16 : gemm::Dtype::kFloat16;
 }
@@ -229,18 +225,6 @@ int32_t FlatGemmPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32
   });
 }
 
-bool FlatGemmPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
-                                               int32_t nbInputs, int32_t nbOutputs) noexcept {
-  return guarded<FlatGemmPlugin>("supportsFormatCombination", false, [&] {
-    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    // float32 is in the contract for the CPU reference; these kernels run float16 and bfloat16 only.
-    if (pos == 0) return is_supported_type(d.type);
-    return d.type == inOut[0].desc.type;
-  });
-}
-
 size_t FlatGemmPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
                                         const nvinfer1::DynamicPluginTensorDesc* /*outputs*/,
                                         int32_t /*nbOutputs*/) const noexcept {
@@ -257,7 +241,7 @@ int32_t FlatGemmPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int3
                                       const nvinfer1::PluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
   return guarded<FlatGemmPlugin>("onShapeChange", -1, [&] {
     if (nbInputs != attrs_.num_inputs() || nbOutputs != 1) return -1;
-    if (!is_supported_type(in[0].type)) {
+    if (!is_kernel_type(in[0].type)) {
       log_error("x must be float16 or bfloat16");
       return -1;
     }

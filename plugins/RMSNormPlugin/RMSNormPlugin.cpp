@@ -14,8 +14,6 @@ using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<RmsNormAttributes>;
 
-bool is_supported_type(DataType t) { return t == DataType::kHALF || t == DataType::kBF16; }
-
 // The contract's attributes (names and ranges: contract.json through fdpp_contract_constants.h).
 const Spec kAttributes[] = {
     {"epsilon", PluginFieldType::kFLOAT32, true,
@@ -41,7 +39,7 @@ bool RMSNormPlugin::make_params(const nvinfer1::Dims& x, const nvinfer1::Dims& w
     log_error("x must be [..., hidden] and weight [hidden]");
     return false;
   }
-  if (!is_supported_type(type)) {
+  if (!is_kernel_type(type)) {
     log_error("x must be float16 or bfloat16");
     return false;
   }
@@ -88,17 +86,6 @@ int32_t RMSNormPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_
     if (nbInputs != 2 || nbOutputs != 1 || inputs[0].nbDims < 1) return -1;
     outputs[0] = inputs[0];
     return 0;
-  });
-}
-
-bool RMSNormPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
-                                              int32_t nbInputs, int32_t nbOutputs) noexcept {
-  return guarded<RMSNormPlugin>("supportsFormatCombination", false, [&] {
-    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    if (pos == 0) return is_supported_type(d.type);  // float32 is the CPU reference's; the kernel runs fp16/bf16 here
-    return d.type == inOut[0].desc.type;
   });
 }
 

@@ -16,8 +16,6 @@ using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<RopeAppendAttributes>;
 
-bool is_supported_type(DataType t) { return t == DataType::kHALF || t == DataType::kBF16; }
-
 FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
 
 // Input positions (the contract's order) and which input each output aliases.
@@ -105,7 +103,7 @@ bool RopeAppendPlugin::make_params(const nvinfer1::Dims* dims, int32_t nb_inputs
     log_error("inv_freq must be [rope_dim / 2] = [" + std::to_string(attrs_.rope_dim / 2) + "]");
     return false;
   }
-  if (!is_supported_type(type)) {
+  if (!is_kernel_type(type)) {
     log_error("query must be float16 or bfloat16");
     return false;
   }
@@ -163,17 +161,11 @@ int32_t RopeAppendPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int
   });
 }
 
-bool RopeAppendPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
-                                                 int32_t nbInputs, int32_t nbOutputs) noexcept {
-  return guarded<RopeAppendPlugin>("supportsFormatCombination", false, [&] {
-    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    if (pos == kQuery) return is_supported_type(d.type);  // float32 is the CPU reference's; the kernel runs fp16/bf16
-    if (pos == kPastLen) return d.type == DataType::kINT64;
-    if (pos == kInvFreq) return d.type == DataType::kFLOAT;
-    return d.type == inOut[kQuery].desc.type;
-  });
+// PluginBase checks the query (input 0, kQuery) and gives every other tensor its type.
+std::optional<DataType> RopeAppendPlugin::fixed_type(int32_t pos, int32_t /*nbInputs*/) const {
+  if (pos == kPastLen) return DataType::kINT64;
+  if (pos == kInvFreq) return DataType::kFLOAT;
+  return std::nullopt;
 }
 
 size_t RopeAppendPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* /*inputs*/, int32_t /*nbInputs*/,

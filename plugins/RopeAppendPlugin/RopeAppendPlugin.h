@@ -10,6 +10,8 @@
 
 #include <NvInferRuntime.h>
 
+#include <optional>
+
 #include "common/plugin_base.h"
 #include "fdpp_contract_constants.h"
 #include "kernels/attention/attention_params.h"
@@ -41,8 +43,7 @@ class RopeAppendPlugin : public PluginBase<RopeAppendPlugin, RopeAppendAttribute
   int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs, const nvinfer1::DimsExprs* shapeInputs,
                           int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                           nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut, int32_t nbInputs,
-                                 int32_t nbOutputs) noexcept override;
+  std::optional<nvinfer1::DataType> fixed_type(int32_t pos, int32_t nbInputs) const;  // for PluginBase
   int32_t getNbOutputs() const noexcept override { return kOutputs; }
   size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
                           const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nbOutputs) const noexcept override;

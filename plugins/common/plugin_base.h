@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -21,6 +22,11 @@ namespace fdpp {
 
 // The plugins' namespace: the ONNX parser's default.
 constexpr const char* kPluginNamespace = "";
+
+// The types the CUDA kernels run (float32 is in the contracts for the CPU reference only).
+inline bool is_kernel_type(nvinfer1::DataType t) {
+  return t == nvinfer1::DataType::kHALF || t == nvinfer1::DataType::kBF16;
+}
 
 // Runs the body of a noexcept method of plugin Op: an exception must not cross noexcept (nor the C ABI behind
 // TensorRT), so it becomes one logged line "<Op>: <method>: <what>" and the method returns failed.
@@ -74,6 +80,24 @@ class PluginBase : public nvinfer1::IPluginV3,
   const char* getPluginName() const noexcept override { return Op::kName; }
   const char* getPluginVersion() const noexcept override { return Op::kVersion; }
   const char* getPluginNamespace() const noexcept override { return kPluginNamespace; }
+
+  // Every tensor linear; input 0 of a kernel type and every other tensor of input 0's type, except the positions
+  // Op::fixed_type names.
+  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut, int32_t nbInputs,
+                                 int32_t nbOutputs) noexcept override {
+    return guarded<Op>("supportsFormatCombination", false, [&] {
+      if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
+      const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
+      if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
+      if (pos == 0) return is_kernel_type(d.type);
+      const std::optional<nvinfer1::DataType> fixed = static_cast<const Op*>(this)->fixed_type(pos, nbInputs);
+      return d.type == (fixed ? *fixed : inOut[0].desc.type);
+    });
+  }
+
+  // The type tensor pos must have when it is not input 0's (an index or a float32 table); an Op with such inputs
+  // hides this.
+  std::optional<nvinfer1::DataType> fixed_type(int32_t /*pos*/, int32_t /*nbInputs*/) const { return std::nullopt; }
 
   // The node's attributes as parsed (not what a device resolved from them: that is resolved again on load).
   const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override {
