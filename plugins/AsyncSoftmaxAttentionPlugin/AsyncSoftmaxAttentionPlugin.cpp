@@ -16,9 +16,6 @@ using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<AttentionAttributes>;
 
-FieldValue float_value(float f) { return FieldValue{f, 0, {}}; }
-FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
-
 constexpr const char* kMaskModes[] = {"past_len", "bias", "none"};
 constexpr const char* kSoftmaxModes[] = {"unified", "synchronized"};
 
@@ -47,28 +44,23 @@ const Spec kAttributes[] = {
      [](const AttentionAttributes& a) { return float_value(a.guard_hi); }},
     {"softmax", PluginFieldType::kCHAR, false,
      [](const PluginField& f, AttentionAttributes& a) { a.softmax = read_string_choice(f, kSoftmaxModes); },
-     [](const AttentionAttributes& a) {
-       return FieldValue{0.f, 0, a.softmax};
-     }},
+     [](const AttentionAttributes& a) { return text_value(a.softmax); }},
     {"mask_mode", PluginFieldType::kCHAR, false,
      [](const PluginField& f, AttentionAttributes& a) { a.mask_mode = read_string_choice(f, kMaskModes); },
-     [](const AttentionAttributes& a) {
-       return FieldValue{0.f, 0, a.mask_mode};
-     }},
+     [](const AttentionAttributes& a) { return text_value(a.mask_mode); }},
     {"num_heads", PluginFieldType::kINT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
-       a.num_heads = static_cast<int32_t>(read_int(f, contract::kAttentionHeadsMin, contract::kAttentionHeadsMax));
+       a.num_heads = read_int32(f, contract::kAttentionHeadsMin, contract::kAttentionHeadsMax);
      },
      [](const AttentionAttributes& a) { return int_value(a.num_heads); }},
     {"num_kv_heads", PluginFieldType::kINT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
-       a.num_kv_heads =
-           static_cast<int32_t>(read_int(f, contract::kAttentionKvHeadsMin, contract::kAttentionKvHeadsMax));
+       a.num_kv_heads = read_int32(f, contract::kAttentionKvHeadsMin, contract::kAttentionKvHeadsMax);
      },
      [](const AttentionAttributes& a) { return int_value(a.num_kv_heads); }},
     {"head_dim", PluginFieldType::kINT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
-       a.head_dim = static_cast<int32_t>(read_int_choice(f, contract::kAttentionHeadDims));
+       a.head_dim = read_int_choice(f, contract::kAttentionHeadDims);
      },
      [](const AttentionAttributes& a) { return int_value(a.head_dim); }},
 };

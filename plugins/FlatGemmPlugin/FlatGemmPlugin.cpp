@@ -48,9 +48,6 @@ int32_t implc_code(const std::string& implc) {
   throw std::invalid_argument("implc '" + implc + "' is not cutlass, cublaslt or cublas");
 }
 
-FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
-FieldValue text_value(std::string s) { return FieldValue{0.f, 0, std::move(s)}; }
-
 constexpr const char* kEpilogues[] = {"none", "silu_mul", "residual"};
 
 // The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h). A new
@@ -60,38 +57,36 @@ const Spec kAttributes[] = {
      [](const PluginField& f, FlatGemmAttributes& a) { a.epilogue = read_string_choice(f, kEpilogues); },
      [](const FlatGemmAttributes& a) { return text_value(a.epilogue); }},
     {"has_bias", PluginFieldType::kINT32, false,
-     [](const PluginField& f, FlatGemmAttributes& a) { a.has_bias = static_cast<int32_t>(read_int(f, 0, 1)); },
+     [](const PluginField& f, FlatGemmAttributes& a) { a.has_bias = read_int32(f, 0, 1); },
      [](const FlatGemmAttributes& a) { return int_value(a.has_bias); }},
     {"m1", PluginFieldType::kINT32, true,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.m1 = static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
+       a.plan.m1 = read_int32(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.m1); }},
     {"m2", PluginFieldType::kINT32, true,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.m2 = static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
+       a.plan.m2 = read_int32(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.m2); }},
     {"implb_n_tile", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.implb.n_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmNTiles));
+       a.plan.implb.n_tile = read_int_choice(f, contract::kFlatGemmNTiles);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.n_tile); }},
     {"implb_k_tile", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.implb.k_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmKTiles));
+       a.plan.implb.k_tile = read_int_choice(f, contract::kFlatGemmKTiles);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.k_tile); }},
     {"implb_stages", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.implb.stages =
-           static_cast<int32_t>(read_int(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax));
+       a.plan.implb.stages = read_int32(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.stages); }},
     {"implb_split_k", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.implb.split_k =
-           static_cast<int32_t>(read_int(f, contract::kFlatGemmSplitKMin, contract::kFlatGemmSplitKMax));
+       a.plan.implb.split_k = read_int32(f, contract::kFlatGemmSplitKMin, contract::kFlatGemmSplitKMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.split_k); }},
     {"implb_loader", PluginFieldType::kCHAR, false,

@@ -20,9 +20,7 @@ const Spec kAttributes[] = {
      [](const PluginField& f, RmsNormAttributes& a) {
        a.epsilon = read_float(f, contract::kRmsNormEpsilonMin, contract::kRmsNormEpsilonMax);
      },
-     [](const RmsNormAttributes& a) {
-       return FieldValue{a.epsilon, 0, {}};
-     }},
+     [](const RmsNormAttributes& a) { return float_value(a.epsilon); }},
 };
 
 }  // namespace

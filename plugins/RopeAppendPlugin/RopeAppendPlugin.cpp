@@ -16,13 +16,9 @@ using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<RopeAppendAttributes>;
 
-FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
-
 // Input positions (the contract's order) and which input each output aliases.
 enum Input : int32_t { kQuery, kKNew, kVNew, kKeyCache, kValueCache, kPastLen, kInvFreq };
 constexpr int32_t kAliasOf[RopeAppendPlugin::kOutputs] = {kQuery, kKeyCache, kValueCache};
-
-int32_t read_int32(const PluginField& f, int64_t lo, int64_t hi) { return static_cast<int32_t>(read_int(f, lo, hi)); }
 
 // The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h).
 const Spec kAttributes[] = {

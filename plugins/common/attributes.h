@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fdpp {
@@ -19,6 +20,10 @@ struct FieldValue {
   int32_t i = 0;
   std::string s;
 };
+
+inline FieldValue float_value(float f) { return FieldValue{f, 0, {}}; }
+inline FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
+inline FieldValue text_value(std::string s) { return FieldValue{0.f, 0, std::move(s)}; }
 
 template <class Attributes>
 struct AttributeSpec {
