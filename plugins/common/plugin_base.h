@@ -3,6 +3,7 @@
 // An adapter class Op : PluginBase<Op, Attributes> provides:
 //   static constexpr const char* kName, kVersion  (= the contract's op and version)
 //   static AttributeTable<Attributes> attributes()  (its kAttributes rows)
+//   optionally std::optional<nvinfer1::DataType> fixed_type(int32_t pos, int32_t nbInputs) const  (index inputs)
 // and Attributes provides static Attributes parse(const nvinfer1::PluginFieldCollection*), which throws
 // std::invalid_argument naming the field.
 #pragma once
