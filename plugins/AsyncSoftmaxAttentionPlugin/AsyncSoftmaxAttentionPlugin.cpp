@@ -82,8 +82,6 @@ MaskMode AttentionAttributes::mode() const {
 // ---- plugin ---------------------------------------------------------------------------------------------------
 AttributeTable<AttentionAttributes> AsyncSoftmaxAttentionPlugin::attributes() { return kAttributes; }
 
-int32_t AsyncSoftmaxAttentionPlugin::getNbOutputs() const noexcept { return 1; }
-
 bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, DataType type,
                                               AttentionParams* p) const {
   if (nb_inputs != attrs_.num_inputs()) {

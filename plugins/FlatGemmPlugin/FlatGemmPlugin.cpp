@@ -161,8 +161,6 @@ bool FlatGemmPlugin::resolve_plan(int64_t n, int64_t k) {
   return true;
 }
 
-int32_t FlatGemmPlugin::getNbOutputs() const noexcept { return 1; }
-
 int32_t FlatGemmPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
                                         const nvinfer1::DynamicPluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
   return guarded<FlatGemmPlugin>("configurePlugin", -1, [&] {

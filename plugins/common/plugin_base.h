@@ -82,6 +82,9 @@ class PluginBase : public nvinfer1::IPluginV3,
   const char* getPluginVersion() const noexcept override { return Op::kVersion; }
   const char* getPluginNamespace() const noexcept override { return kPluginNamespace; }
 
+  // One output; an Op with more overrides this.
+  int32_t getNbOutputs() const noexcept override { return 1; }
+
   // Every tensor linear; input 0 of a kernel type and every other tensor of input 0's type, except the positions
   // Op::fixed_type names.
   bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut, int32_t nbInputs,
