@@ -2,12 +2,10 @@
 // fdpp::attention_forward. The key/value inputs are the caches; an engine aliases them to the updated caches.
 #include "AsyncSoftmaxAttentionPlugin/AsyncSoftmaxAttentionPlugin.h"
 
-#include <exception>
 #include <stdexcept>
 #include <string>
 
 #include "common/fields.h"
-#include "common/logger.h"
 #include "common/registry.h"
 
 namespace fdpp {
@@ -17,13 +15,6 @@ using nvinfer1::DataType;
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<AttentionAttributes>;
-
-void log_error(const std::string& message) noexcept { log_plugin_error(AsyncSoftmaxAttentionPlugin::kName, message); }
-
-bool is_supported_type(DataType t) { return t == DataType::kHALF || t == DataType::kBF16; }
-
-FieldValue float_value(float f) { return FieldValue{f, 0, {}}; }
-FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
 
 constexpr const char* kMaskModes[] = {"past_len", "bias", "none"};
 constexpr const char* kSoftmaxModes[] = {"unified", "synchronized"};
@@ -53,28 +44,23 @@ const Spec kAttributes[] = {
      [](const AttentionAttributes& a) { return float_value(a.guard_hi); }},
     {"softmax", PluginFieldType::kCHAR, false,
      [](const PluginField& f, AttentionAttributes& a) { a.softmax = read_string_choice(f, kSoftmaxModes); },
-     [](const AttentionAttributes& a) {
-       return FieldValue{0.f, 0, a.softmax};
-     }},
+     [](const AttentionAttributes& a) { return text_value(a.softmax); }},
     {"mask_mode", PluginFieldType::kCHAR, false,
      [](const PluginField& f, AttentionAttributes& a) { a.mask_mode = read_string_choice(f, kMaskModes); },
-     [](const AttentionAttributes& a) {
-       return FieldValue{0.f, 0, a.mask_mode};
-     }},
+     [](const AttentionAttributes& a) { return text_value(a.mask_mode); }},
     {"num_heads", PluginFieldType::kINT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
-       a.num_heads = static_cast<int32_t>(read_int(f, contract::kAttentionHeadsMin, contract::kAttentionHeadsMax));
+       a.num_heads = read_int32(f, contract::kAttentionHeadsMin, contract::kAttentionHeadsMax);
      },
      [](const AttentionAttributes& a) { return int_value(a.num_heads); }},
     {"num_kv_heads", PluginFieldType::kINT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
-       a.num_kv_heads =
-           static_cast<int32_t>(read_int(f, contract::kAttentionKvHeadsMin, contract::kAttentionKvHeadsMax));
+       a.num_kv_heads = read_int32(f, contract::kAttentionKvHeadsMin, contract::kAttentionKvHeadsMax);
      },
      [](const AttentionAttributes& a) { return int_value(a.num_kv_heads); }},
     {"head_dim", PluginFieldType::kINT32, true,
      [](const PluginField& f, AttentionAttributes& a) {
-       a.head_dim = static_cast<int32_t>(read_int_choice(f, contract::kAttentionHeadDims));
+       a.head_dim = read_int_choice(f, contract::kAttentionHeadDims);
      },
      [](const AttentionAttributes& a) { return int_value(a.head_dim); }},
 };
@@ -82,7 +68,7 @@ const Spec kAttributes[] = {
 }  // namespace
 
 AttentionAttributes AttentionAttributes::parse(const nvinfer1::PluginFieldCollection* fc) {
-  AttentionAttributes a = parse_attributes(fc, kAttributes, AttentionAttributes{});
+  AttentionAttributes a = parse_attributes(fc, AsyncSoftmaxAttentionPlugin::attributes(), AttentionAttributes{});
   // The contract's constraints.
   if (!(a.guard_lo < a.guard_hi)) throw std::invalid_argument("guard_lo must be below guard_hi");
   if (a.num_heads % a.num_kv_heads != 0) throw std::invalid_argument("num_heads must be a multiple of num_kv_heads");
@@ -94,20 +80,7 @@ MaskMode AttentionAttributes::mode() const {
 }
 
 // ---- plugin ---------------------------------------------------------------------------------------------------
-AsyncSoftmaxAttentionPlugin::AsyncSoftmaxAttentionPlugin(AttentionAttributes attributes)
-    : attrs_(std::move(attributes)) {}
-
-AsyncSoftmaxAttentionPlugin* AsyncSoftmaxAttentionPlugin::create(const nvinfer1::PluginFieldCollection* fc) {
-  return new AsyncSoftmaxAttentionPlugin(AttentionAttributes::parse(fc));
-}
-
-const nvinfer1::PluginFieldCollection* AsyncSoftmaxAttentionPlugin::fieldNames() {
-  static FieldTable names;
-  static const nvinfer1::PluginFieldCollection* collection = names.names(kAttributes);
-  return collection;
-}
-
-int32_t AsyncSoftmaxAttentionPlugin::getNbOutputs() const noexcept { return 1; }
+AttributeTable<AttentionAttributes> AsyncSoftmaxAttentionPlugin::attributes() { return kAttributes; }
 
 bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, DataType type,
                                               AttentionParams* p) const {
@@ -132,7 +105,7 @@ bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_
     log_error("tensor shapes disagree with num_heads / num_kv_heads / head_dim or the batch");
     return false;
   }
-  if (!is_supported_type(type)) {
+  if (!is_kernel_type(type)) {
     log_error("query must be float16 or bfloat16");
     return false;
   }
@@ -172,7 +145,7 @@ bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_
 int32_t AsyncSoftmaxAttentionPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
                                                      const nvinfer1::DynamicPluginTensorDesc* /*out*/,
                                                      int32_t nbOutputs) noexcept {
-  try {
+  return guarded<AsyncSoftmaxAttentionPlugin>("configurePlugin", -1, [&] {
     if (nbOutputs != 1 || nbInputs != attrs_.num_inputs()) {
       log_error("expected " + std::to_string(attrs_.num_inputs()) + " inputs and 1 output");
       return -1;
@@ -182,83 +155,64 @@ int32_t AsyncSoftmaxAttentionPlugin::configurePlugin(const nvinfer1::DynamicPlug
       return -1;
     }
     return 0;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs,
                                                         const DataType* inputTypes, int32_t nbInputs) const noexcept {
-  try {
+  return guarded<AsyncSoftmaxAttentionPlugin>("getOutputDataTypes", -1, [&] {
     if (nbOutputs != 1 || nbInputs < 1) return -1;
     outputTypes[0] = inputTypes[0];
     return 0;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs,
                                                      const nvinfer1::DimsExprs* /*shapeInputs*/,
                                                      int32_t /*nbShapeInputs*/, nvinfer1::DimsExprs* outputs,
                                                      int32_t nbOutputs, nvinfer1::IExprBuilder& /*builder*/) noexcept {
-  try {
+  return guarded<AsyncSoftmaxAttentionPlugin>("getOutputShapes", -1, [&] {
     // The output is [B, Hq, S, D], the query's shape; the caches are read, never written (RopeAppend writes them).
     if (nbInputs != attrs_.num_inputs() || nbOutputs != 1 || inputs[0].nbDims != 4) return -1;
     outputs[0] = inputs[0];
     return 0;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
-bool AsyncSoftmaxAttentionPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
-                                                            int32_t nbInputs, int32_t nbOutputs) noexcept {
-  try {
-    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    if (pos == 0) return is_supported_type(d.type);  // float32 is the CPU reference's; these kernels run fp16/bf16
-    if (pos == 3 && pos < nbInputs && attrs_.mode() == MaskMode::kPastLen) return d.type == DataType::kINT64;
-    return d.type == inOut[0].desc.type;
-  } catch (...) {
-    return false;
-  }
+std::optional<DataType> AsyncSoftmaxAttentionPlugin::fixed_type(int32_t pos, int32_t nbInputs) const {
+  if (pos == 3 && pos < nbInputs && attrs_.mode() == MaskMode::kPastLen) return DataType::kINT64;
+  return std::nullopt;
 }
 
 size_t AsyncSoftmaxAttentionPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
                                                      const nvinfer1::DynamicPluginTensorDesc* /*outputs*/,
                                                      int32_t /*nbOutputs*/) const noexcept {
-  try {
+  return guarded<AsyncSoftmaxAttentionPlugin>("getWorkspaceSize", size_t{0}, [&]() -> size_t {
     nvinfer1::Dims dims[4];
     for (int i = 0; i < nbInputs && i < 4; ++i) dims[i] = inputs[i].max;
     AttentionParams p;
     if (!make_params(dims, nbInputs, inputs[0].desc.type, &p)) return 0;
     return attention_workspace_bound(p);
-  } catch (...) {
-    return 0;
-  }
+  });
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs,
                                                    const nvinfer1::PluginTensorDesc* /*out*/,
                                                    int32_t nbOutputs) noexcept {
-  try {
+  return guarded<AsyncSoftmaxAttentionPlugin>("onShapeChange", -1, [&] {
     if (nbOutputs != 1) return -1;
     nvinfer1::Dims dims[4];
     for (int i = 0; i < nbInputs && i < 4; ++i) dims[i] = in[i].dims;
     AttentionParams p;
     return make_params(dims, nbInputs, in[0].type, &p) ? 0 : -1;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t AsyncSoftmaxAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
                                              const nvinfer1::PluginTensorDesc* /*outputDesc*/,
                                              const void* const* inputs, void* const* outputs, void* workspace,
                                              cudaStream_t stream) noexcept {
-  try {
+  return guarded<AsyncSoftmaxAttentionPlugin>("enqueue", -1, [&] {
     nvinfer1::Dims dims[4];
     const int32_t n = attrs_.num_inputs();
     for (int i = 0; i < n; ++i) dims[i] = inputDesc[i].dims;
@@ -273,33 +227,10 @@ int32_t AsyncSoftmaxAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* i
     }
     // TensorRT reserved getWorkspaceSize() (the bound over every shape in the profile); this shape needs at most it.
     const size_t need = attention_workspace_bytes(p);
-    const cudaError_t err = attention_forward(p, workspace, need, stream);
-    if (err != cudaSuccess) {
-      log_error(std::string("enqueue: ") + cudaGetErrorString(err));
-      return -1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    log_error(std::string("enqueue: ") + e.what());
-    return -1;
-  } catch (...) {
-    log_error("enqueue: unknown exception");
-    return -1;
-  }
+    return cuda_status("enqueue", attention_forward(p, workspace, need, stream));
+  });
 }
 
-const nvinfer1::PluginFieldCollection* AsyncSoftmaxAttentionPlugin::getFieldsToSerialize() noexcept {
-  try {
-    return serialized_.serialize(kAttributes, attrs_);
-  } catch (const std::exception& e) {
-    log_error(std::string("getFieldsToSerialize: ") + e.what());
-    return nullptr;
-  }
-}
-
-nvinfer1::IPluginCreatorInterface* attentionPluginCreator() {
-  static PluginCreator<AsyncSoftmaxAttentionPlugin> creator;
-  return &creator;
-}
+nvinfer1::IPluginCreatorInterface* attentionPluginCreator() { return creator_of<AsyncSoftmaxAttentionPlugin>(); }
 
 }  // namespace fdpp

@@ -9,9 +9,10 @@
 
 #include <NvInferRuntime.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 
-#include "common/attributes.h"
 #include "common/plugin_base.h"
 #include "fdpp_contract_constants.h"
 #include "kernels/attention/attention_params.h"
@@ -31,16 +32,13 @@ struct AttentionAttributes {
   MaskMode mode() const;
 };
 
-class AsyncSoftmaxAttentionPlugin : public PluginBase<AsyncSoftmaxAttentionPlugin> {
+class AsyncSoftmaxAttentionPlugin : public PluginBase<AsyncSoftmaxAttentionPlugin, AttentionAttributes> {
  public:
   static constexpr const char* kName = contract::kAttentionOp;                // the ONNX op type in domain "fdpp"
   static constexpr const char* kVersion = contract::kAttentionVersionString;  // contract.json "version"
-  static constexpr const char* kNamespace = "";                               // the ONNX parser's default
-  static AsyncSoftmaxAttentionPlugin* create(const nvinfer1::PluginFieldCollection* fc);
-  static const nvinfer1::PluginFieldCollection* fieldNames();
+  static AttributeTable<AttentionAttributes> attributes();
 
-  explicit AsyncSoftmaxAttentionPlugin(AttentionAttributes attributes);
-  AsyncSoftmaxAttentionPlugin(const AsyncSoftmaxAttentionPlugin& other) : attrs_(other.attrs_) {}
+  explicit AsyncSoftmaxAttentionPlugin(AttentionAttributes attributes) : PluginBase(std::move(attributes)) {}
 
   // IPluginV3OneBuild
   int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
@@ -50,9 +48,7 @@ class AsyncSoftmaxAttentionPlugin : public PluginBase<AsyncSoftmaxAttentionPlugi
   int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs, const nvinfer1::DimsExprs* shapeInputs,
                           int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                           nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut, int32_t nbInputs,
-                                 int32_t nbOutputs) noexcept override;
-  int32_t getNbOutputs() const noexcept override;
+  std::optional<nvinfer1::DataType> fixed_type(int32_t pos, int32_t nbInputs) const;  // for PluginBase
   size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
                           const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nbOutputs) const noexcept override;
 
@@ -62,14 +58,10 @@ class AsyncSoftmaxAttentionPlugin : public PluginBase<AsyncSoftmaxAttentionPlugi
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
                   const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override;
-  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
  private:
   // The kernel parameters for these tensor shapes (pointers left null); false with a logged reason if unusable.
   bool make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, nvinfer1::DataType type, AttentionParams* p) const;
-
-  AttentionAttributes attrs_;
-  FieldTable serialized_;  // backs getFieldsToSerialize()'s collection
 };
 
 }  // namespace fdpp

@@ -2,12 +2,10 @@
 #include "FlatGemmPlugin/FlatGemmPlugin.h"
 
 #include <cstdint>
-#include <exception>
 #include <stdexcept>
 #include <string>
 
 #include "common/fields.h"
-#include "common/logger.h"
 #include "common/registry.h"
 #include "fdpp_contract_constants.h"
 
@@ -18,16 +16,10 @@ using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<FlatGemmAttributes>;
 
-void log_error(const std::string& message) noexcept { log_plugin_error(FlatGemmPlugin::kName, message); }
-
 int64_t leading_product(const nvinfer1::Dims& d) {
   int64_t m = 1;
   for (int i = 0; i + 1 < d.nbDims; ++i) m *= d.d[i];
   return m;
-}
-
-bool is_supported_type(nvinfer1::DataType t) {
-  return t == nvinfer1::DataType::kHALF || t == nvinfer1::DataType::kBF16;
 }
 
 gemm::Dtype to_dtype(nvinfer1::DataType t) {
@@ -56,9 +48,6 @@ int32_t implc_code(const std::string& implc) {
   throw std::invalid_argument("implc '" + implc + "' is not cutlass, cublaslt or cublas");
 }
 
-FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
-FieldValue text_value(std::string s) { return FieldValue{0.f, 0, std::move(s)}; }
-
 constexpr const char* kEpilogues[] = {"none", "silu_mul", "residual"};
 
 // The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h). A new
@@ -68,38 +57,36 @@ const Spec kAttributes[] = {
      [](const PluginField& f, FlatGemmAttributes& a) { a.epilogue = read_string_choice(f, kEpilogues); },
      [](const FlatGemmAttributes& a) { return text_value(a.epilogue); }},
     {"has_bias", PluginFieldType::kINT32, false,
-     [](const PluginField& f, FlatGemmAttributes& a) { a.has_bias = static_cast<int32_t>(read_int(f, 0, 1)); },
+     [](const PluginField& f, FlatGemmAttributes& a) { a.has_bias = read_int32(f, 0, 1); },
      [](const FlatGemmAttributes& a) { return int_value(a.has_bias); }},
     {"m1", PluginFieldType::kINT32, true,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.m1 = static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
+       a.plan.m1 = read_int32(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.m1); }},
     {"m2", PluginFieldType::kINT32, true,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.m2 = static_cast<int32_t>(read_int(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax));
+       a.plan.m2 = read_int32(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.m2); }},
     {"implb_n_tile", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.implb.n_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmNTiles));
+       a.plan.implb.n_tile = read_int_choice(f, contract::kFlatGemmNTiles);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.n_tile); }},
     {"implb_k_tile", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.implb.k_tile = static_cast<int32_t>(read_int_choice(f, contract::kFlatGemmKTiles));
+       a.plan.implb.k_tile = read_int_choice(f, contract::kFlatGemmKTiles);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.k_tile); }},
     {"implb_stages", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.implb.stages =
-           static_cast<int32_t>(read_int(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax));
+       a.plan.implb.stages = read_int32(f, contract::kFlatGemmStagesMin, contract::kFlatGemmStagesMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.stages); }},
     {"implb_split_k", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
-       a.plan.implb.split_k =
-           static_cast<int32_t>(read_int(f, contract::kFlatGemmSplitKMin, contract::kFlatGemmSplitKMax));
+       a.plan.implb.split_k = read_int32(f, contract::kFlatGemmSplitKMin, contract::kFlatGemmSplitKMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.implb.split_k); }},
     {"implb_loader", PluginFieldType::kCHAR, false,
@@ -124,23 +111,15 @@ FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollecti
                                           contract::kFlatGemmStagesDefault, contract::kFlatGemmSplitKDefault,
                                           loader_code(contract::kFlatGemmLoaderDefault)};
   defaults.plan.implc = implc_code(defaults.implc);
-  FlatGemmAttributes a = parse_attributes(fc, kAttributes, defaults);
+  FlatGemmAttributes a = parse_attributes(fc, FlatGemmPlugin::attributes(), defaults);
   if (const char* why = gemm::plan_problem(a.plan)) throw std::invalid_argument(why);  // the constraint m1 <= m2
   return a;
 }
 
 // ---- plugin ---------------------------------------------------------------------------------------------------
-FlatGemmPlugin::FlatGemmPlugin(FlatGemmAttributes attributes) : attrs_(std::move(attributes)), plan_(attrs_.plan) {}
+FlatGemmPlugin::FlatGemmPlugin(FlatGemmAttributes attributes) : PluginBase(std::move(attributes)), plan_(attrs_.plan) {}
 
-FlatGemmPlugin* FlatGemmPlugin::create(const nvinfer1::PluginFieldCollection* fc) {
-  return new FlatGemmPlugin(FlatGemmAttributes::parse(fc));
-}
-
-const nvinfer1::PluginFieldCollection* FlatGemmPlugin::fieldNames() {
-  static FieldTable names;
-  static const nvinfer1::PluginFieldCollection* collection = names.names(kAttributes);
-  return collection;
-}
+AttributeTable<FlatGemmAttributes> FlatGemmPlugin::attributes() { return kAttributes; }
 
 gemm::Epilogue FlatGemmPlugin::kernel_epilogue() const {
   return attrs_.epilogue == "silu_mul" ? gemm::Epilogue::kSiluMul : gemm::Epilogue::kNone;
@@ -182,11 +161,9 @@ bool FlatGemmPlugin::resolve_plan(int64_t n, int64_t k) {
   return true;
 }
 
-int32_t FlatGemmPlugin::getNbOutputs() const noexcept { return 1; }
-
 int32_t FlatGemmPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
                                         const nvinfer1::DynamicPluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
-  try {
+  return guarded<FlatGemmPlugin>("configurePlugin", -1, [&] {
     if (nbInputs != attrs_.num_inputs() || nbOutputs != 1) {
       log_error("expected " + std::to_string(attrs_.num_inputs()) + " inputs (x, weight" +
                 (attrs_.has_bias ? ", bias" : "") + (attrs_.epilogue == "residual" ? ", residual" : "") +
@@ -213,31 +190,23 @@ int32_t FlatGemmPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc*
       return -1;
     }
     return resolve_plan(n, k) ? 0 : -1;
-  } catch (const std::exception& e) {
-    log_error(std::string("configurePlugin: ") + e.what());
-    return -1;
-  } catch (...) {
-    log_error("configurePlugin: unknown exception");
-    return -1;
-  }
+  });
 }
 
 int32_t FlatGemmPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
                                            const nvinfer1::DataType* inputTypes, int32_t nbInputs) const noexcept {
-  try {
+  return guarded<FlatGemmPlugin>("getOutputDataTypes", -1, [&] {
     if (nbOutputs != 1 || nbInputs < 1) return -1;
     outputTypes[0] = inputTypes[0];
     return 0;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t FlatGemmPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs,
                                         const nvinfer1::DimsExprs* /*shapeInputs*/, int32_t /*nbShapeInputs*/,
                                         nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                                         nvinfer1::IExprBuilder& exprBuilder) noexcept {
-  try {
+  return guarded<FlatGemmPlugin>("getOutputShapes", -1, [&] {
     if (nbInputs < 2 || nbOutputs != 1 || inputs[1].nbDims != 2 || inputs[0].nbDims < 1) return -1;
     outputs[0].nbDims = inputs[0].nbDims;
     for (int i = 0; i + 1 < inputs[0].nbDims; ++i) outputs[0].d[i] = inputs[0].d[i];
@@ -246,47 +215,26 @@ int32_t FlatGemmPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32
       n = exprBuilder.operation(nvinfer1::DimensionOperation::kFLOOR_DIV, *n, *exprBuilder.constant(2));
     outputs[0].d[inputs[0].nbDims - 1] = n;
     return 0;
-  } catch (const std::exception& e) {
-    log_error(std::string("getOutputShapes: ") + e.what());
-    return -1;
-  } catch (...) {
-    return -1;
-  }
-}
-
-bool FlatGemmPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
-                                               int32_t nbInputs, int32_t nbOutputs) noexcept {
-  try {
-    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    // float32 is in the contract for the CPU reference; these kernels run float16 and bfloat16 only.
-    if (pos == 0) return is_supported_type(d.type);
-    return d.type == inOut[0].desc.type;
-  } catch (...) {
-    return false;
-  }
+  });
 }
 
 size_t FlatGemmPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
                                         const nvinfer1::DynamicPluginTensorDesc* /*outputs*/,
                                         int32_t /*nbOutputs*/) const noexcept {
-  try {
+  return guarded<FlatGemmPlugin>("getWorkspaceSize", size_t{0}, [&]() -> size_t {
     if (nbInputs < 2) return 0;
     const int64_t max_m = leading_product(inputs[0].max);
     const int64_t n = inputs[1].max.d[0];
     if (max_m <= 0 || n <= 0) return 0;
     return gemm::workspace_bytes(max_m, n, kernel_epilogue(), to_dtype(inputs[0].desc.type), plan_);
-  } catch (...) {
-    return 0;
-  }
+  });
 }
 
 int32_t FlatGemmPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs,
                                       const nvinfer1::PluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
-  try {
+  return guarded<FlatGemmPlugin>("onShapeChange", -1, [&] {
     if (nbInputs != attrs_.num_inputs() || nbOutputs != 1) return -1;
-    if (!is_supported_type(in[0].type)) {
+    if (!is_kernel_type(in[0].type)) {
       log_error("x must be float16 or bfloat16");
       return -1;
     }
@@ -296,15 +244,13 @@ int32_t FlatGemmPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int3
     }
     if (!resolve_plan(in[1].dims.d[0], in[1].dims.d[1])) return -1;
     return prepare_library_gemm(in) ? 0 : -1;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t FlatGemmPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
                                 const nvinfer1::PluginTensorDesc* /*outputDesc*/, const void* const* inputs,
                                 void* const* outputs, void* workspace, cudaStream_t stream) noexcept {
-  try {
+  return guarded<FlatGemmPlugin>("enqueue", -1, [&] {
     gemm::Problem p;
     p.m = leading_product(inputDesc[0].dims);
     if (p.m == 0) return 0;
@@ -324,33 +270,10 @@ int32_t FlatGemmPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
     // TensorRT allocated getWorkspaceSize() for the largest M; this M needs at most that.
     const size_t ws = gemm::workspace_bytes(p.m, p.n, p.epilogue, p.dtype, plan_);
     const cudaError_t err = gemm::run_gemm(p, plan_, gemm::Impl::kAuto, nullptr, 8, workspace, ws, stream);
-    if (err != cudaSuccess) {
-      const std::string detail = gemm::last_detail();
-      log_error(std::string("enqueue: ") + cudaGetErrorString(err) + (detail.empty() ? "" : " (" + detail + ")"));
-      return -1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    log_error(std::string("enqueue: ") + e.what());
-    return -1;
-  } catch (...) {
-    log_error("enqueue: unknown exception");
-    return -1;
-  }
+    return cuda_status("enqueue", err, gemm::last_detail());
+  });
 }
 
-const nvinfer1::PluginFieldCollection* FlatGemmPlugin::getFieldsToSerialize() noexcept {
-  try {
-    return serialized_.serialize(kAttributes, attrs_);  // the node's plan, not the device's: resolved again on load
-  } catch (const std::exception& e) {
-    log_error(std::string("getFieldsToSerialize: ") + e.what());
-    return nullptr;
-  }
-}
-
-nvinfer1::IPluginCreatorInterface* flatGemmPluginCreator() {
-  static PluginCreator<FlatGemmPlugin> creator;
-  return &creator;
-}
+nvinfer1::IPluginCreatorInterface* flatGemmPluginCreator() { return creator_of<FlatGemmPlugin>(); }
 
 }  // namespace fdpp

@@ -12,7 +12,6 @@
 
 #include <string>
 
-#include "common/attributes.h"
 #include "common/plugin_base.h"
 #include "fdpp_contract_constants.h"
 #include "kernels/gemm/gemm.h"
@@ -32,16 +31,13 @@ struct FlatGemmAttributes {
   int32_t num_inputs() const { return 2 + has_bias + (epilogue == "residual" ? 1 : 0); }
 };
 
-class FlatGemmPlugin : public PluginBase<FlatGemmPlugin> {
+class FlatGemmPlugin : public PluginBase<FlatGemmPlugin, FlatGemmAttributes> {
  public:
   static constexpr const char* kName = contract::kFlatGemmOp;                // the ONNX op type in domain "fdpp"
   static constexpr const char* kVersion = contract::kFlatGemmVersionString;  // = the node's plugin_version
-  static constexpr const char* kNamespace = "";                              // the ONNX parser's default
-  static FlatGemmPlugin* create(const nvinfer1::PluginFieldCollection* fc);
-  static const nvinfer1::PluginFieldCollection* fieldNames();
+  static AttributeTable<FlatGemmAttributes> attributes();
 
   explicit FlatGemmPlugin(FlatGemmAttributes attributes);
-  FlatGemmPlugin(const FlatGemmPlugin& other) : attrs_(other.attrs_), plan_(other.plan_) {}
 
   // IPluginV3OneBuild
   int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
@@ -51,9 +47,6 @@ class FlatGemmPlugin : public PluginBase<FlatGemmPlugin> {
   int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs, const nvinfer1::DimsExprs* shapeInputs,
                           int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                           nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut, int32_t nbInputs,
-                                 int32_t nbOutputs) noexcept override;
-  int32_t getNbOutputs() const noexcept override;
   size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
                           const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nbOutputs) const noexcept override;
 
@@ -63,7 +56,6 @@ class FlatGemmPlugin : public PluginBase<FlatGemmPlugin> {
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
                   const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override;
-  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
  private:
   gemm::Epilogue kernel_epilogue() const;
@@ -74,9 +66,7 @@ class FlatGemmPlugin : public PluginBase<FlatGemmPlugin> {
   // CUDA-graph capture of it) only launches. False with a logged reason if cuBLASLt cannot serve them.
   bool prepare_library_gemm(const nvinfer1::PluginTensorDesc* in) const;
 
-  FlatGemmAttributes attrs_;
-  gemm::Plan plan_;        // what enqueue runs (attrs_.plan until resolve_plan)
-  FieldTable serialized_;  // backs getFieldsToSerialize()'s collection
+  gemm::Plan plan_;  // what enqueue runs (attrs_.plan until resolve_plan)
 };
 
 }  // namespace fdpp

@@ -1,12 +1,9 @@
 // TensorRT IPluginV3 adapter of fdpp::RMSNorm: translates tensors and the epsilon attribute, calls fdpp::rms_norm.
 #include "RMSNormPlugin/RMSNormPlugin.h"
 
-#include <exception>
-#include <stdexcept>
 #include <string>
 
 #include "common/fields.h"
-#include "common/logger.h"
 #include "common/registry.h"
 
 namespace fdpp {
@@ -17,36 +14,22 @@ using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<RmsNormAttributes>;
 
-void log_error(const std::string& message) noexcept { log_plugin_error(RMSNormPlugin::kName, message); }
-
-bool is_supported_type(DataType t) { return t == DataType::kHALF || t == DataType::kBF16; }
-
 // The contract's attributes (names and ranges: contract.json through fdpp_contract_constants.h).
 const Spec kAttributes[] = {
     {"epsilon", PluginFieldType::kFLOAT32, true,
      [](const PluginField& f, RmsNormAttributes& a) {
        a.epsilon = read_float(f, contract::kRmsNormEpsilonMin, contract::kRmsNormEpsilonMax);
      },
-     [](const RmsNormAttributes& a) {
-       return FieldValue{a.epsilon, 0, {}};
-     }},
+     [](const RmsNormAttributes& a) { return float_value(a.epsilon); }},
 };
 
 }  // namespace
 
 RmsNormAttributes RmsNormAttributes::parse(const nvinfer1::PluginFieldCollection* fc) {
-  return parse_attributes(fc, kAttributes, RmsNormAttributes{});
+  return parse_attributes(fc, RMSNormPlugin::attributes(), RmsNormAttributes{});
 }
 
-RMSNormPlugin* RMSNormPlugin::create(const nvinfer1::PluginFieldCollection* fc) {
-  return new RMSNormPlugin(RmsNormAttributes::parse(fc));
-}
-
-const nvinfer1::PluginFieldCollection* RMSNormPlugin::fieldNames() {
-  static FieldTable names;
-  static const nvinfer1::PluginFieldCollection* collection = names.names(kAttributes);
-  return collection;
-}
+AttributeTable<RmsNormAttributes> RMSNormPlugin::attributes() { return kAttributes; }
 
 bool RMSNormPlugin::make_params(const nvinfer1::Dims& x, const nvinfer1::Dims& weight, DataType type,
                                 RmsNormParams* p) const {
@@ -54,7 +37,7 @@ bool RMSNormPlugin::make_params(const nvinfer1::Dims& x, const nvinfer1::Dims& w
     log_error("x must be [..., hidden] and weight [hidden]");
     return false;
   }
-  if (!is_supported_type(type)) {
+  if (!is_kernel_type(type)) {
     log_error("x must be float16 or bfloat16");
     return false;
   }
@@ -74,53 +57,34 @@ bool RMSNormPlugin::make_params(const nvinfer1::Dims& x, const nvinfer1::Dims& w
 
 int32_t RMSNormPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
                                        const nvinfer1::DynamicPluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
-  try {
+  return guarded<RMSNormPlugin>("configurePlugin", -1, [&] {
     if (nbInputs != 2 || nbOutputs != 1) {
       log_error("expected 2 inputs (x, weight) and 1 output");
       return -1;
     }
     RmsNormParams p;
     return make_params(in[0].max, in[1].max, in[0].desc.type, &p) ? 0 : -1;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t RMSNormPlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs, const DataType* inputTypes,
                                           int32_t nbInputs) const noexcept {
-  try {
+  return guarded<RMSNormPlugin>("getOutputDataTypes", -1, [&] {
     if (nbOutputs != 1 || nbInputs != 2) return -1;
     outputTypes[0] = inputTypes[0];
     return 0;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t RMSNormPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs,
                                        const nvinfer1::DimsExprs* /*shapeInputs*/, int32_t /*nbShapeInputs*/,
                                        nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                                        nvinfer1::IExprBuilder& /*builder*/) noexcept {
-  try {
+  return guarded<RMSNormPlugin>("getOutputShapes", -1, [&] {
     if (nbInputs != 2 || nbOutputs != 1 || inputs[0].nbDims < 1) return -1;
     outputs[0] = inputs[0];
     return 0;
-  } catch (...) {
-    return -1;
-  }
-}
-
-bool RMSNormPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
-                                              int32_t nbInputs, int32_t nbOutputs) noexcept {
-  try {
-    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    if (pos == 0) return is_supported_type(d.type);  // float32 is the CPU reference's; the kernel runs fp16/bf16 here
-    return d.type == inOut[0].desc.type;
-  } catch (...) {
-    return false;
-  }
+  });
 }
 
 size_t RMSNormPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* /*inputs*/, int32_t /*nbInputs*/,
@@ -131,50 +95,25 @@ size_t RMSNormPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* 
 
 int32_t RMSNormPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs,
                                      const nvinfer1::PluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
-  try {
+  return guarded<RMSNormPlugin>("onShapeChange", -1, [&] {
     if (nbInputs != 2 || nbOutputs != 1) return -1;
     RmsNormParams p;
     return make_params(in[0].dims, in[1].dims, in[0].type, &p) ? 0 : -1;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t RMSNormPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
                                const nvinfer1::PluginTensorDesc* /*outputDesc*/, const void* const* inputs,
                                void* const* outputs, void* /*workspace*/, cudaStream_t stream) noexcept {
-  try {
+  return guarded<RMSNormPlugin>("enqueue", -1, [&] {
     RmsNormParams p;
     if (!make_params(inputDesc[0].dims, inputDesc[1].dims, inputDesc[0].type, &p)) return -1;
     if (p.rows == 0) return 0;
     p.x = inputs[0], p.weight = inputs[1], p.y = outputs[0];
-    const cudaError_t err = rms_norm(p, stream);
-    if (err != cudaSuccess) {
-      log_error(std::string("enqueue: ") + cudaGetErrorString(err));
-      return -1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    log_error(std::string("enqueue: ") + e.what());
-    return -1;
-  } catch (...) {
-    log_error("enqueue: unknown exception");
-    return -1;
-  }
+    return cuda_status("enqueue", rms_norm(p, stream));
+  });
 }
 
-const nvinfer1::PluginFieldCollection* RMSNormPlugin::getFieldsToSerialize() noexcept {
-  try {
-    return serialized_.serialize(kAttributes, attrs_);
-  } catch (const std::exception& e) {
-    log_error(std::string("getFieldsToSerialize: ") + e.what());
-    return nullptr;
-  }
-}
-
-nvinfer1::IPluginCreatorInterface* rmsNormPluginCreator() {
-  static PluginCreator<RMSNormPlugin> creator;
-  return &creator;
-}
+nvinfer1::IPluginCreatorInterface* rmsNormPluginCreator() { return creator_of<RMSNormPlugin>(); }
 
 }  // namespace fdpp

@@ -7,7 +7,6 @@
 
 #include <NvInferRuntime.h>
 
-#include "common/attributes.h"
 #include "common/plugin_base.h"
 #include "fdpp_contract_constants.h"
 #include "kernels/norm/rms_norm.h"
@@ -21,16 +20,13 @@ struct RmsNormAttributes {
   static RmsNormAttributes parse(const nvinfer1::PluginFieldCollection* fc);
 };
 
-class RMSNormPlugin : public PluginBase<RMSNormPlugin> {
+class RMSNormPlugin : public PluginBase<RMSNormPlugin, RmsNormAttributes> {
  public:
   static constexpr const char* kName = contract::kRmsNormOp;                // the ONNX op type in domain "fdpp"
   static constexpr const char* kVersion = contract::kRmsNormVersionString;  // contract.json "version"
-  static constexpr const char* kNamespace = "";                             // the ONNX parser's default
-  static RMSNormPlugin* create(const nvinfer1::PluginFieldCollection* fc);
-  static const nvinfer1::PluginFieldCollection* fieldNames();
+  static AttributeTable<RmsNormAttributes> attributes();
 
-  explicit RMSNormPlugin(RmsNormAttributes attributes) : attrs_(attributes) {}
-  RMSNormPlugin(const RMSNormPlugin& other) : attrs_(other.attrs_) {}
+  explicit RMSNormPlugin(RmsNormAttributes attributes) : PluginBase(attributes) {}
 
   // IPluginV3OneBuild
   int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
@@ -40,9 +36,6 @@ class RMSNormPlugin : public PluginBase<RMSNormPlugin> {
   int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs, const nvinfer1::DimsExprs* shapeInputs,
                           int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                           nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut, int32_t nbInputs,
-                                 int32_t nbOutputs) noexcept override;
-  int32_t getNbOutputs() const noexcept override { return 1; }
   size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
                           const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nbOutputs) const noexcept override;
 
@@ -52,15 +45,11 @@ class RMSNormPlugin : public PluginBase<RMSNormPlugin> {
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
                   const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override;
-  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
  private:
   // The kernel parameters for x's and weight's shapes (pointers left null); false with a logged reason if unusable.
   bool make_params(const nvinfer1::Dims& x, const nvinfer1::Dims& weight, nvinfer1::DataType type,
                    RmsNormParams* p) const;
-
-  RmsNormAttributes attrs_;
-  FieldTable serialized_;  // backs getFieldsToSerialize()'s collection
 };
 
 }  // namespace fdpp

@@ -2,12 +2,10 @@
 // outputs alias its query and cache inputs (getAliasedInput), so the engine binds each pair to one buffer.
 #include "RopeAppendPlugin/RopeAppendPlugin.h"
 
-#include <exception>
 #include <stdexcept>
 #include <string>
 
 #include "common/fields.h"
-#include "common/logger.h"
 #include "common/registry.h"
 
 namespace fdpp {
@@ -18,17 +16,9 @@ using nvinfer1::PluginField;
 using nvinfer1::PluginFieldType;
 using Spec = AttributeSpec<RopeAppendAttributes>;
 
-void log_error(const std::string& message) noexcept { log_plugin_error(RopeAppendPlugin::kName, message); }
-
-bool is_supported_type(DataType t) { return t == DataType::kHALF || t == DataType::kBF16; }
-
-FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
-
 // Input positions (the contract's order) and which input each output aliases.
 enum Input : int32_t { kQuery, kKNew, kVNew, kKeyCache, kValueCache, kPastLen, kInvFreq };
 constexpr int32_t kAliasOf[RopeAppendPlugin::kOutputs] = {kQuery, kKeyCache, kValueCache};
-
-int32_t read_int32(const PluginField& f, int64_t lo, int64_t hi) { return static_cast<int32_t>(read_int(f, lo, hi)); }
 
 // The contract's attributes (names, ranges, defaults: contract.json through fdpp_contract_constants.h).
 const Spec kAttributes[] = {
@@ -67,22 +57,14 @@ void strides(const nvinfer1::Dims& d, int64_t* sb, int64_t* sh, int64_t* ss) {
 }  // namespace
 
 RopeAppendAttributes RopeAppendAttributes::parse(const nvinfer1::PluginFieldCollection* fc) {
-  RopeAppendAttributes a = parse_attributes(fc, kAttributes, RopeAppendAttributes{});
+  RopeAppendAttributes a = parse_attributes(fc, RopeAppendPlugin::attributes(), RopeAppendAttributes{});
   // The contract's constraints.
   if (a.rope_dim > a.head_dim) throw std::invalid_argument("rope_dim must be at most head_dim");
   if (a.num_heads % a.num_kv_heads != 0) throw std::invalid_argument("num_heads must be a multiple of num_kv_heads");
   return a;
 }
 
-RopeAppendPlugin* RopeAppendPlugin::create(const nvinfer1::PluginFieldCollection* fc) {
-  return new RopeAppendPlugin(RopeAppendAttributes::parse(fc));
-}
-
-const nvinfer1::PluginFieldCollection* RopeAppendPlugin::fieldNames() {
-  static FieldTable names;
-  static const nvinfer1::PluginFieldCollection* collection = names.names(kAttributes);
-  return collection;
-}
+AttributeTable<RopeAppendAttributes> RopeAppendPlugin::attributes() { return kAttributes; }
 
 bool RopeAppendPlugin::make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, DataType type,
                                    RopeAppendParams* p) const {
@@ -117,7 +99,7 @@ bool RopeAppendPlugin::make_params(const nvinfer1::Dims* dims, int32_t nb_inputs
     log_error("inv_freq must be [rope_dim / 2] = [" + std::to_string(attrs_.rope_dim / 2) + "]");
     return false;
   }
-  if (!is_supported_type(type)) {
+  if (!is_kernel_type(type)) {
     log_error("query must be float16 or bfloat16");
     return false;
   }
@@ -143,7 +125,7 @@ bool RopeAppendPlugin::make_params(const nvinfer1::Dims* dims, int32_t nb_inputs
 int32_t RopeAppendPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
                                           const nvinfer1::DynamicPluginTensorDesc* /*out*/,
                                           int32_t nbOutputs) noexcept {
-  try {
+  return guarded<RopeAppendPlugin>("configurePlugin", -1, [&] {
     if (nbInputs != kInputs || nbOutputs != kOutputs) {
       log_error("expected 7 inputs and 3 outputs");
       return -1;
@@ -152,48 +134,34 @@ int32_t RopeAppendPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDes
     for (int i = 0; i < kInputs; ++i) dims[i] = in[i].max;
     RopeAppendParams p;
     return make_params(dims, nbInputs, in[kQuery].desc.type, &p) ? 0 : -1;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t RopeAppendPlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs, const DataType* inputTypes,
                                              int32_t nbInputs) const noexcept {
-  try {
+  return guarded<RopeAppendPlugin>("getOutputDataTypes", -1, [&] {
     if (nbOutputs != kOutputs || nbInputs != kInputs) return -1;
     for (int32_t i = 0; i < kOutputs; ++i) outputTypes[i] = inputTypes[kAliasOf[i]];
     return 0;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
 int32_t RopeAppendPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs,
                                           const nvinfer1::DimsExprs* /*shapeInputs*/, int32_t /*nbShapeInputs*/,
                                           nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                                           nvinfer1::IExprBuilder& /*builder*/) noexcept {
-  try {
+  return guarded<RopeAppendPlugin>("getOutputShapes", -1, [&] {
     if (nbInputs != kInputs || nbOutputs != kOutputs) return -1;
     for (int32_t i = 0; i < kOutputs; ++i) outputs[i] = inputs[kAliasOf[i]];
     return 0;
-  } catch (...) {
-    return -1;
-  }
+  });
 }
 
-bool RopeAppendPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut,
-                                                 int32_t nbInputs, int32_t nbOutputs) noexcept {
-  try {
-    if (pos < 0 || pos >= nbInputs + nbOutputs) return false;
-    const nvinfer1::PluginTensorDesc& d = inOut[pos].desc;
-    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
-    if (pos == kQuery) return is_supported_type(d.type);  // float32 is the CPU reference's; the kernel runs fp16/bf16
-    if (pos == kPastLen) return d.type == DataType::kINT64;
-    if (pos == kInvFreq) return d.type == DataType::kFLOAT;
-    return d.type == inOut[kQuery].desc.type;
-  } catch (...) {
-    return false;
-  }
+// PluginBase checks the query (input 0, kQuery) and gives every other tensor its type.
+std::optional<DataType> RopeAppendPlugin::fixed_type(int32_t pos, int32_t /*nbInputs*/) const {
+  if (pos == kPastLen) return DataType::kINT64;
+  if (pos == kInvFreq) return DataType::kFLOAT;
+  return std::nullopt;
 }
 
 size_t RopeAppendPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* /*inputs*/, int32_t /*nbInputs*/,
@@ -208,28 +176,21 @@ int32_t RopeAppendPlugin::getAliasedInput(int32_t outputIndex) noexcept {
 
 int32_t RopeAppendPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nbInputs,
                                         const nvinfer1::PluginTensorDesc* /*out*/, int32_t nbOutputs) noexcept {
-  try {
+  return guarded<RopeAppendPlugin>("onShapeChange", -1, [&] {
     if (nbInputs != kInputs || nbOutputs != kOutputs) return -1;
     nvinfer1::Dims dims[kInputs];
     for (int i = 0; i < kInputs; ++i) dims[i] = in[i].dims;
     RopeAppendParams p;
     if (!make_params(dims, nbInputs, in[kQuery].type, &p)) return -1;
     // Resolved here, not in enqueue: the first lookup is a CUDA call a graph capture must not see.
-    const cudaError_t err = attention_default_counters(&counters_);
-    if (err != cudaSuccess) {
-      log_error(std::string("onShapeChange: ") + cudaGetErrorString(err));
-      return -1;
-    }
-    return 0;
-  } catch (...) {
-    return -1;
-  }
+    return cuda_status("onShapeChange", attention_default_counters(&counters_));
+  });
 }
 
 int32_t RopeAppendPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
                                   const nvinfer1::PluginTensorDesc* /*outputDesc*/, const void* const* inputs,
                                   void* const* outputs, void* /*workspace*/, cudaStream_t stream) noexcept {
-  try {
+  return guarded<RopeAppendPlugin>("enqueue", -1, [&] {
     nvinfer1::Dims dims[kInputs];
     for (int i = 0; i < kInputs; ++i) dims[i] = inputDesc[i].dims;
     RopeAppendParams p;
@@ -247,33 +208,10 @@ int32_t RopeAppendPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc,
       log_error("enqueue: " + c.message);
       return -1;
     }
-    const cudaError_t err = rope_append(p, stream);
-    if (err != cudaSuccess) {
-      log_error(std::string("enqueue: ") + cudaGetErrorString(err));
-      return -1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    log_error(std::string("enqueue: ") + e.what());
-    return -1;
-  } catch (...) {
-    log_error("enqueue: unknown exception");
-    return -1;
-  }
+    return cuda_status("enqueue", rope_append(p, stream));
+  });
 }
 
-const nvinfer1::PluginFieldCollection* RopeAppendPlugin::getFieldsToSerialize() noexcept {
-  try {
-    return serialized_.serialize(kAttributes, attrs_);
-  } catch (const std::exception& e) {
-    log_error(std::string("getFieldsToSerialize: ") + e.what());
-    return nullptr;
-  }
-}
-
-nvinfer1::IPluginCreatorInterface* ropeAppendPluginCreator() {
-  static PluginCreator<RopeAppendPlugin> creator;
-  return &creator;
-}
+nvinfer1::IPluginCreatorInterface* ropeAppendPluginCreator() { return creator_of<RopeAppendPlugin>(); }
 
 }  // namespace fdpp

@@ -10,7 +10,8 @@
 
 #include <NvInferRuntime.h>
 
-#include "common/attributes.h"
+#include <optional>
+
 #include "common/plugin_base.h"
 #include "fdpp_contract_constants.h"
 #include "kernels/attention/attention_params.h"
@@ -25,17 +26,14 @@ struct RopeAppendAttributes {
   static RopeAppendAttributes parse(const nvinfer1::PluginFieldCollection* fc);
 };
 
-class RopeAppendPlugin : public PluginBase<RopeAppendPlugin> {
+class RopeAppendPlugin : public PluginBase<RopeAppendPlugin, RopeAppendAttributes> {
  public:
   static constexpr const char* kName = contract::kRopeAppendOp;                // the ONNX op type in domain "fdpp"
   static constexpr const char* kVersion = contract::kRopeAppendVersionString;  // contract.json "version"
-  static constexpr const char* kNamespace = "";                                // the ONNX parser's default
   static constexpr int32_t kInputs = 7, kOutputs = 3;
-  static RopeAppendPlugin* create(const nvinfer1::PluginFieldCollection* fc);
-  static const nvinfer1::PluginFieldCollection* fieldNames();
+  static AttributeTable<RopeAppendAttributes> attributes();
 
-  explicit RopeAppendPlugin(RopeAppendAttributes attributes) : attrs_(attributes) {}
-  RopeAppendPlugin(const RopeAppendPlugin& other) : attrs_(other.attrs_), counters_(other.counters_) {}
+  explicit RopeAppendPlugin(RopeAppendAttributes attributes) : PluginBase(attributes) {}
 
   // IPluginV3OneBuild / BuildV2
   int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nbInputs,
@@ -45,8 +43,7 @@ class RopeAppendPlugin : public PluginBase<RopeAppendPlugin> {
   int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nbInputs, const nvinfer1::DimsExprs* shapeInputs,
                           int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                           nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* inOut, int32_t nbInputs,
-                                 int32_t nbOutputs) noexcept override;
+  std::optional<nvinfer1::DataType> fixed_type(int32_t pos, int32_t nbInputs) const;  // for PluginBase
   int32_t getNbOutputs() const noexcept override { return kOutputs; }
   size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nbInputs,
                           const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nbOutputs) const noexcept override;
@@ -58,15 +55,12 @@ class RopeAppendPlugin : public PluginBase<RopeAppendPlugin> {
   int32_t enqueue(const nvinfer1::PluginTensorDesc* inputDesc, const nvinfer1::PluginTensorDesc* outputDesc,
                   const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override;
-  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
  private:
   // The kernel parameters for these input shapes (pointers left null); false with a logged reason if unusable.
   bool make_params(const nvinfer1::Dims* dims, int32_t nb_inputs, nvinfer1::DataType type, RopeAppendParams* p) const;
 
-  RopeAppendAttributes attrs_;
   unsigned long long* counters_ = nullptr;  // the library's dropped-token counters, resolved in onShapeChange
-  FieldTable serialized_;                   // backs getFieldsToSerialize()'s collection
 };
 
 }  // namespace fdpp

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fdpp {
@@ -19,6 +20,10 @@ struct FieldValue {
   int32_t i = 0;
   std::string s;
 };
+
+inline FieldValue float_value(float f) { return FieldValue{f, 0, {}}; }
+inline FieldValue int_value(int32_t i) { return FieldValue{0.f, i, {}}; }
+inline FieldValue text_value(std::string s) { return FieldValue{0.f, 0, std::move(s)}; }
 
 template <class Attributes>
 struct AttributeSpec {
@@ -31,21 +36,39 @@ struct AttributeSpec {
   FieldValue (*value)(const Attributes& from);
 };
 
+// An adapter's rows, whatever their number: what PluginBase reaches through Op::attributes().
+template <class Attributes>
+class AttributeTable {
+ public:
+  // Implicit, so that an adapter's attributes() returns its kAttributes array as it is.
+  template <size_t N>
+  AttributeTable(const AttributeSpec<Attributes> (&rows)[N]) : rows_(rows), size_(N) {}
+  size_t size() const { return size_; }
+  const AttributeSpec<Attributes>& operator[](size_t row) const { return rows_[row]; }
+  const AttributeSpec<Attributes>* begin() const { return rows_; }
+  const AttributeSpec<Attributes>* end() const { return rows_ + size_; }
+
+ private:
+  const AttributeSpec<Attributes>* rows_;
+  size_t size_;
+};
+
 // Fields every plugin node may carry for TensorRT's ONNX parser to find the creator; not attributes of the op.
 bool is_routing_field(const std::string& name);
 
 // Parses a field collection (any order) over the defaults; throws std::invalid_argument on an unknown, repeated or
 // missing required field.
-template <class Attributes, size_t N>
-Attributes parse_attributes(const nvinfer1::PluginFieldCollection* fc, const AttributeSpec<Attributes> (&specs)[N],
+template <class Attributes>
+Attributes parse_attributes(const nvinfer1::PluginFieldCollection* fc, const AttributeTable<Attributes>& specs,
                             Attributes defaults) {
-  bool seen[N] = {};
+  const size_t count = specs.size();
+  std::vector<bool> seen(count, false);
   for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i) {
     const nvinfer1::PluginField& f = fc->fields[i];
     const std::string name = f.name ? f.name : "";
     size_t row = 0;
-    while (row < N && name != specs[row].name) ++row;
-    if (row == N) {
+    while (row < count && name != specs[row].name) ++row;
+    if (row == count) {
       if (is_routing_field(name)) continue;
       throw std::invalid_argument("unknown attribute '" + name + "'");
     }
@@ -53,7 +76,7 @@ Attributes parse_attributes(const nvinfer1::PluginFieldCollection* fc, const Att
     specs[row].read(f, defaults);
     seen[row] = true;
   }
-  for (size_t row = 0; row < N; ++row) {
+  for (size_t row = 0; row < count; ++row) {
     if (specs[row].required && !seen[row])
       throw std::invalid_argument(std::string("attribute ") + specs[row].name + " is required");
   }
@@ -64,22 +87,26 @@ Attributes parse_attributes(const nvinfer1::PluginFieldCollection* fc, const Att
 // (no data) or a plugin's serialized fields.
 class FieldTable {
  public:
-  template <class Attributes, size_t N>
-  const nvinfer1::PluginFieldCollection* names(const AttributeSpec<Attributes> (&specs)[N]) {
+  FieldTable() = default;
+  FieldTable(const FieldTable&) = delete;  // fields_ points into values_ and collection_ into fields_: never copied
+  FieldTable& operator=(const FieldTable&) = delete;
+
+  template <class Attributes>
+  const nvinfer1::PluginFieldCollection* names(const AttributeTable<Attributes>& specs) {
     values_.clear();
     fields_.clear();
     for (const auto& spec : specs) fields_.emplace_back(spec.name, nullptr, spec.type, spec.type == kChar ? 0 : 1);
     return finish();
   }
 
-  template <class Attributes, size_t N>
-  const nvinfer1::PluginFieldCollection* serialize(const AttributeSpec<Attributes> (&specs)[N],
+  template <class Attributes>
+  const nvinfer1::PluginFieldCollection* serialize(const AttributeTable<Attributes>& specs,
                                                    const Attributes& attributes) {
     values_.clear();
     fields_.clear();
-    values_.reserve(N);  // fields_ points into values_: no reallocation after the first push
+    values_.reserve(specs.size());  // fields_ points into values_: no reallocation after the first push
     for (const auto& spec : specs) values_.push_back(spec.value(attributes));
-    for (size_t row = 0; row < N; ++row) {
+    for (size_t row = 0; row < specs.size(); ++row) {
       const FieldValue& v = values_[row];
       const void* data = specs[row].type == kChar ? static_cast<const void*>(v.s.c_str())
                          : specs[row].type == nvinfer1::PluginFieldType::kFLOAT32 ? static_cast<const void*>(&v.f)

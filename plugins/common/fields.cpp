@@ -48,11 +48,11 @@ int64_t read_int(const PluginField& f, int64_t lo, int64_t hi) {
   return v;
 }
 
-int64_t read_int_choice(const PluginField& f, const int* choices, size_t count) {
+int32_t read_int_choice(const PluginField& f, const int* choices, size_t count) {
   const int64_t v = raw_int(f);
   std::string listed;
   for (size_t i = 0; i < count; ++i) {
-    if (v == choices[i]) return v;
+    if (v == choices[i]) return choices[i];
     listed += (listed.empty() ? "" : ", ") + std::to_string(choices[i]);
   }
   throw std::invalid_argument(field_name(f) + " = " + std::to_string(v) + " is not one of " + listed);

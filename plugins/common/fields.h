@@ -12,11 +12,15 @@ namespace fdpp {
 
 // An integer field (INT8/16/32/64) in [lo, hi].
 int64_t read_int(const nvinfer1::PluginField& f, int64_t lo, int64_t hi);
+// The same for an int32 attribute member: [lo, hi] lies within int32.
+inline int32_t read_int32(const nvinfer1::PluginField& f, int32_t lo, int32_t hi) {
+  return static_cast<int32_t>(read_int(f, lo, hi));
+}
 
 // An integer field that is one of choices[0 .. count).
-int64_t read_int_choice(const nvinfer1::PluginField& f, const int* choices, size_t count);
+int32_t read_int_choice(const nvinfer1::PluginField& f, const int* choices, size_t count);
 template <size_t N>
-int64_t read_int_choice(const nvinfer1::PluginField& f, const int (&choices)[N]) {
+int32_t read_int_choice(const nvinfer1::PluginField& f, const int (&choices)[N]) {
   return read_int_choice(f, choices, N);
 }
 

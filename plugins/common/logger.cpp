@@ -10,6 +10,8 @@ namespace {
 
 std::atomic<nvinfer1::ILoggerFinder*> g_logger_finder{nullptr};
 
+constexpr const char* kMessageLost = "fdpp plugin error (message lost: out of memory)";
+
 }  // namespace
 
 namespace fdpp {
@@ -32,7 +34,15 @@ void log_plugin_error(const char* plugin, const std::string& message) noexcept {
   try {
     trtLog(nvinfer1::ILogger::Severity::kERROR, (std::string(plugin) + ": " + message).c_str());
   } catch (...) {
-    trtLog(nvinfer1::ILogger::Severity::kERROR, "fdpp plugin error (message lost: out of memory)");
+    trtLog(nvinfer1::ILogger::Severity::kERROR, kMessageLost);
+  }
+}
+
+void log_method_error(const char* plugin, const char* method, const char* what) noexcept {
+  try {
+    log_plugin_error(plugin, std::string(method) + ": " + what);
+  } catch (...) {
+    trtLog(nvinfer1::ILogger::Severity::kERROR, kMessageLost);
   }
 }
 
