@@ -18,8 +18,6 @@ from __future__ import annotations
 import sys
 import time
 
-from fdpp_rewrite.engine.runtime import pick
-
 MODES = ("all", "decode", "none")
 DUMMY_TOKEN = 0
 
@@ -47,6 +45,8 @@ def decode_walk(engine, chunk: int):
 
 def prefill_sizes(engine, chunk: int) -> list[int]:
     """The padded lengths a chunk of at most `chunk` tokens runs as."""
+    from fdpp_rewrite.engine.runtime import pick  # torch: imported when the warm-up runs, not for --help
+
     largest = pick(min(chunk, engine.max_seq), engine.prefill_buckets)
     return [size for size in engine.prefill_buckets if size <= largest]
 
