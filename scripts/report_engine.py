@@ -87,6 +87,18 @@ def plot(points: list, path: Path, title: str) -> None:
     os.replace(tmp, path)
 
 
+def dumps(report: dict) -> str:
+    """JSON with one line per point and per ratio row (a 15-point grid of 4 systems stays readable in a diff)."""
+    lines = []
+    for key, value in report.items():
+        if key in ("points", "ratios"):
+            rows = ",\n".join(f"  {json.dumps(row)}" for row in value)
+            lines.append(f" {json.dumps(key)}: [\n{rows}\n ]")
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", type=Path)
@@ -97,7 +109,7 @@ def main(argv=None) -> int:
     rows = ratios(points)
     report = {"commands": commands, **facts, "points": points, "ratios": rows}
     tmp = Path(f"{args.output}.tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.write_text(dumps(report))
     os.replace(tmp, args.output)
     for row in rows:
         peers = "  ".join(f"{peer} {row[f'speedup_vs_{peer}']:.2f}x" for peer in PEERS if f"speedup_vs_{peer}" in row)
