@@ -2,6 +2,7 @@
 
     python scripts/loadgen.py --url http://127.0.0.1:8000 --concurrency 1 8 32 64 --requests 200 -o loadgen/
     python scripts/loadgen.py --concurrency 16 --duration 60 -o loadgen/
+    python scripts/loadgen.py --concurrency 64 --requests 2000 --cancel-fraction 0.2 --stop-fraction 0.3 -o soak/
 
 Per concurrency C, C clients send streamed greedy completions back to back (prompts as token ids, so engines
 with and without a tokenizer take the same mix) until --requests are done or --duration seconds have passed.
@@ -9,7 +10,10 @@ Measured per request: time to first token (request sent -> first text chunk), in
 text chunks; one chunk is one token except where a chunk was held back for a stop string or a partial
 character), and the completion tokens from the usage of the last chunk. Reported per C: output tokens/s (all
 completion tokens over the wall time), p50 / p99 of both latencies, answered, refused (HTTP 4xx/503) and failed
-(anything else). Writes loadgen.json and loadgen.png (throughput and latency against concurrency) in -o. Loopback
+(anything else). A soak (--cancel-fraction, --stop-fraction) also has requests that close their stream after a
+random number of tokens (cancelled, their own count) and requests with a random stop string; after each level
+the server's /metrics are read once it is idle, and the KV slots still held are reported (0 unless a slot
+leaked). Writes loadgen.json and loadgen.png (throughput and latency against concurrency) in -o. Loopback
 servers only: this measures the server, not a network.
 """
 
@@ -34,6 +38,8 @@ from fdpp_rewrite.errors import FdppError  # noqa: E402
 
 PROMPT_LENGTHS = (16, 64, 256, 1024)
 OUTPUT_LENGTHS = (16, 64, 128, 256)
+STOP_STRINGS = ("42", "7,1", "the", "00", ".")  # short enough to turn up in ids (comma-separated) and in text
+IDLE_WAIT_S = 30.0  # how long to wait for the server to drain after a level before reading its KV slots
 TOKEN_IDS = range(10, 250)  # inside every engine's vocabulary
 MAX_CONCURRENCY = 64
 
@@ -48,6 +54,14 @@ def parse_args(argv=None):
     amount.add_argument("--duration", type=float, help="seconds per concurrency instead of a count")
     parser.add_argument("--seed", type=int, default=0, help="seed of the request mix")
     parser.add_argument("--max-output", type=int, help="cap on the mix's output lengths (default: none)")
+    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=list(PROMPT_LENGTHS),
+                        help="prompt lengths the mix draws from (default: %(default)s)")
+    parser.add_argument("--output-lengths", type=int, nargs="+", default=list(OUTPUT_LENGTHS),
+                        help="max_tokens values the mix draws from (default: %(default)s)")
+    parser.add_argument("--cancel-fraction", type=float, default=0.0,
+                        help="share of requests that disconnect after a random number of tokens (soak)")
+    parser.add_argument("--stop-fraction", type=float, default=0.0,
+                        help="share of requests that carry a random stop string (soak)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     parser.add_argument("-o", "--out", type=Path, default=Path("loadgen"), help="folder for the JSON and PNG")
     parser.add_argument("--force", action="store_true", help="overwrite loadgen.json / loadgen.png there")
@@ -58,6 +72,10 @@ def parse_args(argv=None):
         raise FdppError(f"--concurrency takes values from 1 to {MAX_CONCURRENCY}, got {args.concurrency}")
     if (args.requests is not None and args.requests < 1) or (args.duration is not None and args.duration <= 0):
         raise FdppError("--requests must be at least 1 and --duration positive")
+    if min(args.prompt_lengths) < 1 or min(args.output_lengths) < 1:
+        raise FdppError("--prompt-lengths and --output-lengths take positive token counts")
+    if not (0 <= args.cancel_fraction <= 1 and 0 <= args.stop_fraction <= 1):
+        raise FdppError("--cancel-fraction and --stop-fraction take shares from 0 to 1")
     check_loopback(args.url)
     return args
 
@@ -74,19 +92,27 @@ def check_loopback(url: str) -> None:
         raise FdppError(f"{host} is not a loopback address; loadgen measures a server on this machine only")
 
 
-def request_mix(seed: int, count: int, max_len: int, max_output: int | None) -> list[tuple[list, int]]:
-    """(prompt ids, max_tokens) pairs, the same for a seed; lengths capped to fit the model's max sequence."""
+def request_mix(seed: int, count: int, max_len: int, max_output: int | None, prompt_lengths=PROMPT_LENGTHS,
+                output_lengths=OUTPUT_LENGTHS, cancel_fraction: float = 0.0, stop_fraction: float = 0.0) -> list:
+    """Requests as dicts (prompt ids, max_tokens, cancel_after: a token count or None, stop: a list), the same
+    for a seed; lengths capped to fit the model's max sequence."""
     rng = random.Random(seed)
     mix = []
     for _ in range(count):
-        prompt_len = min(rng.choice(PROMPT_LENGTHS), max_len // 2)
-        output = min(rng.choice(OUTPUT_LENGTHS), max_len - prompt_len, max_output or max_len)
-        mix.append(([rng.choice(TOKEN_IDS) for _ in range(prompt_len)], output))
+        prompt_len = min(rng.choice(prompt_lengths), max_len // 2)
+        output = min(rng.choice(output_lengths), max_len - prompt_len, max_output or max_len)
+        prompt = [rng.choice(TOKEN_IDS) for _ in range(prompt_len)]
+        cancel_after = rng.randint(1, max(1, output - 1)) if rng.random() < cancel_fraction else None
+        stop = [rng.choice(STOP_STRINGS)] if rng.random() < stop_fraction else []
+        mix.append({"prompt": prompt, "max_tokens": output, "cancel_after": cancel_after, "stop": stop})
     return mix
 
 
-async def one_request(client, url: str, model: str, prompt: list, max_tokens: int) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+async def one_request(client, url: str, model: str, request: dict) -> dict:
+    body = {"model": model, "prompt": request["prompt"], "max_tokens": request["max_tokens"], "temperature": 0,
+            "stream": True}
+    if request["stop"]:
+        body["stop"] = request["stop"]
     sent = time.perf_counter()
     stamps, tokens = [], 0
     try:
@@ -103,6 +129,8 @@ async def one_request(client, url: str, model: str, prompt: list, max_tokens: in
                     return {"outcome": "failed"}
                 if chunk["choices"] and chunk["choices"][0]["text"]:
                     stamps.append(time.perf_counter())
+                    if request["cancel_after"] is not None and len(stamps) >= request["cancel_after"]:
+                        return {"outcome": "cancelled"}  # leaving the block closes the connection
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
     except Exception:  # noqa: BLE001 - a broken connection is a failed request, counted, not a crash
@@ -126,15 +154,43 @@ async def run_level(url: str, model: str, mix: list, concurrency: int, requests:
                 return
             if deadline is None and next_index >= requests:
                 return
-            prompt, max_tokens = mix[next_index % len(mix)]
+            request = mix[next_index % len(mix)]
             next_index += 1
-            results.append(await one_request(client, url, model, prompt, max_tokens))
+            results.append(await one_request(client, url, model, request))
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     wall = time.perf_counter() - started
-    return summarize(concurrency, results, wall)
+    point = summarize(concurrency, results, wall)
+    point["idle_metrics"] = await idle_metrics(url)
+    return point
+
+
+async def idle_metrics(url: str) -> dict:
+    """The server's gauges once nothing runs, prefills or waits (drained False if that does not happen within
+    IDLE_WAIT_S): the KV slots in use must then be 0."""
+    import httpx
+
+    keys = ("kv_slots_in_use", "kv_slots_total", "running_sequences", "prefilling_sequences", "queue_depth")
+    deadline = time.perf_counter() + IDLE_WAIT_S
+    async with httpx.AsyncClient(timeout=10) as client:
+        while True:
+            samples = parse_metrics((await client.get(f"{url}/metrics")).text)
+            busy = sum(samples.get(f"fdpp_{key}", 0) for key in keys[2:])
+            if not busy or time.perf_counter() >= deadline:
+                return {"drained": not busy, **{key: samples.get(f"fdpp_{key}") for key in keys}}
+            await asyncio.sleep(0.2)
+
+
+def parse_metrics(text: str) -> dict:
+    """Prometheus text -> {sample name: value} for the unlabelled samples."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.partition(" ")
+            samples[name] = float(value)
+    return samples
 
 
 def percentile(values: list, q: float) -> float | None:
@@ -153,6 +209,7 @@ def summarize(concurrency: int, results: list, wall: float) -> dict:
     def ms(value):
         return None if value is None else value * 1e3
     return {"concurrency": concurrency, "requests": len(results), "answered": len(answered),
+            "cancelled": sum(r["outcome"] == "cancelled" for r in results),
             "refused": sum(r["outcome"] == "refused" for r in results),
             "failed": sum(r["outcome"] == "failed" for r in results), "completion_tokens": tokens,
             "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
@@ -198,15 +255,25 @@ def plot(points: list, path: Path) -> None:
     plt.close(figure)
 
 
+def write_report(outputs: AtomicOutputs, points: list, report: dict, json_path: Path, png_path: Path) -> None:
+    """The JSON and the throughput/latency plot of these points, both or neither (atomically)."""
+    with outputs:
+        plot(points, outputs.temp(png_path))
+        outputs.temp(json_path).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {json_path} and {png_path}")
+
+
 def print_table(points: list) -> None:
     def cell(value):
         return f"{value:>9.1f}" if value is not None else f"{'-':>9}"
     print(f"{'conc':>4} {'tok/s':>9} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>9} {'itl p99':>9} "
-          f"{'answered':>8} {'refused':>7} {'failed':>6}")
+          f"{'answered':>8} {'cancelled':>9} {'refused':>7} {'failed':>6} {'idle KV slots':>13}")
     for p in points:
+        idle = p["idle_metrics"]
+        slots = f"{idle['kv_slots_in_use']:.0f}" + ("" if idle["drained"] else " (busy)")
         print(f"{p['concurrency']:>4} {p['tokens_per_s']:>9.1f} {cell(p['ttft_p50_ms'])} {cell(p['ttft_p99_ms'])} "
-              f"{cell(p['itl_p50_ms'])} {cell(p['itl_p99_ms'])} {p['answered']:>8} {p['refused']:>7} "
-              f"{p['failed']:>6}")
+              f"{cell(p['itl_p50_ms'])} {cell(p['itl_p99_ms'])} {p['answered']:>8} {p['cancelled']:>9} "
+              f"{p['refused']:>7} {p['failed']:>6} {slots:>13}")
 
 
 def main(argv=None) -> int:
@@ -217,17 +284,18 @@ def main(argv=None) -> int:
         outputs = AtomicOutputs([png_path, json_path], force=args.force, option="-o", example="loadgen/")
         outputs.check()
         model, max_len = server_model(url, args.model)
-        mix = request_mix(args.seed, args.requests or 1000, max_len, args.max_output)
+        mix = request_mix(args.seed, args.requests or 1000, max_len, args.max_output, args.prompt_lengths,
+                          args.output_lengths, args.cancel_fraction, args.stop_fraction)
         points = [asyncio.run(run_level(url, model, mix, c, args.requests, args.duration, args.timeout))
                   for c in args.concurrency]
         print_table(points)
         report = {"url": url, "model": model, "seed": args.seed, "requests": args.requests,
-                  "duration_s": args.duration, "prompt_lengths": PROMPT_LENGTHS, "output_lengths": OUTPUT_LENGTHS,
-                  "max_output": args.max_output, "points": points}
-        with outputs:
-            plot(points, outputs.temp(png_path))
-            outputs.temp(json_path).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {json_path} and {png_path}")
+                  "duration_s": args.duration, "prompt_lengths": args.prompt_lengths,
+                  "output_lengths": args.output_lengths, "max_output": args.max_output,
+                  "cancel_fraction": args.cancel_fraction, "stop_fraction": args.stop_fraction,
+                  "command": "python scripts/loadgen.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  "points": points}
+        write_report(outputs, points, report, json_path, png_path)
         return 0
     except FdppError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,7 +9,9 @@ known without a readback: prompt length + steps). A decode step feeds the graph 
 cache[:Bb, :, :Lb] of its bucket (see the package docstring); the first step of a bucket is traced (and is the
 step itself), then the bucket's Program is captured once into a CUDA graph whose static inputs are the token and
 past_len buffers, and every later step of that bucket is one replay. The only host synchronization of a step is
-reading the sampled tokens.
+reading the sampled tokens. A prompt pass (or chunk) of up to MAX_GRAPH_PREFILL tokens is likewise captured per
+(slot, prefill bucket, KV bucket) on its first run and replayed after: replaying a traced Program from Python costs
+about 15 ms of host time per pass for a 32-layer model, several times the GPU work of a short chunk.
 
 Slot-level work, for a server that admits and retires sequences one at a time (fdpp_rewrite.serve):
 `prefill_chunk` runs part of a prompt into a slot after the tokens already there, `decode_slots` steps only the
@@ -36,6 +38,9 @@ MIN_PREFILL_BUCKET = 16
 # would exceed the prefill attention's launch grid (kv heads x row blocks <= 65535), and chunks bound the
 # activations too.
 MAX_PREFILL_CHUNK = 8192
+# Prompt passes up to this many (padded) tokens are replayed from CUDA graphs; a longer pass is compute-bound
+# enough that the host time does not matter, and its graph would pin a large activation pool.
+MAX_GRAPH_PREFILL = 2048
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -241,6 +246,14 @@ class Engine:
         self.use_graphs = use_graphs and backend == "cuda"
         self.graphs = {}     # (batch bucket, kv bucket) -> (CUDAGraph, logits tensor it writes)
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        # prompt passes: (slot, prefill bucket, kv bucket) -> (CUDAGraph, [1, V] logits of the pass's last token);
+        # not for Hugging Face graphs (their feeds are built per pass) or tensor-parallel ranks
+        self.graph_prefill = self.use_graphs and self.hf_feeds is None and self.manifest.get("tensor_parallel", 1) == 1
+        self.prefill_graphs = {}
+        self.prefill_ids = {}  # prefill bucket -> the static [1, bucket] ids a captured pass reads
+        if self.graph_prefill:
+            self.prefill_past = torch.zeros(1, dtype=torch.int64, device=device)  # the pass's start
+            self.prefill_last = torch.zeros(1, dtype=torch.int64, device=device)  # its last real position
 
     @classmethod
     def load(cls, folder, **options) -> "Engine":
@@ -314,14 +327,46 @@ class Engine:
                 logits = self.prefill_chunk(slot, ids[start:start + MAX_PREFILL_CHUNK])
             return logits
         padded = pick(seq, self.prefill_buckets)
-        kv_len = pick(padded, self.kv_buckets)
-        input_ids = torch.zeros(1, padded, dtype=torch.int64)
-        input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
-        input_ids = input_ids.to(self.device)
-        past = torch.zeros(1, dtype=torch.int64, device=self.device)
-        logits = self.forward(self.feeds(input_ids, past, slice(slot, slot + 1), kv_len, start=0), cache_program=True)
+        logits = self.prompt_pass(slot, ids, 0, padded, pick(padded, self.kv_buckets))
         self.past_len[slot] = seq
         self.lengths[slot] = seq
+        return logits
+
+    def prompt_pass(self, slot: int, ids: list[int], start: int, padded: int, kv_len: int):
+        """Run `ids` right-padded to `padded` into `slot` after its first `start` tokens, over the cache view
+        [:kv_len]; returns the logits [V] of the last id. A CUDA-graph replay where one was captured for (slot,
+        padded, kv_len), else the traced Program (captured now when graphs apply)."""
+        seq = len(ids)
+        graphs = self.graph_prefill and padded <= MAX_GRAPH_PREFILL
+        if graphs:
+            input_ids = self.prefill_ids.get(padded)
+            if input_ids is None:
+                input_ids = self.prefill_ids[padded] = torch.zeros(1, padded, dtype=torch.int64, device=self.device)
+            host_ids = torch.zeros(1, padded, dtype=torch.int64)
+            host_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
+            input_ids.copy_(host_ids)
+            past = self.prefill_past
+            past.fill_(start)
+            self.prefill_last.fill_(seq - 1)
+            key = (slot, padded, kv_len)
+            if key in self.prefill_graphs:
+                graph, last = self.prefill_graphs[key]
+                graph.replay()
+                return last[0].clone()  # the next replay of this graph rewrites `last`
+        else:
+            input_ids = torch.zeros(1, padded, dtype=torch.int64)
+            input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
+            input_ids = input_ids.to(self.device)
+            past = torch.tensor([start], dtype=torch.int64, device=self.device)
+        feeds = self.feeds(input_ids, past, slice(slot, slot + 1), kv_len, start=start)
+        # a Hugging Face graph's chunk after `start` tokens has its own past length: keep only start-0 Programs
+        logits = self.forward(feeds, cache_program=self.hf_feeds is None or start == 0)
+        if graphs:
+            program = self.programs[self.program_key(feeds)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):  # recording runs nothing: the pass already ran
+                last = program.run(feeds)["logits"][0].index_select(0, self.prefill_last)
+            self.prefill_graphs[key] = (graph, last)
         return logits[0, seq - 1]
 
     def decode_buckets(self, batch: int) -> tuple[int, int]:
@@ -381,16 +426,10 @@ class Engine:
             raise FdppError(f"slot {slot} holds {start} tokens; a chunk of {seq} must be non-empty and end within "
                             f"the engine's max sequence {self.max_seq}")
         padded = min(pick(seq, self.prefill_buckets), self.max_seq - start)
-        kv_len = pick(start + padded, self.kv_buckets)
-        input_ids = torch.zeros(1, padded, dtype=torch.int64)
-        input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
-        past = torch.tensor([start], dtype=torch.int64, device=self.device)
-        feeds = self.feeds(input_ids.to(self.device), past, slice(slot, slot + 1), kv_len, start=start)
-        # a Hugging Face graph's chunk after `start` tokens has its own past length: keep only start-0 Programs
-        logits = self.forward(feeds, cache_program=self.hf_feeds is None or start == 0)
+        logits = self.prompt_pass(slot, ids, start, padded, pick(start + padded, self.kv_buckets))
         self.past_len[slot] = start + seq
         self.lengths[slot] = start + seq
-        return logits[0, seq - 1]
+        return logits
 
     def slot_buckets(self, slots: list[int]) -> tuple[int, int]:
         """(batch bucket, KV bucket) of a decode step of `slots`: the batch bucket covers slots [0, max(slots)],

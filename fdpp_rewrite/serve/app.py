@@ -165,9 +165,6 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
                            param="max_tokens", code="context_length_exceeded")
         if body.top_k > (engine.vocab_size or body.top_k):
             raise APIError(400, f"top_k: {body.top_k} exceeds the vocabulary of {engine.vocab_size}", param="top_k")
-        if body.stops and tokenizer is None:
-            raise APIError(400, "stop strings need a tokenizer and this engine has none; use max_tokens",
-                           param="stop")
         return max_tokens
 
     async def answer(body, prompt: list, max_tokens: int, asked: bool, http: HttpRequest, chat: bool):

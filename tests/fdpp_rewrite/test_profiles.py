@@ -137,3 +137,15 @@ def test_unprofiled_node_tiles_run_on_every_shape_and_gpu(k, device):
               "split_k": c.implb_split_k, "loader": c.implb_loader}
     for m in range(1, UNPROFILED_DEFAULT.m2 + 1):
         gemm.check_implb_config(config, m, k, **device)
+
+
+def test_the_committed_h200_profile_covers_every_real_size_preset():
+    """No engine of a real-size preset runs unprofiled on the H200: every fused GEMM shape is in the profile."""
+    from fdpp_rewrite.models import PRESETS, get_config
+    from fdpp_rewrite.profile import model_shapes
+    from fdpp_rewrite.profiles import DEFAULT_PROFILE
+
+    profile = load_profile(DEFAULT_PROFILE)
+    missing = {name: [(n, k) for _, n, k in model_shapes(get_config(name)) if profile.lookup(n, k, "float16") is None]
+               for name in PRESETS if not name.startswith("tiny-")}
+    assert {name: shapes for name, shapes in missing.items() if shapes} == {}

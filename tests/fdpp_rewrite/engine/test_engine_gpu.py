@@ -62,6 +62,29 @@ def test_graph_replay_equals_eager(engine_dir):
     assert torch.equal(a_logits, b_logits)  # the same kernels on the same inputs: bit for bit
 
 
+def test_prompt_passes_replay_captured_graphs_and_equal_eager(engine_dir):
+    """A prompt pass is captured on its first run per (slot, prefill bucket, KV bucket) and replayed after; whole
+    prompts and chunks after earlier ones (past_len > 0) give the eager engine's logits bit for bit."""
+    import torch
+
+    graphs, eager = _engine(engine_dir), _engine(engine_dir, use_graphs=False)
+    for prompt in (PROMPT, [7, 300, 12, 9000, 5, 6]):  # one prefill bucket (16): the second replays the first's graph
+        a_tokens, a_logits = _greedy_with_logits(graphs, [prompt], 6)
+        b_tokens, b_logits = _greedy_with_logits(eager, [prompt], 6)
+        assert a_tokens == b_tokens and torch.equal(a_logits, b_logits)
+    assert set(graphs.prefill_graphs) == {(0, 16, 128)} and not eager.prefill_graphs
+
+    prompt = (PROMPT * 10)[:100]  # chunks of 32, 32, 32, 4 after 0, 32, 64, 96 tokens
+    runs = []
+    for engine in (graphs, graphs, eager):  # captured, replayed, eager
+        engine.reset()
+        runs.append([engine.prefill_chunk(1, prompt[i:i + 32]) for i in range(0, len(prompt), 32)])
+        assert engine.lengths[1] == len(prompt)
+    assert {key for key in graphs.prefill_graphs if key[0] == 1} == {(1, 32, 128), (1, 16, 128)}
+    for captured, replayed, alone in zip(*runs):
+        assert torch.equal(captured, alone) and torch.equal(replayed, alone)
+
+
 def test_kv_and_batch_bucket_switches(engine_dir):
     import torch
 

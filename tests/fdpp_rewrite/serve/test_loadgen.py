@@ -32,10 +32,24 @@ def test_loadgen_reports_and_plots(server, loadgen, tmp_path, capsys):
     assert loadgen.main(argv) == 2 and "--force" in capsys.readouterr().err  # nothing overwritten without it
 
 
+def test_soak_cancels_and_stops_and_leaks_no_slot(server, loadgen, tmp_path):
+    out = tmp_path / "soak"
+    argv = ["--url", server.url, "--concurrency", "4", "--requests", "12", "--prompt-lengths", "8", "40",
+            "--output-lengths", "12", "--cancel-fraction", "0.5", "--stop-fraction", "0.5", "-o", str(out)]
+    assert loadgen.main(argv) == 0
+    point = json.loads((out / "loadgen.json").read_text())["points"][0]
+    assert point["failed"] == 0 and point["answered"] + point["cancelled"] == 12 and point["cancelled"] > 0
+    assert point["idle_metrics"]["drained"] and point["idle_metrics"]["kv_slots_in_use"] == 0
+
+
 def test_the_mix_is_fixed_by_its_seed(loadgen):
     mix = loadgen.request_mix(3, 20, 512, None)
     assert mix == loadgen.request_mix(3, 20, 512, None) and mix != loadgen.request_mix(4, 20, 512, None)
-    assert all(len(prompt) <= 256 and len(prompt) + tokens <= 512 for prompt, tokens in mix)
+    assert all(len(r["prompt"]) <= 256 and len(r["prompt"]) + r["max_tokens"] <= 512 for r in mix)
+    soak = loadgen.request_mix(3, 200, 512, None, cancel_fraction=0.3, stop_fraction=0.5)
+    cancelled = [r for r in soak if r["cancel_after"] is not None]
+    assert 30 <= len(cancelled) <= 90 and all(1 <= r["cancel_after"] < max(2, r["max_tokens"]) for r in cancelled)
+    assert 60 <= sum(bool(r["stop"]) for r in soak) <= 140
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -47,3 +61,41 @@ def test_loadgen_refusals(loadgen, capsys, argv, message):
     assert loadgen.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+def test_report_serve_computes_the_bars(loadgen, tmp_path, capsys):
+    """scripts/report_serve.py on synthetic levels: the one-client prediction comes from bench's bs1 figures for
+    the very requests the level sent."""
+    spec = importlib.util.spec_from_file_location("report_serve", SCRIPT.parent / "report_serve.py")
+    report_serve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report_serve)
+    idle = {"drained": True, "kv_slots_in_use": 0.0}
+    for concurrency, tps, itl in ((1, 190.0, 4.0), (16, 2500.0, 9.0), (64, 2400.0, 12.0), (65, 2000.0, 10.0)):
+        folder = tmp_path / f"c{concurrency}"
+        folder.mkdir()
+        point = {"concurrency": min(concurrency, 64), "tokens_per_s": tps, "itl_p99_ms": itl, "requests": 10,
+                 "answered": 8, "cancelled": 2, "refused": 0, "failed": 0, "idle_metrics": idle,
+                 "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0, "itl_p50_ms": 1.0}
+        (folder / "loadgen.json").write_text(json.dumps({
+            "seed": 0, "requests": 4, "max_output": None, "prompt_lengths": [128, 256], "output_lengths": [100],
+            "command": "loadgen", "points": [point]}))
+    bench = tmp_path / "bench.json"
+    def bench_point(batch, context, first_ms, step_ms, tps):
+        return {"kernels": "fdpp", "batch": batch, "context": context, "first_token_ms": first_ms,
+                "ms_per_step": step_ms, "tokens_per_s": tps}
+    points = [bench_point(1, 128, 10.0, 4.0, 250.0), bench_point(1, 256, 10.0, 4.0, 250.0),
+              bench_point(16, 256, 90.0, 5.0, 3000.0)]
+    bench.write_text(json.dumps({"points": points}))
+    out = tmp_path / "serve.json"
+    argv = ["--levels", *(str(tmp_path / f"c{c}") for c in (1, 16, 64)), "--soak", str(tmp_path / "c65"),
+            "--bench-bs1", str(bench), "--bench-bs16", str(bench), "--memory-mib", "1000", "1010", "-o", str(out)]
+    assert report_serve.main(argv) == 0
+    bars = json.loads(out.read_text())["bars"]
+    predicted = 100 / (0.010 + 99 * 0.004)  # every request: 100 tokens, a 10 ms first token, 99 steps of 4 ms
+    assert abs(bars["one_client_tokens_per_s"]["bench_bs1_predicted"] - predicted) < 1e-6
+    assert not bars["one_client_tokens_per_s"]["met"]  # 190 < 0.95 x 246
+    assert bars["sixteen_clients_tokens_per_s"]["met"] and bars["sixteen_clients_itl_p99_ms"]["met"]  # 2500 >= 2400
+    assert bars["soak"]["met"] and abs(bars["soak"]["gpu_memory_growth_pct"] - 1.0) < 1e-9
+    assert (out.with_suffix(".png")).read_bytes()[:4] == b"\x89PNG"
+    assert report_serve.main(argv[:-2] + ["-o", str(tmp_path / "x.json"), "--bench-bs16", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -136,3 +136,18 @@ def test_eos_and_stop_strings_end_a_sequence(engine, tokenizer):
     run_until_idle(scheduler)
     assert "".join(e.text for e in events if isinstance(e, Delta)) == text[:text.index(stop)]
     assert events[-1].reason == "stop" and len(request.tokens) < 12
+
+
+def test_stop_strings_without_a_tokenizer_match_the_streamed_ids(engine):
+    """An engine without a tokenizer streams its ids as comma-separated text; a stop string is found in that text."""
+    alone = engine.generate([PROMPTS[2]], 12).tokens[0]
+    text = ",".join(str(t) for t in alone)
+    stop = f",{alone[5]},"
+    cut = text.index(stop)
+    scheduler = Scheduler(engine, None)
+    request, events = make_request(PROMPTS[2], 12, stop=[stop])
+    scheduler.submit(request)
+    run_until_idle(scheduler)
+    assert "".join(e.text for e in events if isinstance(e, Delta)) == text[:cut]
+    stopped_at = text[:cut + 1].count(",")  # the stop's id; its closing comma comes with the next token
+    assert events[-1].reason == "stop" and request.tokens == alone[:stopped_at + 2]

@@ -371,18 +371,22 @@ void enqueue_case(nv::IPluginV3OneRuntime* runtime, nv::IPluginV3OneBuildV2* bui
   CUDA_OK(cudaMalloc(&device_ws, workspace > 0 ? workspace : 1));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Copies and clears go on the plugin's stream: the stream is non-blocking, so a cudaMemset on the legacy
+  // stream would not be ordered before the enqueue (under load it landed after it and zeroed the output).
   auto upload = [&] {
     for (int32_t i = 0; i < nb_in; ++i)
-      CUDA_OK(cudaMemcpy(device_in[i], host_in[i].data(), host_in[i].size(), cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpyAsync(device_in[i], host_in[i].data(), host_in[i].size(), cudaMemcpyHostToDevice, stream));
     for (int32_t o = 0; o < nb_out; ++o)
-      if (alias[o] < 0) CUDA_OK(cudaMemset(device_out[o], 0, out_bytes[o]));
+      if (alias[o] < 0) CUDA_OK(cudaMemsetAsync(device_out[o], 0, out_bytes[o], stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
   };
   auto download = [&] {
     std::vector<std::vector<char>> got(nb_out);
     for (int32_t o = 0; o < nb_out; ++o) {
       got[o].resize(out_bytes[o]);
-      CUDA_OK(cudaMemcpy(got[o].data(), device_out[o], out_bytes[o], cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpyAsync(got[o].data(), device_out[o], out_bytes[o], cudaMemcpyDeviceToHost, stream));
     }
+    CUDA_OK(cudaStreamSynchronize(stream));
     return got;
   };
 

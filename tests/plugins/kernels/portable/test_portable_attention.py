@@ -181,7 +181,8 @@ def test_cuda_graph_capture_and_replay():
 def test_bad_inputs_raise_one_line_errors():
     portable, att = _portable()
     q, k, v, past = make_inputs(1, 4, 4, 1, 64, 64, torch.float16)
+    q80, k80, v80, past80 = make_inputs(1, 4, 4, 1, 64, 80, torch.float16)
     with pytest.raises(att.FdppError, match="head_dim 80"):
-        portable.attention(q[..., :80].contiguous(), k[..., :80].contiguous(), v[..., :80].contiguous(), past)
+        portable.attention(q80, k80, v80, past80)
     with pytest.raises(att.FdppError, match="workspace holds"):
         portable.attention(q, k, v, past, num_splits=4, workspace=torch.empty(16, dtype=torch.uint8, device="cuda"))
