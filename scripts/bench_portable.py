@@ -22,7 +22,6 @@ from bench_attention import copies_for, time_variants  # noqa: E402
 DECODE_CASES = [(1, 32, 1024), (1, 32, 8192), (8, 32, 8192), (1, 8, 8192), (8, 8, 32768)]  # (batch, kv heads, L)
 GEMM_SHAPES = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
 GEMM_MS = [1, 2, 4, 8, 16]
-PROFILE = Path(__file__).resolve().parents[1] / "engines" / "profiles" / "h200.json"
 
 
 def bench_decode(batch, kv_heads, kv_len, quick):
@@ -53,8 +52,10 @@ def bench_decode(batch, kv_heads, kv_len, quick):
 
 def profiled_plan(n, k):
     """The committed profile's plan for [n, k] fp16 (what an engine runs), or None."""
-    if PROFILE.is_file():
-        for entry in json.loads(PROFILE.read_text())["shapes"]:
+    from fdpp_rewrite.profiles import DEFAULT_PROFILE
+
+    if DEFAULT_PROFILE.is_file():
+        for entry in json.loads(DEFAULT_PROFILE.read_text())["shapes"]:
             if (entry["n"], entry["k"], entry["dtype"]) == (n, k, "float16"):
                 return {key: entry[key] for key in ("m1", "m2", "implb", "implc")}
     return None

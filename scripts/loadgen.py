@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from fdpp_rewrite.atomic import AtomicOutputs  # noqa: E402
 from fdpp_rewrite.errors import FdppError  # noqa: E402
+from fdpp_rewrite.serve import metrics  # noqa: E402
 
 PROMPT_LENGTHS = (16, 64, 256, 1024)
 OUTPUT_LENGTHS = (16, 64, 128, 256)
@@ -176,21 +177,11 @@ async def idle_metrics(url: str) -> dict:
     deadline = time.perf_counter() + IDLE_WAIT_S
     async with httpx.AsyncClient(timeout=10) as client:
         while True:
-            samples = parse_metrics((await client.get(f"{url}/metrics")).text)
+            samples = metrics.parse((await client.get(f"{url}/metrics")).text)
             busy = sum(samples.get(f"fdpp_{key}", 0) for key in keys[2:])
             if not busy or time.perf_counter() >= deadline:
                 return {"drained": not busy, **{key: samples.get(f"fdpp_{key}") for key in keys}}
             await asyncio.sleep(0.2)
-
-
-def parse_metrics(text: str) -> dict:
-    """Prometheus text -> {sample name: value} for the unlabelled samples."""
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, _, value = line.partition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def percentile(values: list, q: float) -> float | None:

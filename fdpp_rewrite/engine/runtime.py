@@ -337,13 +337,13 @@ class Engine:
         [:kv_len]; returns the logits [V] of the last id. A CUDA-graph replay where one was captured for (slot,
         padded, kv_len), else the traced Program (captured now when graphs apply)."""
         seq = len(ids)
+        host_ids = torch.zeros(1, padded, dtype=torch.int64)
+        host_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
         graphs = self.graph_prefill and padded <= MAX_GRAPH_PREFILL
         if graphs:
             input_ids = self.prefill_ids.get(padded)
             if input_ids is None:
                 input_ids = self.prefill_ids[padded] = torch.zeros(1, padded, dtype=torch.int64, device=self.device)
-            host_ids = torch.zeros(1, padded, dtype=torch.int64)
-            host_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
             input_ids.copy_(host_ids)
             past = self.prefill_past
             past.fill_(start)
@@ -354,9 +354,7 @@ class Engine:
                 graph.replay()
                 return last[0].clone()  # the next replay of this graph rewrites `last`
         else:
-            input_ids = torch.zeros(1, padded, dtype=torch.int64)
-            input_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
-            input_ids = input_ids.to(self.device)
+            input_ids = host_ids.to(self.device)
             past = torch.tensor([start], dtype=torch.int64, device=self.device)
         feeds = self.feeds(input_ids, past, slice(slot, slot + 1), kv_len, start=start)
         # a Hugging Face graph's chunk after `start` tokens has its own past length: keep only start-0 Programs
