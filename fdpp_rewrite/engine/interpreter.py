@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fdpp_rewrite.engine import ops
+from fdpp_rewrite.engine import mixed, ops
 from fdpp_rewrite.engine.backends import FDPP_OPS
 from fdpp_rewrite.errors import FdppError
 
@@ -75,10 +75,11 @@ def prepare_nodes(plan_nodes: list) -> list:
     return prepared
 
 
-def trace(nodes: list, output_names: list, feeds: dict, weights: dict, host_values: dict, backend):
+def trace(nodes: list, output_names: list, feeds: dict, weights: dict, host_values: dict, backend, layout=None):
     """Run the graph on feeds; return (outputs, Program). host_values: small initializers (CPU tensors);
     weights: device tensors. Feeds that are graph inputs the runtime owns (the KV caches) may be written in
-    place by ScatterND / RopeAppend."""
+    place by ScatterND / RopeAppend. layout: a mixed step's MixedLayout (mixed.py), which splits the RopeAppend
+    and attention steps between the decode rows and the chunk."""
     host = dict(host_values)
     device_values = dict(weights)
     device_values.update(feeds)
@@ -106,6 +107,8 @@ def trace(nodes: list, output_names: list, feeds: dict, weights: dict, host_valu
             if op not in FDPP_OPS:
                 raise FdppError(f"fdpp::{op} (node {node['name']}) is not supported by this engine version")
             fn = backend.lower(op, attrs, node["name"])
+            if layout is not None and op in mixed.MIXED_OPS:
+                fn = mixed.wrap(op, fn, layout)
             host_positions = set()
         elif domain == ops.ENGINE_DOMAIN:  # the engine's own ops (CacheAppend), written into the plan by build
             if op not in ops.ENGINE_OPS:

@@ -15,7 +15,8 @@ about 15 ms of host time per pass for a 32-layer model, several times the GPU wo
 
 Slot-level work, for a server that admits and retires sequences one at a time (fdpp_rewrite.serve):
 `prefill_chunk` runs part of a prompt into a slot after the tokens already there, `decode_slots` steps only the
-given slots, `release` frees a slot. `generate` and `decode` keep the whole-batch form.
+given slots, `mixed_step` does both in one pass (mixed.py), `release` frees a slot. `generate` and `decode` keep the
+whole-batch form.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from fdpp_rewrite.engine import FORMAT_VERSION
+from fdpp_rewrite.engine import FORMAT_VERSION, mixed
 from fdpp_rewrite.engine.interpreter import prepare_nodes, trace
 from fdpp_rewrite.errors import FdppError
 
@@ -251,6 +252,12 @@ class Engine:
         self.graph_prefill = self.use_graphs and self.hf_feeds is None and self.manifest.get("tensor_parallel", 1) == 1
         self.prefill_graphs = {}
         self.prefill_ids = {}  # prefill bucket -> the static [1, bucket] ids a captured pass reads
+        # mixed steps (mixed.py): a decode step and a prompt chunk in one pass; mixed_reason says why not
+        self.mixed_reason = ("a tensor-parallel engine" if self.manifest.get("tensor_parallel", 1) > 1 else
+                             "a Hugging Face graph" if self.hf_feeds is not None else
+                             mixed.unsupported_reason(self.plan))
+        self.mixed_steps = {}   # (batch bucket, chunk, slot, kv bucket) -> (CUDAGraph or Program, output rows)
+        self.mixed_inputs = {}  # (batch bucket, chunk) -> static (ids [1, B + C], past_len [B + 1], rows [B + 1])
         if self.graph_prefill:
             self.prefill_past = torch.zeros(1, dtype=torch.int64, device=device)  # the pass's start
             self.prefill_last = torch.zeros(1, dtype=torch.int64, device=device)  # its last real position
@@ -456,6 +463,101 @@ class Engine:
             self.lengths[slot] += 1
         self.past_len[:bucket_batch].copy_(torch.tensor(self.lengths[:bucket_batch], dtype=torch.int64))
         return logits[index, -1]
+
+    def chunk_bucket(self, chunk: int) -> int:
+        """The padded length a prompt chunk of `chunk` tokens runs as (its prefill bucket, within max_seq)."""
+        return pick(min(chunk, self.max_seq), self.prefill_buckets)
+
+    @property
+    def supports_mixed(self) -> bool:
+        return self.mixed_reason is None
+
+    def mixed_step(self, slots: list[int], tokens, chunk_slot: int, ids: list[int], padded: int | None = None):
+        """One pass that is a decode step of `slots` (as decode_slots) and the next `ids` of the prompt in
+        `chunk_slot` (as prefill_chunk), reading the weights once (mixed.py). `padded`: the length the chunk runs
+        as (default its prefill bucket; a server passes one size for every chunk, so fewer shapes are captured).
+        Returns (the slots' logits [len(slots), V] in their order, the logits [V] of the chunk's last id).
+        Example: slots [0, 2] decoding, slot 1 prefilling its next 100 tokens padded to 128: one pass of
+        input_ids [1, 4 + 128] over the batch bucket of 4."""
+        if self.mixed_reason is not None:
+            raise FdppError(f"this engine cannot run mixed steps ({self.mixed_reason}); run prefill_chunk and "
+                            "decode_slots separately")
+        start, seq = self.lengths[chunk_slot], len(ids)
+        padded = padded or pick(max(seq, 1), self.prefill_buckets)
+        if not ids or not slots or chunk_slot in slots or seq > padded or start + padded > self.max_seq:
+            raise FdppError(f"a mixed step needs decode slots other than the chunk's slot {chunk_slot} and a "
+                            f"non-empty chunk of at most {padded} tokens that ends, padded, within the engine's max "
+                            f"sequence {self.max_seq} (slot {chunk_slot} holds {start} tokens, chunk {seq})")
+        bucket_batch = pick(max(max(slots), chunk_slot) + 1, self.batch_buckets)
+        longest = max(max(self.lengths[:bucket_batch]) + 1, start + padded)
+        if longest > self.max_seq:
+            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
+                            "--max-seq")
+        kv_len = pick(longest, self.kv_buckets)
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        self.step_ids[index, 0] = tokens
+        input_ids, past, rows = self._mixed_inputs(bucket_batch, padded)
+        chunk = torch.zeros(padded, dtype=torch.int64)
+        chunk[:seq] = torch.tensor(ids, dtype=torch.int64)
+        input_ids[0, :bucket_batch].copy_(self.step_ids[:bucket_batch, 0])
+        input_ids[0, bucket_batch:].copy_(chunk)
+        past[:bucket_batch].copy_(self.past_len[:bucket_batch])
+        past[bucket_batch:].fill_(start)
+        rows[bucket_batch:].fill_(bucket_batch + seq - 1)  # the chunk's last real id
+        key = (bucket_batch, padded, chunk_slot, kv_len)
+        if key in self.mixed_steps:
+            runner, out = self.mixed_steps[key]
+            if self.use_graphs:
+                runner.replay()
+            else:
+                out = runner.run(self._mixed_feeds(input_ids, past, kv_len))["logits"][0].index_select(0, rows)
+        else:
+            out = self._trace_mixed(key, input_ids, past, rows)
+        for slot in slots:
+            self.lengths[slot] += 1
+        self.lengths[chunk_slot] = start + seq
+        self.past_len[:bucket_batch].copy_(torch.tensor(self.lengths[:bucket_batch], dtype=torch.int64))
+        return out[index], out[bucket_batch].clone()  # a replay rewrites `out`
+
+    def _mixed_inputs(self, bucket_batch: int, padded: int):
+        key = (bucket_batch, padded)
+        if key not in self.mixed_inputs:
+            self.mixed_inputs[key] = (torch.zeros(1, bucket_batch + padded, dtype=torch.int64, device=self.device),
+                                      torch.zeros(bucket_batch + 1, dtype=torch.int64, device=self.device),
+                                      torch.arange(bucket_batch + 1, dtype=torch.int64, device=self.device))
+        return self.mixed_inputs[key]
+
+    def _mixed_feeds(self, input_ids, past, kv_len: int) -> dict:
+        feeds = {"input_ids": input_ids, "past_len": past}
+        for name, cache in zip(self.cache_names, self.caches):
+            feeds[name] = cache[:, :, :kv_len]  # every slot: the mixed steps slice the decode rows and the chunk's
+        return feeds
+
+    def _trace_mixed(self, key, input_ids, past, rows):
+        """Trace the mixed step of `key` (it runs now), then keep it: captured as a CUDA graph, else its Program.
+        Returns the output rows [B + 1, V]: the decode rows of the bucket, then the chunk's last id."""
+        bucket_batch, padded, slot, kv_len = key
+        feeds = self._mixed_feeds(input_ids, past, kv_len)
+        layout = mixed.MixedLayout(batch=bucket_batch, slot=slot, chunk=padded)
+        outputs, program = trace(self.nodes, ["logits"], feeds, self.weights, self.host_values, self.backend,
+                                 layout=layout)
+        out = outputs["logits"][0].index_select(0, rows)
+        if not self.use_graphs:
+            self.mixed_steps[key] = (program, None)
+            return out
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):  # recording runs nothing: the step already ran
+            captured = program.run(feeds)["logits"][0].index_select(0, rows)
+        self.mixed_steps[key] = (graph, captured)
+        return out
+
+    def assume_length(self, slot: int, length: int) -> None:
+        """Warm-up only: mark `slot` as holding `length` tokens, whatever its cache rows hold, so a warm-up walk
+        reaches a KV bucket without prefilling up to it (the rows are junk: only shapes are being traced)."""
+        if not 0 <= length < self.max_seq:
+            raise FdppError(f"a slot holds 0 to {self.max_seq - 1} tokens, not {length}")
+        self.lengths[slot] = length
+        self.past_len[slot] = length
 
     @mirrored
     def release(self, slot: int) -> None:

@@ -9,6 +9,9 @@ Each iteration of the scheduler thread (run_once), between decode steps:
 4. one decode step of every sequence that has a token to feed (Engine.decode_slots: the slots in between,
    free or mid-prefill, are neither advanced nor corrupted), then each sequence is retired on its own: EOS, a stop
    string, max_tokens.
+Steps 3 and 4 are one pass where the engine runs mixed steps (fdpp_rewrite/engine/mixed.py) and both have work:
+the oldest pending prompt's next chunk rides on the decode step, so the chunk costs little more than its extra
+GEMM rows instead of a second read of every weight.
 
 Before the loop the thread warms the engine up (warmup.py; `warming` is True until then, and the HTTP side
 answers 503).
@@ -93,6 +96,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.cond = threading.Condition()
         self.steps = 0                 # decode steps run
+        self.mixed_steps = 0           # of which carried a prompt chunk in the same pass (Engine.mixed_step)
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.last_error: str | None = None  # the last engine failure (its requests failed; the loop goes on)
@@ -132,6 +136,8 @@ class Scheduler:
             "kv_slots_in_use": ("KV cache slots held by a sequence", len(running), None),
             "kv_slots_total": ("KV cache slots (the engine's max batch)", len(self.slots), None),
             "decode_steps_total": ("decode steps run", self.steps, None),
+            "mixed_steps_total": ("decode steps that prefilled a prompt chunk in the same pass (one weight read)",
+                                  self.mixed_steps, None),
             "softmax_fallback_rows_total": (fallback_help, self.fallback_rows,
                                             {"path": "kernel" if self.on_cuda else "reference"}),
         }
@@ -186,8 +192,9 @@ class Scheduler:
         now = time.monotonic()
         self._retire_gone(now)
         self._admit(now)
-        self._prefill()
-        self._decode()
+        if not self._mixed():
+            self._prefill()
+            self._decode()
         if self.on_cuda and time.monotonic() - self.counters_read_at > COUNTER_PERIOD_S:
             self.fallback_rows = self._read_fallback_rows() - self.fallback_base
             self.counters_read_at = time.monotonic()
@@ -221,9 +228,7 @@ class Scheduler:
 
     def _prefill(self) -> None:
         budget = self.prefill_chunk
-        pending = sorted((r for r in self.slots if r is not None and r.prefilled < len(r.prompt)),
-                         key=lambda r: r.submitted)
-        for request in pending:
+        for request in self._pending():
             if budget <= 0:
                 break
             count = min(budget, len(request.prompt) - request.prefilled)
@@ -235,15 +240,51 @@ class Scheduler:
                 token = int(request.sampler(logits[None])[0])
                 self._on_token(request, token, time.monotonic())
 
-    def _decode(self) -> None:
+    def _pending(self) -> list:
+        """The requests whose prompt is not all in their slot yet, oldest first."""
+        return sorted((r for r in self.slots if r is not None and r.prefilled < len(r.prompt)),
+                      key=lambda r: r.submitted)
+
+    def _decoding(self) -> list:
+        return [r for r in self.slots if r is not None and r.next_token is not None]
+
+    def _step_tokens(self, batch: list):
         import torch
 
-        batch = [r for r in self.slots if r is not None and r.next_token is not None]
-        if not batch:
-            return
-        device = self.engine.device
-        tokens = torch.tensor([r.next_token for r in batch], dtype=torch.int64, device=device)
-        logits = self.engine.decode_slots([r.slot for r in batch], tokens)
+        return torch.tensor([r.next_token for r in batch], dtype=torch.int64, device=self.engine.device)
+
+    def _mixed(self) -> bool:
+        """The oldest pending prompt's next chunk in the same pass as the decode step (Engine.mixed_step: one weight
+        read for both), where the engine runs mixed steps and both kinds of work wait. The chunk always runs
+        padded to the --prefill-chunk bucket, so the warm-up captures one chunk size. False: nothing ran, and the
+        separate passes run instead (no decode batch yet, no prompt pending, or a chunk near max_seq)."""
+        if not self.engine.supports_mixed:
+            return False
+        batch, pending = self._decoding(), self._pending()
+        padded = self.engine.chunk_bucket(self.prefill_chunk)
+        if not batch or not pending or pending[0].prefilled + padded > self.engine.max_seq:
+            return False
+        request = pending[0]
+        count = min(self.prefill_chunk, len(request.prompt) - request.prefilled)
+        chunk = request.prompt[request.prefilled:request.prefilled + count]
+        logits, last = self.engine.mixed_step([r.slot for r in batch], self._step_tokens(batch), request.slot,
+                                              chunk, padded)
+        self._advance(batch, logits)
+        self.mixed_steps += 1
+        request.prefilled += count
+        if request.prefilled == len(request.prompt):
+            self._on_token(request, int(request.sampler(last[None])[0]), time.monotonic())
+        return True
+
+    def _decode(self) -> None:
+        batch = self._decoding()
+        if batch:
+            self._advance(batch, self.engine.decode_slots([r.slot for r in batch], self._step_tokens(batch)))
+
+    def _advance(self, batch: list, logits) -> None:
+        """Sample the decode step's tokens (logits [len(batch), V]) and hand them to their requests."""
+        import torch
+
         if all(r.sampler.temperature == 0 for r in batch):
             sampled = logits.argmax(dim=-1)
         else:

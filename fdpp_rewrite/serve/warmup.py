@@ -7,7 +7,10 @@ trace (and, on cuda, a decode bucket's CUDA-graph capture).
             as in a server's step). Batch 1 steps last: it advances slot 0 itself, into the next KV bucket.
     all     decode, then every prefill chunk shape: a chunk of each prefill bucket up to --prefill-chunk into
             each KV bucket (a Hugging Face graph caches only a prompt's first chunk, so that is the one it runs),
-            in every slot where prompt passes replay CUDA graphs (they are captured per slot), else in slot 0.
+            in every slot where prompt passes replay CUDA graphs (they are captured per slot), else in slot 0;
+            then, where the engine runs mixed steps, each one the scheduler can meet: a chunk of the
+            --prefill-chunk bucket in each slot, with each batch bucket that holds that slot and each KV bucket
+            the chunk can end in (slot lengths are set, not prefilled: only shapes matter).
     none    nothing: the first request of each shape traces it.
 
 Only the engine's slot methods run (prefill_chunk, decode_slots, release, reset), so a tensor-parallel engine's
@@ -46,9 +49,7 @@ def decode_walk(engine, chunk: int):
 
 def prefill_sizes(engine, chunk: int) -> list[int]:
     """The padded lengths a chunk of at most `chunk` tokens runs as."""
-    from fdpp_rewrite.engine.runtime import pick  # torch: imported when the warm-up runs, not for --help
-
-    largest = pick(min(chunk, engine.max_seq), engine.prefill_buckets)
+    largest = engine.chunk_bucket(chunk)
     return [size for size in engine.prefill_buckets if size <= largest]
 
 
@@ -77,6 +78,40 @@ def prefill_walk(engine, chunk: int):
                 yield
 
 
+def mixed_shapes(engine, chunk: int):
+    """(decode slot, chunk slot, chunk start) of one mixed step per shape the scheduler can meet: every chunk slot,
+    every batch bucket holding it (one decode row, the bucket's last slot or the one below the chunk's), and every
+    KV bucket the chunk, padded, can end in."""
+    if not engine.supports_mixed:
+        return
+    padded = engine.chunk_bucket(chunk)
+    for slot in range(engine.max_batch):
+        for bucket in engine.batch_buckets:
+            decode = bucket - 1 if bucket - 1 != slot else slot - 1
+            if bucket <= slot or decode < 0:
+                continue
+            for kv_len in engine.kv_buckets:
+                if kv_len >= padded:
+                    yield decode, slot, kv_len - padded
+
+
+def mixed_walk(engine, chunk: int):
+    import torch
+
+    token = torch.full((1,), DUMMY_TOKEN, dtype=torch.int64, device=engine.device)
+    padded = engine.chunk_bucket(chunk)
+    for decode, slot, start in mixed_shapes(engine, chunk):
+        engine.reset()
+        engine.assume_length(decode, 1)
+        engine.assume_length(slot, start)
+        engine.mixed_step([decode], token, slot, [DUMMY_TOKEN] * padded, padded)
+        yield
+
+
+def mixed_count(engine, chunk: int) -> int:
+    return sum(1 for _ in mixed_shapes(engine, chunk))
+
+
 def walk(engine, mode: str, chunk: int):
     if mode not in MODES:
         raise ValueError(f"unknown warm-up mode {mode!r}")
@@ -84,6 +119,7 @@ def walk(engine, mode: str, chunk: int):
         yield from decode_walk(engine, chunk)
     if mode == "all":
         yield from prefill_walk(engine, chunk)
+        yield from mixed_walk(engine, chunk)
 
 
 def warm_up(engine, mode: str, chunk: int, stopping=lambda: False, stream=None) -> int:
@@ -91,11 +127,11 @@ def warm_up(engine, mode: str, chunk: int, stopping=lambda: False, stream=None) 
     traced and how long it took; returns the number of shapes traced."""
     stream = stream or sys.stderr
     decode_shapes = len(engine.batch_buckets) * len(engine.kv_buckets)
-    print(f"warming up ({mode}): {decode_shapes} decode buckets ({len(engine.batch_buckets)} batch x "
-          f"{len(engine.kv_buckets)} KV)" + (f" and the prefill chunks of {prefill_sizes(engine, chunk)} tokens in "
-                                             f"{len(warm_slots(engine))} slot(s)" if mode == "all" else "")
-          + "; /health answers 503 meanwhile",
-          file=stream, flush=True)
+    plan = f"{decode_shapes} decode buckets ({len(engine.batch_buckets)} batch x {len(engine.kv_buckets)} KV)"
+    if mode == "all":
+        plan += (f", the prefill chunks of {prefill_sizes(engine, chunk)} tokens in {len(warm_slots(engine))} "
+                 f"slot(s) and {mixed_count(engine, chunk)} mixed step shapes")
+    print(f"warming up ({mode}): {plan}; /health answers 503 meanwhile", file=stream, flush=True)
     started, before = time.perf_counter(), len(engine.programs)
     try:
         for _ in walk(engine, mode, chunk):
@@ -105,6 +141,7 @@ def warm_up(engine, mode: str, chunk: int, stopping=lambda: False, stream=None) 
         engine.reset()
     traced = len(engine.programs) - before
     captured = f", {len(engine.prefill_graphs)} prompt-pass graphs" if engine.prefill_graphs else ""
+    captured += f", {len(engine.mixed_steps)} mixed steps" if engine.mixed_steps else ""
     print(f"warm-up done: {traced} shapes traced{captured} in {time.perf_counter() - started:.1f} s", file=stream,
           flush=True)
     return traced

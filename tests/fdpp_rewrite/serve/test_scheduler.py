@@ -66,6 +66,21 @@ def test_joining_and_leaving_requests_get_their_tokens_alone(engine, tokenizer):
     assert prefill_iterations[2] >= 100 // 16  # the 100-token prompt was spread over several 16-token chunks
     assert steps_during_prefill[-1] - steps_during_prefill[0] >= 4  # ... with the others' decode steps between
     assert engine.lengths == [0] * engine.max_batch and scheduler.metrics.requests["answered"] == len(PROMPTS)
+    assert scheduler.mixed_steps >= 100 // 16  # the chunks rode on the others' decode steps (Engine.mixed_step)
+
+
+def test_separate_passes_where_the_engine_cannot_run_mixed_steps(engine, tokenizer):
+    alone = [engine.generate([p], n).tokens[0] for p, n in zip(PROMPTS[:3], MAX_TOKENS[:3])]
+    engine.mixed_reason = "switched off for this test"
+    try:
+        scheduler = Scheduler(engine, tokenizer, prefill_chunk=16)
+        requests = [make_request(p, n) for p, n in zip(PROMPTS[:3], MAX_TOKENS[:3])]
+        for request, _ in requests:
+            scheduler.submit(request)
+        run_until_idle(scheduler)
+    finally:
+        engine.mixed_reason = None
+    assert [r.tokens for r, _ in requests] == alone and scheduler.mixed_steps == 0 and scheduler.steps
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(engine, tokenizer):

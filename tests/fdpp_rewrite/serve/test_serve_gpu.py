@@ -97,3 +97,37 @@ def test_all_warm_up_captures_the_prompt_graphs_of_every_slot(cuda_engine):
     assert set(engine.prefill_graphs) == captured
     for request, prompt, count in zip(requests, PROMPTS, MAX_TOKENS):
         assert request.tokens == cuda_engine.generate([prompt], count).tokens[0]
+
+
+def test_mixed_steps_replay_graphs_and_equal_the_passes_apart(cuda_engine):
+    """A mixed step (a decode step and a prompt chunk in one pass) is captured on its first run and replayed after,
+    bit for bit the eager engine's; against the decode step and the chunk run apart (other GEMM shapes, so other
+    roundings) the logits agree within fp16 tolerance and the greedy tokens are the same."""
+    import torch
+
+    from fdpp_rewrite.engine.runtime import Engine
+
+    def mid_flight(engine):
+        engine.reset()
+        first = [int(engine.prefill_chunk(0, PROMPTS[0]).argmax()), int(engine.prefill_chunk(2, PROMPTS[4]).argmax())]
+        engine.prefill_chunk(1, PROMPTS[2][:64])
+        return torch.tensor(first, device="cuda")
+
+    graphs, eager = Engine(cuda_engine.folder), Engine(cuda_engine.folder, use_graphs=False)
+    assert graphs.supports_mixed, graphs.mixed_reason
+    runs = []
+    for engine in (graphs, graphs, eager):  # traced and captured, replayed, eager
+        tokens = mid_flight(engine)
+        logits, last = engine.mixed_step([0, 2], tokens, 1, PROMPTS[2][64:128], 64)
+        runs.append((logits.float().cpu(), last.float().cpu(), [c[:3, :, :128].float().cpu() for c in engine.caches]))
+    assert list(graphs.mixed_steps) == [(4, 64, 1, 128)] and isinstance(graphs.mixed_steps[(4, 64, 1, 128)][0],
+                                                                         torch.cuda.CUDAGraph)
+    for replayed, reference in ((runs[1], runs[0]), (runs[1], runs[2])):
+        assert torch.equal(replayed[0], reference[0]) and torch.equal(replayed[1], reference[1])
+        assert all(torch.equal(a, b) for a, b in zip(replayed[2], reference[2]))
+    tokens = mid_flight(eager)
+    apart = eager.decode_slots([0, 2], tokens).float().cpu(), eager.prefill_chunk(1, PROMPTS[2][64:128]).float().cpu()
+    torch.testing.assert_close(runs[2][0], apart[0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(runs[2][1], apart[1], atol=2e-2, rtol=2e-2)
+    assert runs[2][0].argmax(-1).tolist() == apart[0].argmax(-1).tolist()
+    assert int(runs[2][1].argmax()) == int(apart[1].argmax())

@@ -75,3 +75,42 @@ def test_release_frees_the_slot_for_the_kv_bucket(engine):
     engine.release(1)
     assert engine.lengths[1] == 0 and int(engine.past_len[1]) == 0
     assert engine.slot_buckets([0, 1]) == (2, 128)
+
+
+def _mid_flight(engine):
+    """Slots 0 and 2 decoding (their first tokens returned), slot 1 holding the first 16 tokens of a prompt."""
+    engine.reset()
+    first = [int(engine.prefill_chunk(0, PROMPT[:5]).argmax()), int(engine.prefill_chunk(2, PROMPT[10:30]).argmax())]
+    engine.prefill_chunk(1, PROMPT[:16])
+    return torch.tensor(first)
+
+
+def test_a_mixed_step_equals_the_decode_step_and_the_chunk_run_apart(engine):
+    """One pass over input_ids [1, 4 + 32] (mixed.py) gives what decode_slots and prefill_chunk give one after
+    the other: the decode rows' logits, the chunk's last logits, every slot's cache rows and lengths."""
+    assert engine.supports_mixed, engine.mixed_reason
+    tokens = _mid_flight(engine)
+    apart = engine.decode_slots([0, 2], tokens), engine.prefill_chunk(1, PROMPT[16:40])
+    caches = [cache.clone() for cache in engine.caches]
+    lengths, past = list(engine.lengths), engine.past_len.clone()
+    for _ in range(2):  # traced, then its Program replayed
+        tokens = _mid_flight(engine)
+        mixed = engine.mixed_step([0, 2], tokens, 1, PROMPT[16:40])
+        torch.testing.assert_close(mixed[0], apart[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(mixed[1], apart[1], atol=1e-5, rtol=1e-5)
+        assert engine.lengths == lengths == [6, 40, 21, 0] and torch.equal(engine.past_len, past)
+        for before, cache in zip(caches, engine.caches):
+            for slot, length in enumerate(lengths):
+                torch.testing.assert_close(cache[slot, :, :length], before[slot, :, :length], atol=1e-5, rtol=1e-5)
+    assert list(engine.mixed_steps) == [(4, 32, 1, 128)]  # (batch bucket, padded chunk, chunk slot, KV bucket)
+
+
+def test_a_mixed_step_refuses_what_it_cannot_run(engine):
+    tokens = _mid_flight(engine)
+    with pytest.raises(FdppError, match="other than the chunk's slot"):
+        engine.mixed_step([0, 1], torch.tensor([1, 2]), 1, PROMPT[16:20])
+    with pytest.raises(FdppError, match="non-empty chunk"):
+        engine.mixed_step([0, 2], tokens, 1, [])
+    with pytest.raises(FdppError, match="max sequence"):
+        engine.mixed_step([0, 2], tokens, 1, [1] * 8, padded=engine.max_seq)
+    assert engine.lengths == [5, 16, 20, 0]  # nothing ran

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from fdpp_rewrite.engine.runtime import Engine, Sampler
 from fdpp_rewrite.serve.scheduler import Request, Scheduler
 from fdpp_rewrite.serve.server import build_app
+from fdpp_rewrite.serve.warmup import mixed_count
 
 CHUNK = 32
 PROMPT = [(7 * i + 3) % 390 for i in range(45)]
@@ -58,6 +59,30 @@ def test_all_warm_up_adds_every_prefill_chunk_shape(engine_dir, tokenizer):
     traced = len(engine.programs)
     tokens = run_alone(scheduler, PROMPT, 10)  # chunks of 32 and 13 (run as 16), then decode steps
     assert tokens == Engine(engine_dir).generate([PROMPT], 10).tokens[0] and len(engine.programs) == traced
+
+
+def test_all_warm_up_adds_every_mixed_step_shape(engine_dir, tokenizer):
+    """Every (batch bucket, chunk, chunk slot, KV bucket) the scheduler can meet is traced: requests that join
+    while others decode then trace nothing, and get their tokens alone."""
+    engine = Engine(engine_dir)
+    scheduler = Scheduler(engine, tokenizer, prefill_chunk=CHUNK, warmup="all")
+    scheduler.warm_up(io.StringIO())
+    shapes = set(engine.mixed_steps)
+    assert len(shapes) == mixed_count(engine, CHUNK) > 0
+    assert {(batch, CHUNK, slot, kv) for batch, _, slot, kv in shapes} == shapes  # one chunk size
+    assert {slot for _, _, slot, _ in shapes} == set(range(engine.max_batch))
+    assert engine.lengths == [0] * engine.max_batch
+    first = Request(prompt=PROMPT, max_tokens=12, sampler=Sampler(), emit=lambda event: None)
+    scheduler.submit(first)
+    scheduler.run_once()
+    second = Request(prompt=PROMPT[:40], max_tokens=5, sampler=Sampler(), emit=lambda event: None)
+    scheduler.submit(second)
+    while any(r is not None for r in scheduler.slots):
+        scheduler.run_once()
+    alone = Engine(engine_dir)
+    assert first.tokens == alone.generate([PROMPT], 12).tokens[0]
+    assert second.tokens == alone.generate([PROMPT[:40]], 5).tokens[0]
+    assert scheduler.mixed_steps and set(engine.mixed_steps) == shapes
 
 
 def test_no_warm_up_traces_nothing(engine_dir, tokenizer):
