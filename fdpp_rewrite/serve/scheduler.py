@@ -78,7 +78,18 @@ class Request:
     next_token: int | None = None
     last_token_at: float = 0.0
     cancelled: bool = False
+    done: bool = False      # its slot is freed: tokens of steps still in flight for it are dropped
     text: TextStream | None = None
+
+
+@dataclass
+class InFlight:
+    """A step launched on the GPU whose tokens the host has not read yet."""
+    batch: list             # the decode rows' requests, in order
+    sampled: object         # [len(batch) (+ 1)] device tokens; the last is `first`'s when there is one
+    host: object            # their copy on the host, valid once `event` has completed
+    event: object           # None on the cpu backend (host is sampled itself)
+    first: Request | None = None  # a request whose prompt's last chunk ran in this (mixed) step
 
 
 class Scheduler:
@@ -96,6 +107,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.cond = threading.Condition()
         self.steps = 0                 # decode steps run
+        self.in_flight: InFlight | None = None  # the last step launched, its tokens not read yet
         self.mixed_steps = 0           # of which carried a prompt chunk in the same pass (Engine.mixed_step)
         self.thread: threading.Thread | None = None
         self.stopping = False
@@ -174,7 +186,8 @@ class Scheduler:
             self.warm_up()
         while True:
             with self.cond:
-                if not self.stopping and not self.waiting and all(r is None for r in self.slots):
+                if (not self.stopping and not self.waiting and self.in_flight is None
+                        and all(r is None for r in self.slots)):
                     self.cond.wait(IDLE_WAIT_S)
                 if self.stopping:
                     return
@@ -183,6 +196,7 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001 - an engine failure fails its requests, not the server
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 print(f"error: the engine failed ({self.last_error}); failing the running requests", file=sys.stderr)
+                self.in_flight = None
                 for request in [r for r in self.slots if r is not None]:
                     self._fail(request, "engine", f"the engine failed: {self.last_error}")
 
@@ -192,9 +206,15 @@ class Scheduler:
         now = time.monotonic()
         self._retire_gone(now)
         self._admit(now)
-        if not self._mixed():
+        # The next step is launched before the last one's tokens are read (it takes them on the GPU), so the host
+        # work of a step (sampling readback, stop strings, streaming) overlaps the GPU's next step instead of
+        # leaving it idle. A sequence that turns out to have ended ran one step too many: its token is dropped.
+        previous, self.in_flight = self.in_flight, None
+        if not self._mixed(previous):
             self._prefill()
-            self._decode()
+            self._decode(previous)
+        if previous is not None:
+            self._land(previous)
         if self.on_cuda and time.monotonic() - self.counters_read_at > COUNTER_PERIOD_S:
             self.fallback_rows = self._read_fallback_rows() - self.fallback_base
             self.counters_read_at = time.monotonic()
@@ -245,55 +265,91 @@ class Scheduler:
         return sorted((r for r in self.slots if r is not None and r.prefilled < len(r.prompt)),
                       key=lambda r: r.submitted)
 
-    def _decoding(self) -> list:
-        return [r for r in self.slots if r is not None and r.next_token is not None]
+    def _decoding(self, previous: InFlight | None) -> list:
+        """The requests the next decode step runs: those with a token to feed, on the host or still on the GPU
+        in `previous`, except one whose token in flight is its last (max_tokens)."""
+        flying = set() if previous is None else {id(r) for r in previous.batch + [previous.first]}
+        return [r for r in self.slots if r is not None and
+                (r.next_token is not None or id(r) in flying) and
+                not (id(r) in flying and len(r.tokens) + 1 >= r.max_tokens)]
 
-    def _step_tokens(self, batch: list):
+    def _step_tokens(self, batch: list, previous: InFlight | None):
+        """The batch's input tokens on the device: from `previous`'s sampled tokens where they are still in flight,
+        else the host's."""
         import torch
 
-        return torch.tensor([r.next_token for r in batch], dtype=torch.int64, device=self.engine.device)
+        device = self.engine.device
+        if previous is None:
+            return torch.tensor([r.next_token for r in batch], dtype=torch.int64, device=device)
+        flying = {id(r): i for i, r in enumerate(previous.batch + [previous.first]) if r is not None}
+        host = [r.next_token for r in batch if id(r) not in flying]
+        source = torch.cat((previous.sampled, torch.tensor(host, dtype=torch.int64, device=device)))
+        index, extra = [], len(previous.sampled)
+        for r in batch:
+            if id(r) in flying:
+                index.append(flying[id(r)])
+            else:
+                index.append(extra)
+                extra += 1
+        return source[torch.tensor(index, dtype=torch.int64, device=device)]
 
-    def _mixed(self) -> bool:
+    def _mixed(self, previous: InFlight | None) -> bool:
         """The oldest pending prompt's next chunk in the same pass as the decode step (Engine.mixed_step: one weight
         read for both), where the engine runs mixed steps and both kinds of work wait. The chunk always runs
         padded to the --prefill-chunk bucket, so the warm-up captures one chunk size. False: nothing ran, and the
         separate passes run instead (no decode batch yet, no prompt pending, or a chunk near max_seq)."""
         if not self.engine.supports_mixed:
             return False
-        batch, pending = self._decoding(), self._pending()
+        batch, pending = self._decoding(previous), self._pending()
         padded = self.engine.chunk_bucket(self.prefill_chunk)
         if not batch or not pending or pending[0].prefilled + padded > self.engine.max_seq:
             return False
         request = pending[0]
         count = min(self.prefill_chunk, len(request.prompt) - request.prefilled)
         chunk = request.prompt[request.prefilled:request.prefilled + count]
-        logits, last = self.engine.mixed_step([r.slot for r in batch], self._step_tokens(batch), request.slot,
-                                              chunk, padded)
-        self._advance(batch, logits)
-        self.mixed_steps += 1
+        logits, last = self.engine.mixed_step([r.slot for r in batch], self._step_tokens(batch, previous),
+                                              request.slot, chunk, padded)
         request.prefilled += count
-        if request.prefilled == len(request.prompt):
-            self._on_token(request, int(request.sampler(last[None])[0]), time.monotonic())
+        first = request if request.prefilled == len(request.prompt) else None
+        self._launched(batch, logits, first, last)
+        self.mixed_steps += 1
         return True
 
-    def _decode(self) -> None:
-        batch = self._decoding()
+    def _decode(self, previous: InFlight | None) -> None:
+        batch = self._decoding(previous)
         if batch:
-            self._advance(batch, self.engine.decode_slots([r.slot for r in batch], self._step_tokens(batch)))
+            tokens = self._step_tokens(batch, previous)
+            self._launched(batch, self.engine.decode_slots([r.slot for r in batch], tokens))
 
-    def _advance(self, batch: list, logits) -> None:
-        """Sample the decode step's tokens (logits [len(batch), V]) and hand them to their requests."""
+    def _launched(self, batch: list, logits, first: Request | None = None, first_logits=None) -> None:
+        """Sample the step's tokens on the device (logits [len(batch), V]; first_logits [V]: the first token of
+        `first`, whose prompt just completed) and start their copy to the host: the step is now in flight."""
         import torch
 
         if all(r.sampler.temperature == 0 for r in batch):
             sampled = logits.argmax(dim=-1)
         else:
             sampled = torch.stack([r.sampler(logits[i:i + 1])[0] for i, r in enumerate(batch)])
-        values = sampled.tolist()  # the step's one synchronization
+        if first is not None:
+            sampled = torch.cat((sampled, first.sampler(first_logits[None])))
+        host, event = sampled, None
+        if sampled.is_cuda:
+            host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+            host.copy_(sampled, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self.in_flight = InFlight(batch, sampled, host, event, first)
         self.steps += 1
+
+    def _land(self, flight: InFlight) -> None:
+        """Read a step's tokens (the wait for the GPU) and hand them to their requests."""
+        if flight.event is not None:
+            flight.event.synchronize()
+        values = flight.host.tolist()
         now = time.monotonic()
-        for request, token in zip(batch, values):
-            self._on_token(request, token, now)
+        for request, token in zip(flight.batch + [flight.first], values):
+            if request is not None and not request.done:
+                self._on_token(request, token, now)
 
     # -- a sequence's tokens and its end ---------------------------------------------------------------------
 
@@ -341,6 +397,7 @@ class Scheduler:
             self.engine.release(request.slot)
             self.slots[request.slot] = None
         request.next_token = None
+        request.done = True
 
     @staticmethod
     def _emit(request: Request, event) -> None:
