@@ -74,12 +74,13 @@ def count_kernels(engine, batch: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     def kernels(fn) -> list:
+        """(name, microseconds) of each kernel fn launches."""
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+        return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
 
     bucket_batch = engine.decode_buckets(batch)[0]
     kv_len = max(k[1] for k in engine.programs if k[0] == (bucket_batch, 1))  # the last bucket the run used
@@ -87,13 +88,19 @@ def count_kernels(engine, batch: int) -> dict:
     program = engine.programs[(tuple(feeds["input_ids"].shape), kv_len)]
     eager = kernels(lambda: program.run(feeds))
     counts = {"eager": len(eager)}
-    names = eager
+    launched = eager
     if (bucket_batch, kv_len) in engine.graphs:
-        names = kernels(engine.graphs[(bucket_batch, kv_len)][0].replay)
-        counts["graph"] = len(names)
+        launched = kernels(engine.graphs[(bucket_batch, kv_len)][0].replay)
+        counts["graph"] = len(launched)
     counts["per_layer"] = round(counts.get("graph") or counts["eager"]) / engine.num_layers
-    # which kernels a step launches, by name (shortened): what to look at when per_layer exceeds its budget
-    counts["kernel_names"] = dict(collections.Counter(n.split("(")[0][:90] for n in names).most_common())
+    # which kernels a step launches, by name (shortened), and their summed time in that one run (profiler clock):
+    # what to look at when per_layer exceeds its budget or a peer's step is faster
+    short = [(name.replace("(anonymous namespace)::", "").split("(")[0][:90], us) for name, us in launched]
+    counts["kernel_names"] = dict(collections.Counter(name for name, _ in short).most_common())
+    times = collections.defaultdict(float)
+    for name, us in short:
+        times[name] += us
+    counts["kernel_us"] = {name: round(us, 1) for name, us in sorted(times.items(), key=lambda item: -item[1])}
     counts["op_counts_per_step"] = dict(sorted(program.op_counts.items()))
     return counts
 
