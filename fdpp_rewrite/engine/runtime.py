@@ -76,6 +76,16 @@ def pick(value: int, buckets: list[int]) -> int:
     return next(b for b in buckets if b >= value)
 
 
+def upload(values, device) -> torch.Tensor:
+    """int64 `values` (a list or a CPU tensor) on `device` with no host synchronization: staged in pinned memory and
+    copied on the current stream. A plain torch.tensor(..., device="cuda"), or a copy_ from pageable memory, first
+    waits for every kernel queued on the stream: the GPU would idle while the host prepares the next step."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def read_manifest(folder: Path) -> dict:
     folder = Path(folder)
     path = folder / "manifest.json"
@@ -344,14 +354,13 @@ class Engine:
         [:kv_len]; returns the logits [V] of the last id. A CUDA-graph replay where one was captured for (slot,
         padded, kv_len), else the traced Program (captured now when graphs apply)."""
         seq = len(ids)
-        host_ids = torch.zeros(1, padded, dtype=torch.int64)
-        host_ids[0, :seq] = torch.tensor(ids, dtype=torch.int64)
+        padded_ids = upload(list(ids) + [0] * (padded - seq), self.device).reshape(1, padded)
         graphs = self.graph_prefill and padded <= MAX_GRAPH_PREFILL
         if graphs:
             input_ids = self.prefill_ids.get(padded)
             if input_ids is None:
                 input_ids = self.prefill_ids[padded] = torch.zeros(1, padded, dtype=torch.int64, device=self.device)
-            input_ids.copy_(host_ids)
+            input_ids.copy_(padded_ids)
             past = self.prefill_past
             past.fill_(start)
             self.prefill_last.fill_(seq - 1)
@@ -361,8 +370,8 @@ class Engine:
                 graph.replay()
                 return last[0].clone()  # the next replay of this graph rewrites `last`
         else:
-            input_ids = host_ids.to(self.device)
-            past = torch.tensor([start], dtype=torch.int64, device=self.device)
+            input_ids = padded_ids
+            past = upload([start], self.device)
         feeds = self.feeds(input_ids, past, slice(slot, slot + 1), kv_len, start=start)
         # a Hugging Face graph's chunk after `start` tokens has its own past length: keep only start-0 Programs
         logits = self.forward(feeds, cache_program=self.hf_feeds is None or start == 0)
@@ -456,12 +465,12 @@ class Engine:
         0) writes row 0, which its next prefill rewrites; a slot mid-prefill writes row lengths[slot], the first
         row its next chunk writes. Neither is advanced, so neither is corrupted."""
         bucket_batch, kv_len = self.slot_buckets(slots)
-        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        index = upload(slots, self.device)
         self.step_ids[index, 0] = tokens
         logits = self.run_decode_bucket(bucket_batch, kv_len)
         for slot in slots:
             self.lengths[slot] += 1
-        self.past_len[:bucket_batch].copy_(torch.tensor(self.lengths[:bucket_batch], dtype=torch.int64))
+        self.past_len[:bucket_batch].copy_(upload(self.lengths[:bucket_batch], self.device))
         return logits[index, -1]
 
     def chunk_bucket(self, chunk: int) -> int:
@@ -494,13 +503,11 @@ class Engine:
             raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
                             "--max-seq")
         kv_len = pick(longest, self.kv_buckets)
-        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        index = upload(slots, self.device)
         self.step_ids[index, 0] = tokens
         input_ids, past, rows = self._mixed_inputs(bucket_batch, padded)
-        chunk = torch.zeros(padded, dtype=torch.int64)
-        chunk[:seq] = torch.tensor(ids, dtype=torch.int64)
         input_ids[0, :bucket_batch].copy_(self.step_ids[:bucket_batch, 0])
-        input_ids[0, bucket_batch:].copy_(chunk)
+        input_ids[0, bucket_batch:].copy_(upload(list(ids) + [0] * (padded - seq), self.device))
         past[:bucket_batch].copy_(self.past_len[:bucket_batch])
         past[bucket_batch:].fill_(start)
         rows[bucket_batch:].fill_(bucket_batch + seq - 1)  # the chunk's last real id
@@ -516,7 +523,7 @@ class Engine:
         for slot in slots:
             self.lengths[slot] += 1
         self.lengths[chunk_slot] = start + seq
-        self.past_len[:bucket_batch].copy_(torch.tensor(self.lengths[:bucket_batch], dtype=torch.int64))
+        self.past_len[:bucket_batch].copy_(upload(self.lengths[:bucket_batch], self.device))
         return out[index], out[bucket_batch].clone()  # a replay rewrites `out`
 
     def _mixed_inputs(self, bucket_batch: int, padded: int):

@@ -278,12 +278,14 @@ class Scheduler:
         else the host's."""
         import torch
 
+        from fdpp_rewrite.engine.runtime import upload
+
         device = self.engine.device
         if previous is None:
-            return torch.tensor([r.next_token for r in batch], dtype=torch.int64, device=device)
+            return upload([r.next_token for r in batch], device)
         flying = {id(r): i for i, r in enumerate(previous.batch + [previous.first]) if r is not None}
         host = [r.next_token for r in batch if id(r) not in flying]
-        source = torch.cat((previous.sampled, torch.tensor(host, dtype=torch.int64, device=device)))
+        source = torch.cat((previous.sampled, upload(host, device))) if host else previous.sampled
         index, extra = [], len(previous.sampled)
         for r in batch:
             if id(r) in flying:
@@ -291,7 +293,7 @@ class Scheduler:
             else:
                 index.append(extra)
                 extra += 1
-        return source[torch.tensor(index, dtype=torch.int64, device=device)]
+        return source[upload(index, device)]
 
     def _mixed(self, previous: InFlight | None) -> bool:
         """The oldest pending prompt's next chunk in the same pass as the decode step (Engine.mixed_step: one weight

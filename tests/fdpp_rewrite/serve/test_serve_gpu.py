@@ -131,3 +131,28 @@ def test_mixed_steps_replay_graphs_and_equal_the_passes_apart(cuda_engine):
     torch.testing.assert_close(runs[2][1], apart[1], atol=2e-2, rtol=2e-2)
     assert runs[2][0].argmax(-1).tolist() == apart[0].argmax(-1).tolist()
     assert int(runs[2][1].argmax()) == int(apart[1].argmax())
+
+
+def test_launching_a_step_never_waits_for_the_gpu(cuda_engine):
+    """Once its shapes are captured, a decode step and a mixed step are queued with no host synchronization (torch's
+    sync debug mode raises on a blocking copy or readback), so the server prepares step n + 1 while the GPU runs
+    step n."""
+    import torch
+
+    from fdpp_rewrite.engine.runtime import Engine
+
+    engine = Engine(cuda_engine.folder)
+    for checked in (False, True):  # the first round traces and captures (which may synchronize)
+        engine.reset()
+        first = [int(engine.prefill_chunk(0, PROMPTS[0]).argmax()), int(engine.prefill_chunk(2, PROMPTS[4]).argmax())]
+        engine.prefill_chunk(1, PROMPTS[2][:64])
+        tokens = torch.tensor(first, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if checked else "default")
+        try:
+            logits = engine.decode_slots([0, 2], tokens)
+            logits, last = engine.mixed_step([0, 2], logits.argmax(-1), 1, PROMPTS[2][64:128], 64)
+            tokens = logits.argmax(-1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert engine.lengths[:3] == [len(PROMPTS[0]) + 2, 128, len(PROMPTS[4]) + 2]
