@@ -119,7 +119,9 @@ def bench_point(engine, batch: int, context: int, new_tokens: int, bandwidth: fl
     mean_s = statistics.fmean(steps)
     point = {"batch": batch, "context": context, "new_tokens": new_tokens, "decode_steps": len(steps),
              "tokens_per_s": batch / mean_s, "ms_per_step": mean_s * 1e3,
-             "ms_per_step_median": statistics.median(steps) * 1e3, "first_token_ms": result.first_token_s * 1e3,
+             "ms_per_step_median": statistics.median(steps) * 1e3,
+             "ms_per_step_p90": sorted(steps)[int(0.9 * (len(steps) - 1))] * 1e3, "ms_per_step_max": max(steps) * 1e3,
+             "first_token_ms": result.first_token_s * 1e3,
              "kv_buckets": sorted({k[1] for k in engine.graphs if k[0] == engine.decode_buckets(batch)[0]})}
     if bandwidth:
         mean_len = context + new_tokens / 2
