@@ -51,7 +51,7 @@ class Ours:
     ctypes call (the Python wrapper's checks would otherwise be timed too)."""
 
     def __init__(self, q, k, v, past_len, *, softmax, kernel="auto", num_splits=0, prefill_config=0,
-                 decode_combine="auto"):
+                 decode_combine="auto", combine_counters=False):
         import torch
 
         from fdpp_rewrite.gpu import attention as att
@@ -59,9 +59,13 @@ class Ours:
 
         self.att, self.check = att, fdpp_lib.check
         self.out = torch.empty_like(q)
+        # combine_counters: a zeroed buffer of its own, so that the plan may combine the splits in their last CTA
+        self.combine_counters = (torch.zeros(att.combine_counters_size(q, k, kernel), dtype=torch.int32,
+                                             device="cuda") if combine_counters else None)
         self.args = att._args(q, k, v, self.out, past_len, None, **att._defaults(
             {"softmax": softmax, "kernel": kernel, "max_kv_len": k.shape[2], "num_splits": num_splits,
-             "prefill_config": prefill_config, "decode_combine": decode_combine}))
+             "prefill_config": prefill_config, "decode_combine": decode_combine,
+             "combine_counters": self.combine_counters}))
         self.need = att.workspace_bytes(self.args)
         self.workspace = torch.empty(max(self.need, 1), dtype=torch.uint8, device="cuda")
         self.lib = att.library()
@@ -206,6 +210,9 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
     if row["cluster_combine"]:  # the same splits through the combine kernel: what the cluster saves
         variants.append(("ours_unified_kernel_combine_us", [Ours(q, k, v, p, softmax="unified", decode_combine="kernel")
                                                             for q, k, v, p in sets]))
+    elif row["kernel"] == "decode" and row["splits"] > 1:  # the last split CTA combines: one kernel instead of two
+        variants.append(("ours_unified_last_block_us", [Ours(q, k, v, p, softmax="unified", combine_counters=True)
+                                                        for q, k, v, p in sets]))
     time_variants(row, variants, quick)
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, gqa=gqa)()
@@ -364,6 +371,9 @@ def print_table(rows, read_tbps):
         if r.get("ours_unified_kernel_combine_us"):
             print(f"         (splits combined in a cluster; through the combine kernel instead: unified "
                   f"{r['ours_unified_kernel_combine_us']:.1f}u)")
+        if r.get("ours_unified_last_block_us"):
+            print(f"         (splits combined by the combine kernel; by their last CTA instead (combine counters): "
+                  f"unified {r['ours_unified_last_block_us']:.1f}u)")
         if r["phase"] == "prefill":
             shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2, 3, 4)
                                for s in ("unified", "sync") if r.get(f"ours_{s}_cfg{c}_us"))

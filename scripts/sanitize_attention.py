@@ -4,7 +4,7 @@
     PYTHONPATH=. compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_attention.py
     PYTHONPATH=. compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_attention.py
 
-Decode (both softmax variants, both combines, GQA, odd lengths, several tokens, the fallback), prefill (both, causal
+Decode (both softmax variants, every combine, GQA, odd lengths, several tokens, the fallback), prefill (both, causal
 with a past, bias), rowwise float32 and rope_append, each once on small shapes."""
 
 import sys
@@ -17,6 +17,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     counters = att.Counters()
+    combine_counters = torch.zeros(64, dtype=torch.int32, device="cuda")  # the last-block combine's, any call here
 
     def inputs(batch, heads, kv_heads, seq, cap, dim, dtype=torch.float16):
         q = torch.randn(batch, heads, seq, dim, device="cuda").to(dtype)
@@ -28,14 +29,15 @@ def main() -> int:
         for dim in (64, 128):
             q, k, v = inputs(3, 6, 2, 1, 200, dim, dtype)
             past = torch.tensor([199, 70, 0], device="cuda")
-            # The plan's combine (a cluster on sm_90: 4 splits), the combine kernel, and 3 splits of which
-            # sequence 2's two are empty (kv length 1).
+            # The plan's combine (a cluster on sm_90: 4 splits), the combine kernel, the last-block combine, and 3
+            # splits of which sequence 2's two are empty (kv length 1), planned with the counters.
             for softmax in ("unified", "synchronized"):
-                for combine in ("auto", "kernel"):
+                for combine in ("auto", "kernel", "last_block"):
                     for phi in (0.0, -50.0):
                         att.attention(q, k, v, past, softmax=softmax, kernel="decode", phi=phi, num_splits=4,
-                                      decode_combine=combine, counters=counters)
-                att.attention(q, k, v, past, softmax=softmax, kernel="decode", num_splits=3, counters=counters)
+                                      decode_combine=combine, counters=counters, combine_counters=combine_counters)
+                att.attention(q, k, v, past, softmax=softmax, kernel="decode", num_splits=3, counters=counters,
+                              combine_counters=combine_counters)
             q, k, v = inputs(2, 4, 4, 3, 150, dim, dtype)
             att.attention(q, k, v, torch.tensor([100, 147], device="cuda"), kernel="decode", counters=counters)
             # The other pipeline depths decode_stages() picks: 2 stages for more CTAs than SMs (8 x 32 heads), 4 for
@@ -65,6 +67,7 @@ def main() -> int:
     v_cache = torch.zeros_like(k_cache)
     att.rope_append(q, k_new, v_new, k_cache, v_cache, torch.tensor([10, 63], device="cuda"), counters=counters)
     torch.cuda.synchronize()
+    assert not combine_counters.any().item(), "a decode call left its combine counters non-zero"
     print(f"sanitize_attention: ran; fallback rows {counters.fallback_rows}, dropped/clamped {counters.clamped_rows}")
     return 0
 

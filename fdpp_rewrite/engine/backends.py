@@ -204,6 +204,10 @@ class CudaBackend:
         self.ablate = ablate
         self.softmax = "synchronized" if ablate == "synchronized-softmax" else softmax
         self.baseline = baseline
+        # The decode attention's last-block combine counters: one zeroed buffer for all layers (their calls run in
+        # order on one stream and each leaves it zeroed), the last of this list; a larger one is appended while
+        # tracing a larger shape. Earlier ones stay alive: the graphs captured with them keep their addresses.
+        self.combine_counter_buffers = []
 
     def lower(self, op_type: str, attrs: dict, name: str):
         fn = self._lower(op_type, attrs, name)
@@ -227,10 +231,27 @@ class CudaBackend:
             # a layer calibrate marked synchronized stays so; the others take the engine's choice (or ablation)
             softmax = "synchronized" if node_softmax(attrs) == "synchronized" else self.softmax
 
+            sizes = {}  # (query shape, dtype, key shape) -> combine counters the call needs
+
+            def combine_counters(query, key):
+                """The engine's counters buffer for a call of these shapes, so that its decode combines in one kernel
+                (the last-block combine); None where it needs none, or where a capture meets a shape that was not
+                traced first (no allocation inside a capture: that call keeps the combine kernel)."""
+                shape = (tuple(query.shape), query.dtype, tuple(key.shape))
+                if shape not in sizes:
+                    sizes[shape] = gpu_attention.combine_counters_size(query, key)
+                need, buffers = sizes[shape], self.combine_counter_buffers
+                if need and (not buffers or buffers[-1].numel() < need):
+                    if torch.cuda.is_current_stream_capturing():
+                        return None
+                    buffers.append(torch.zeros(need, dtype=torch.int32, device=self.device))
+                return buffers[-1] if need else None
+
             def attention(query, key, value, mask=None):
                 past_len = mask if options["mask_mode"] == "past_len" else None
                 bias = mask if options["mask_mode"] == "bias" else None
-                return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax, **options)
+                return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax,
+                                               combine_counters=combine_counters(query, key), **options)
             return attention
         if op_type == "RMSNorm":
             from fdpp_rewrite.gpu import norm

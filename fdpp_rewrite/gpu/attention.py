@@ -7,6 +7,10 @@
 and an exact fallback for rows whose scores leave [phi + guard_lo, phi + guard_hi]; `softmax="synchronized"`
 runs the online-max baseline of the same kernels. Launches are asynchronous on torch's current stream and CUDA-graph
 capturable (pass `workspace=` to reuse one buffer; past_len and bias must already be on the GPU then).
+
+A decode whose splits cannot combine in a thread block cluster takes one kernel instead of two when it gets
+`combine_counters=`: a zeroed int32 tensor of combine_counters_size(query, key) entries, which every call leaves
+zeroed (one buffer serves any number of calls in order on one stream).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ SUPPORTED_HEAD_DIMS = tuple(_CONTRACT.attributes["head_dim"]["choices"])  # what
 # 2 = 64 query rows x 64-key steps; 4 = 128 query rows on Hopper's warpgroup MMAs (sm_90 only).
 PREFILL_CONFIGS = (0, 1, 2, 4)
 # How decode combines its splits: the plan's choice; a second kernel through the workspace; inside a thread block
-# cluster of the splits (sm_90, 2 to 8 splits).
-DECODE_COMBINES = {"auto": 0, "kernel": 1, "cluster": 2}
+# cluster of the splits (sm_90, 2 to 8 splits); in the last split CTA of each row block to finish (needs
+# combine_counters).
+DECODE_COMBINES = {"auto": 0, "kernel": 1, "cluster": 2, "last_block": 3}
 
 _i32, _i64, _f32, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -49,6 +54,7 @@ class AttentionArgs(ctypes.Structure):
         ("past_len", _ptr),
         ("bias", _ptr), ("bias_stride_b", _i64), ("bias_stride_s", _i64), ("bias_stride_l", _i64),
         ("counters", _ptr), ("prefill_config", _i32), ("decode_combine", _i32), ("pdl", _i32),
+        ("combine_counters", _ptr),
     ]
 
 
@@ -74,6 +80,7 @@ def library() -> ctypes.CDLL:
     args_p, size_p = ctypes.POINTER(AttentionArgs), ctypes.POINTER(ctypes.c_size_t)
     for name, argtypes in {
         "fdpp_attention_workspace_bytes": [args_p, size_p],
+        "fdpp_attention_combine_counters": [args_p, size_p],
         "fdpp_attention_forward": [args_p, _ptr, ctypes.c_size_t, _ptr],
         "fdpp_attention_plan": [args_p, ctypes.POINTER(_i32), ctypes.POINTER(_i32)],
         "fdpp_attention_decode_cluster": [args_p, ctypes.POINTER(_i32)],
@@ -170,8 +177,44 @@ def read_library_counters(reset: bool = False) -> tuple[int, int]:
     return fallback.value, clamped.value
 
 
+def combine_counters_size(query, key, kernel: str = "auto") -> int:
+    """Entries of the combine_counters buffer attention(query, key, ...) needs: batch x KV heads x blocks of 16 query
+    rows (G x seq per KV head) when the call runs the decode kernel, else 0. From the library, on the shapes alone."""
+    if kernel not in KERNELS:
+        raise FdppError(f"attention: unknown kernel {kernel!r} (choose from {', '.join(KERNELS)})")
+    defaults = _CONTRACT.defaults()
+    args = AttentionArgs()
+    args.dtype = _dtype_code(query)
+    args.batch, args.num_heads, args.seq, args.head_dim = (int(n) for n in query.shape)
+    args.num_kv_heads, args.kv_capacity = int(key.shape[1]), int(key.shape[2])
+    args.mask_mode, args.kernel = MASK_MODES["none"], KERNELS[kernel]
+    args.scale, args.phi = 1.0, float(defaults["phi"])
+    args.guard_lo, args.guard_hi = float(defaults["guard_lo"]), float(defaults["guard_hi"])
+    count = ctypes.c_size_t(0)
+    fdpp_lib.check(library().fdpp_attention_combine_counters(ctypes.byref(args), ctypes.byref(count)),
+                   "attention combine counters query")
+    return count.value
+
+
+def _combine_counters_ptr(combine_counters, query, key, kernel: str):
+    """The device pointer of a combine_counters tensor after checking it (None passes through)."""
+    if combine_counters is None:
+        return None
+    torch = _torch()
+    if combine_counters.dtype not in (torch.int32, torch.uint32) or combine_counters.device != query.device \
+            or not combine_counters.is_contiguous():
+        raise FdppError(f"attention: combine_counters must be a contiguous int32 tensor on {query.device}, got "
+                        f"{combine_counters.dtype} on {combine_counters.device}")
+    need = combine_counters_size(query, key, kernel)
+    if combine_counters.numel() < need:
+        raise FdppError(f"attention: combine_counters holds {combine_counters.numel()} entries, this call needs "
+                        f"{need} (combine_counters_size)")
+    return combine_counters.data_ptr()
+
+
 def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard_hi, mask_mode, softmax, kernel,
-          num_splits, max_kv_len, counters, prefill_config=0, decode_combine="auto", pdl=True) -> AttentionArgs:
+          num_splits, max_kv_len, counters, prefill_config=0, decode_combine="auto", pdl=True,
+          combine_counters=None) -> AttentionArgs:
     device = query.device
     if device.type != "cuda":
         raise FdppError(f"attention runs on a CUDA GPU; query is on {device}")
@@ -253,6 +296,7 @@ def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard
     args.bias = bias_ptr
     args.bias_stride_b, args.bias_stride_s, args.bias_stride_l = bias_strides
     args.counters = counters.tensor.data_ptr() if counters is not None else None
+    args.combine_counters = _combine_counters_ptr(combine_counters, query, key, kernel)
     # keep the tensors the pointers came from alive for the call
     args._keep = (past_len, bias)
     return args
@@ -295,7 +339,7 @@ def _defaults(kwargs: dict) -> dict:
     defaults = _CONTRACT.defaults()
     options = dict(scale=None, phi=defaults["phi"], guard_lo=defaults["guard_lo"], guard_hi=defaults["guard_hi"],
                    mask_mode=defaults["mask_mode"], softmax="unified", kernel="auto", num_splits=0, max_kv_len=None,
-                   counters=None, prefill_config=0, decode_combine="auto", pdl=True)
+                   counters=None, prefill_config=0, decode_combine="auto", pdl=True, combine_counters=None)
     unknown = set(kwargs) - set(options)
     if unknown:
         raise FdppError(f"attention: unknown option(s) {', '.join(sorted(unknown))}")
@@ -312,10 +356,12 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
     0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
     or exact when past_len is on the CPU), counters (a Counters to add fallback counts to), prefill_config
     (0 = the plan's tile shape; 1, 2 or 4 force one, see PREFILL_CONFIGS; 4 needs an sm_90 GPU), decode_combine
-    ("auto" | "kernel" | "cluster", see DECODE_COMBINES; "cluster" needs an sm_90 GPU and 2 to 8 splits), pdl
-    (programmatic dependent launch of the decode kernels where the GPU supports it; False for a timing baseline
-    or when key/value are written by a kernel that may still run). Defaults of phi, the guard and mask_mode:
-    the op contract's.
+    ("auto" | "kernel" | "cluster" | "last_block", see DECODE_COMBINES; "cluster" needs an sm_90 GPU and 2 to 8
+    splits, "last_block" combine_counters), pdl (programmatic dependent launch of the decode kernels where the GPU
+    supports it; False for a timing baseline or when key/value are written by a kernel that may still run),
+    combine_counters (a zeroed int32 tensor of combine_counters_size(query, key) entries on the GPU, left zeroed by
+    every call: with it "auto" combines the splits in their last CTA where no cluster fits, one kernel instead of
+    two). Defaults of phi, the guard and mask_mode: the op contract's.
     """
     torch = _torch()
     out = torch.empty_like(query) if out is None else out

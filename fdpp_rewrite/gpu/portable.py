@@ -70,7 +70,8 @@ def gemm_plan(m: int, n: int, cus: int, warp: int = 64, epilogue: str = "none") 
 
 def attention(query, key, value, past_len=None, bias=None, *, out=None, workspace=None, stream=None, **kwargs):
     """fdpp_rewrite.gpu.attention.attention() on the portable kernels: the same inputs and options (kernel,
-    prefill_config, decode_combine and pdl are accepted and ignored: one kernel family serves every shape)."""
+    prefill_config, decode_combine, pdl and combine_counters are accepted and ignored: one kernel family serves
+    every shape)."""
     torch = _attention._torch()
     out = torch.empty_like(query) if out is None else out
     args = _attention._args(query, key, value, out, past_len, bias, **_attention._defaults(kwargs))

@@ -34,8 +34,10 @@ fdpp_status from_check(const char* fn, const fdpp::ParamsCheck& c) {
   return set_error(code, std::string(fn) + ": " + c.message);
 }
 
-// The args as AttentionParams (a plain translation), then the shared checks (check_attention_params).
-fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, const char* fn) {
+// The args as AttentionParams (a plain translation), then the shared checks (check_attention_params; the pointers,
+// strides and alignment too when with_tensors).
+fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, const char* fn,
+                      bool with_tensors = true) {
   if (x == nullptr) return invalid(fn, "args is NULL");
   if (x->pdl != FDPP_PDL_AUTO && x->pdl != FDPP_PDL_OFF)
     return invalid(fn, "pdl must be FDPP_PDL_AUTO (0) or FDPP_PDL_OFF (1)");
@@ -58,7 +60,8 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
   p->past_len = x->past_len;
   p->bias = x->bias, p->bias_sb = x->bias_stride_b, p->bias_ss = x->bias_stride_s, p->bias_sl = x->bias_stride_l;
   p->counters = x->counters;
-  return from_check(fn, fdpp::check_attention_params(*p, /*with_tensors=*/true));
+  p->combine_counters = x->combine_counters;
+  return from_check(fn, fdpp::check_attention_params(*p, with_tensors));
 }
 
 }  // namespace
@@ -93,6 +96,18 @@ fdpp_status fdpp_attention_workspace_bytes(const fdpp_attention_args* args, size
     *bytes = fdpp::attention_workspace_bytes(p);
     if (fdpp::choose_kernel(p) == fdpp::AttnKernel::kDecode && *bytes == 0)
       return fdpp::from_cuda(cudaGetLastError(), "fdpp_attention_workspace_bytes (device query)");
+    return FDPP_OK;
+  });
+}
+
+fdpp_status fdpp_attention_combine_counters(const fdpp_attention_args* args, size_t* count) {
+  return fdpp::guarded("fdpp_attention_combine_counters", [&] {
+    const char* fn = "fdpp_attention_combine_counters";
+    if (count == nullptr) return invalid(fn, "count is NULL");
+    fdpp::AttentionParams p;
+    // Shapes only: a caller asks before it has the buffer.
+    if (fdpp_status st = to_params(args, &p, fn, /*with_tensors=*/false)) return st;
+    *count = fdpp::attention_combine_counters(p);
     return FDPP_OK;
   });
 }

@@ -18,9 +18,12 @@ typedef enum fdpp_attention_kernel {
   FDPP_ATTN_ROWWISE = 3   // force the float32 row-per-CTA online-softmax kernel (exact; slow)
 } fdpp_attention_kernel;
 typedef enum fdpp_decode_combine {
-  FDPP_COMBINE_AUTO = 0,    // the plan's choice: in a cluster where the GPU and split count allow it
-  FDPP_COMBINE_KERNEL = 1,  // a second kernel adds the splits' partials from the workspace
-  FDPP_COMBINE_CLUSTER = 2  // the splits of a row block form a thread block cluster (sm_90, 2-8 splits)
+  FDPP_COMBINE_AUTO = 0,       // the plan's choice: in a cluster where the GPU and split count allow it, else
+                               // LAST_BLOCK where combine_counters is given, else KERNEL
+  FDPP_COMBINE_KERNEL = 1,     // a second kernel adds the splits' partials from the workspace
+  FDPP_COMBINE_CLUSTER = 2,    // the splits of a row block form a thread block cluster (sm_90, 2-8 splits)
+  FDPP_COMBINE_LAST_BLOCK = 3  // the last split CTA of a row block to finish adds the partials from the workspace
+                               // (one kernel per call; needs combine_counters)
 } fdpp_decode_combine;
 
 // query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size), output [B, Hq, S, D];
@@ -52,6 +55,9 @@ typedef struct fdpp_attention_args {
   int32_t decode_combine;  // fdpp_decode_combine; CLUSTER where the plan cannot take it: FDPP_ERR_UNSUPPORTED
   int32_t pdl;             // fdpp_pdl for the decode kernels: AUTO (0) unless K/V are written by a kernel that may
                            // still run when attention starts
+  uint32_t* combine_counters;  // device uint32 [fdpp_attention_combine_counters], zero before the first call; every
+                               // call leaves it zero, so one buffer serves calls in order on one stream. NULL: no
+                               // last-block combine (AUTO then takes the combine kernel where no cluster fits)
 } fdpp_attention_args;
 // clang-format on
 
@@ -62,6 +68,10 @@ FDPP_API int fdpp_rope_append_args_size(void);
 // Workspace the call needs (0 for prefill and rowwise). Call before CUDA-graph capture: it reads the device's SM
 // count and occupancy once.
 FDPP_API fdpp_status fdpp_attention_workspace_bytes(const fdpp_attention_args* args, size_t* bytes);
+
+// Entries of combine_counters a call with these shapes needs: batch x num_kv_heads x ceil(num_heads / num_kv_heads
+// x seq / 16) for the decode kernel, 0 otherwise. Reads only the shapes and modes (no pointer, no device query).
+FDPP_API fdpp_status fdpp_attention_combine_counters(const fdpp_attention_args* args, size_t* count);
 
 // out = attention(args) on `stream` (a cudaStream_t; NULL = the legacy default stream). Never synchronizes.
 FDPP_API fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, void* workspace, size_t workspace_bytes,

@@ -32,8 +32,9 @@ FDPP_API fdpp_status fdpp_portable_gemm_plan(int64_t m, int64_t n, int32_t epilo
 FDPP_API fdpp_status fdpp_portable_attention_workspace_bytes(const fdpp_attention_args* args, size_t* bytes);
 
 // out = attention(args) with the portable kernels: every mask mode, any seq, both softmax modes (unified with the
-// exact fallback); args->kernel, prefill_config, decode_combine and pdl are ignored. counters NULL: the library's
-// own (fdpp_attention_read_counters). Never synchronizes.
+// exact fallback); args->kernel, prefill_config, decode_combine, pdl and combine_counters are ignored (past the
+// shared checks: decode_combine 3 without combine_counters is refused). counters NULL: the library's own
+// (fdpp_attention_read_counters). Never synchronizes.
 FDPP_API fdpp_status fdpp_portable_attention_decode(const fdpp_attention_args* args, void* workspace,
                                                     size_t workspace_bytes, void* stream);
 

@@ -85,8 +85,8 @@ ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) 
         "kernel (kernel 0 or 3)");
   if (p.num_splits < 0 || p.num_splits > 1024) return invalid("num_splits must be in [0, 1024]");
   const int combine = static_cast<int>(p.decode_combine);
-  if (combine < 0 || combine > 2)
-    return invalid("unknown decode_combine " + str(combine) + " (0 plan, 1 kernel, 2 cluster)");
+  if (combine < 0 || combine > 3)
+    return invalid("unknown decode_combine " + str(combine) + " (0 plan, 1 kernel, 2 cluster, 3 last_block)");
   if (p.prefill_config != 0 && p.prefill_config != 1 && p.prefill_config != 2 && p.prefill_config != 4)
     return invalid("unknown prefill_config " + str(p.prefill_config) +
                    " (0 plan, 1 128 rows x 32-key steps, 2 64 rows x 64-key steps, 4 wgmma on sm_90)");
@@ -114,6 +114,12 @@ ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) 
     if (p.past_len == nullptr) return invalid("mask_mode past_len needs past_len (a device int64 [batch])");
     if (reinterpret_cast<uintptr_t>(p.past_len) % 8 != 0) return invalid("past_len is not 8-byte aligned");
   }
+  if (p.decode_combine == DecodeCombine::kLastBlock && p.combine_counters == nullptr)
+    return invalid(
+        "decode_combine last_block needs combine_counters: a zeroed device uint32 buffer of batch x num_kv_heads x "
+        "row blocks entries (fdpp_attention_combine_counters), or use 0 (plan) or 1 (kernel)");
+  if (reinterpret_cast<uintptr_t>(p.combine_counters) % 4 != 0)
+    return invalid("combine_counters is not 4-byte aligned");
   if (p.mask_mode == MaskMode::kBias) {
     if (p.bias == nullptr) return invalid("mask_mode bias needs the bias tensor");
     if (reinterpret_cast<uintptr_t>(p.bias) % esize != 0) return invalid("bias is not element-aligned");

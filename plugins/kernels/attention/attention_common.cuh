@@ -41,6 +41,9 @@ struct AttnArgs {
   float* ws_acc;        // [rows][splits][head_dim] partial sums of p * v
   float* ws_l;          // [rows][splits] partial sums of p
   uint32_t* ws_stat;    // [rows][splits] guard flag bits (unified) or the running max as float bits (synchronized)
+  // [batch][kv heads][row blocks] arrival counts of the last-block combine, zero between calls; null: the splits
+  // combine in a cluster or in the combine kernel
+  uint32_t* combine_counters;
 
   unsigned long long* counters;  // [0] fallback rows, [1] rows whose kv length was clamped to the cache
 };

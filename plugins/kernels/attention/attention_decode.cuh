@@ -11,19 +11,25 @@
 // makes both line up with no shuffle (the sum over k does not care about the order).
 // The CTA then adds its 4 warps' partials and writes (sum p v, sum p, guard bits or max) per row to the workspace.
 //
-// Combine kernel, one CTA per query row, launched with programmatic dependent launch so it is resident before the
-// split kernel ends: unified rows just add the splits' partials; a row whose guard bits are set is recomputed
-// exactly by the whole CTA (attention_fallback.cuh) and counted. Synchronized rows rescale by the splits' maxima.
-// On sm_90, where the grid is at most one CTA per SM and 2 to 8 splits, the splits of a row block instead form a
-// thread block cluster and the first CTA adds the others' partials from distributed shared memory (the cluster
-// combine, in the split kernel; cluster_combine_ok in attention_heuristics.h): one kernel per call.
+// The splits' partials of a row are combined in one of three ways (DecodeCombine, planned in attention_forward):
+//  - cluster (sm_90, 2 to 8 splits, at most one CTA per SM, every cluster resident): the splits of a row block form
+//    a thread block cluster and the first CTA adds the others' partials from distributed shared memory
+//    (cluster_combine_ok in attention_heuristics.h). One kernel per call.
+//  - last block (the caller passes combine_counters): each split CTA writes its partials to the workspace and counts
+//    itself in its row block's counter; the last to arrive adds them all (in the combine kernel's order: the same
+//    bits) and finishes the rows, and its count wraps the counter back to 0. One kernel per call.
+//  - combine kernel, one CTA per query row, launched with programmatic dependent launch so that it is resident
+//    before the split kernel ends. Two kernels per call.
+// Unified rows just add the splits' partials; a row whose guard bits are set is recomputed exactly
+// (attention_fallback.cuh) and counted. Synchronized rows rescale by the splits' maxima.
 //
 // Programmatic dependent launch (sm_90+, both kernels; attention_decode_impl.cuh): a grid may become resident while
 // the grid before it in the stream is still running. Each kernel lets its dependents launch only after its own
 // griddepcontrol.wait (so at most one grid runs ahead; the split kernel once it has issued its last loads, the
 // combine kernel right after the wait), and nothing it does before that wait reads or writes anything
 // another kernel may write: the split kernel only issues L2 prefetch hints for its first K/V tiles there
-// (prefetch_first_tiles), the combine kernel nothing at all.
+// (prefetch_first_tiles), the combine kernel nothing at all. A dependent's wait returns once the whole grid before
+// it has completed, its last-block combines included: the next grid sees the output written and the counters zero.
 #pragma once
 
 #include <type_traits>
@@ -92,6 +98,134 @@ __device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, i
 #endif
 }
 
+// --- the workspace combine: the combine kernel and the last-block combine ----------------------------------------
+// The other CTAs' partials are read with ld.global.cg (at L2, the point of coherence): the last-block combine reads
+// them in the kernel that wrote them, where an L1 line could be stale.
+
+// First workspace slot of query row (b, hq, s): its splits' partials are slots slot .. slot + num_splits - 1.
+__device__ __forceinline__ size_t ws_row_slot(const AttnArgs& a, int b, int hq, int s) {
+  return (static_cast<size_t>(b * a.num_heads + hq) * a.seq + s) * a.num_splits;
+}
+
+// The OR of the guard bits (unified) and the largest max (synchronized) of splits first, first + step, ... < n.
+__device__ __forceinline__ uint32_t ws_guard_bits(const AttnArgs& a, size_t slot, int n, int first, int step) {
+  uint32_t bits = 0;
+  for (int i = first; i < n; i += step) bits |= __ldcg(a.ws_stat + slot + i);
+  return bits;
+}
+__device__ __forceinline__ float ws_max(const AttnArgs& a, size_t slot, int n, int first, int step) {
+  float m = -kInf;
+  for (int i = first; i < n; i += step) m = fmaxf(m, __uint_as_float(__ldcg(a.ws_stat + slot + i)));
+  return m;
+}
+
+// A row's partials add in kStrands strands (split i into strand i % kStrands), then the strands in order: the
+// combine kernel runs one strand per warp, the last-block combine all of them in one thread, with the same bits.
+constexpr int kStrands = 4;
+struct RowSum {
+  float4 acc;  // dims [4 d4, 4 d4 + 4) of sum p v
+  float l;     // sum p
+};
+
+// Strand `strand` of row `slot` at dims [4 d4, 4 d4 + 4), each split weighted against the largest max m_top
+// (synchronized; 1 in the unified softmax).
+template <int D, bool kUnified>
+__device__ __forceinline__ RowSum add_strand(const AttnArgs& a, size_t slot, int n, int strand, int d4, float m_top) {
+  constexpr int kLanes = D / 4;  // float4s per row
+  const float4* acc4 = reinterpret_cast<const float4*>(a.ws_acc) + slot * kLanes + d4;
+  RowSum sum = {make_float4(0.f, 0.f, 0.f, 0.f), 0.f};
+#pragma unroll 4
+  for (int i = strand; i < n; i += kStrands) {
+    const float wt =
+        kUnified ? 1.f : SynchronizedSoftmax<1>::merge_weight(__uint_as_float(__ldcg(a.ws_stat + slot + i)), m_top);
+    const float4 p = __ldcg(acc4 + static_cast<size_t>(i) * kLanes);
+    sum.acc.x = fmaf(wt, p.x, sum.acc.x), sum.acc.y = fmaf(wt, p.y, sum.acc.y);
+    sum.acc.z = fmaf(wt, p.z, sum.acc.z), sum.acc.w = fmaf(wt, p.w, sum.acc.w);
+    sum.l = fmaf(wt, __ldcg(a.ws_l + slot + i), sum.l);
+  }
+  return sum;
+}
+
+// Dims [4 d4, 4 d4 + 4) of output row (b, hq, s): acc * inv.
+template <typename T>
+__device__ __forceinline__ void store_out4(const AttnArgs& a, int b, int hq, int s, int d4, float4 acc, float inv) {
+  T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + d4 * 4;
+  *reinterpret_cast<uint2*>(out) =
+      make_uint2(Elem<T>::pack(acc.x * inv, acc.y * inv), Elem<T>::pack(acc.z * inv, acc.w * inv));
+}
+
+// The last-block combine's arrival, by every thread of a split CTA whose partials are in the workspace: the CTA
+// counts itself in its row block's counter, and the one that brings the count to n_active (the last to finish)
+// gets true and sees every split's partials. atomicInc wraps the count to 0 on that arrival, so every call leaves
+// the counters zero for the next (which reads them only after its griddepcontrol.wait).
+__device__ __forceinline__ bool arrive_last(uint32_t* counter, int n_active) {
+  __threadfence();  // release: this thread's partials are visible device-wide before the count is
+  __syncthreads();
+  bool last = false;
+  if (threadIdx.x == 0) {
+    const uint32_t final_count = static_cast<uint32_t>(n_active - 1);
+    last = atomicInc(counter, final_count) == final_count;
+    if (last) __threadfence();  // acquire: the other CTAs' partials are visible to the loads after the barrier
+  }
+  return __syncthreads_or(last) != 0;
+}
+
+// The last-block combine of this row block's rows [row0, row0 + rows_here), one warp per row: the n_active splits'
+// partials from the workspace added in the combine kernel's order (a lane per 4 output dims), or for a row a split
+// flagged the exact recompute (q scratch: D floats per warp from q_scratch). Counts rows as the combine kernel does.
+template <typename T, int D, bool kUnified>
+__device__ __forceinline__ void combine_rows_from_workspace(const AttnArgs& a, int b, int hkv, int row0, int rows_here,
+                                                            int n_active, int kv_len, float* q_scratch) {
+  constexpr int kLanes = D / 4;
+  static_assert(kLanes <= 32, "a warp holds a row");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  bool clamped = false;
+  kv_len_of(a, b, &clamped);
+  for (int r = warp; r < rows_here; r += DecodeTraits<D>::kWarps) {
+    const int gr = row0 + r, hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    const size_t slot = ws_row_slot(a, b, hq, s);
+    if (lane == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
+    float m_top = -kInf;
+    if constexpr (!kUnified) {
+      m_top = ws_max(a, slot, n_active, lane, 32);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m_top = fmaxf(m_top, __shfl_xor_sync(0xffffffffu, m_top, o));
+    }
+    RowSum sum = {make_float4(0.f, 0.f, 0.f, 0.f), 0.f};
+    if (lane < kLanes) {
+      sum = add_strand<D, kUnified>(a, slot, n_active, 0, lane, m_top);
+#pragma unroll
+      for (int k = 1; k < kStrands; ++k) {
+        const RowSum strand = add_strand<D, kUnified>(a, slot, n_active, k, lane, m_top);
+        sum.acc.x += strand.acc.x, sum.acc.y += strand.acc.y, sum.acc.z += strand.acc.z, sum.acc.w += strand.acc.w;
+        sum.l += strand.l;
+      }
+    }
+    const bool flagged =
+        kUnified && (__reduce_or_sync(0xffffffffu, ws_guard_bits(a, slot, n_active, lane, 32)) & kGuardAny);
+    if (flagged) {
+      if (lane == 0) atomicAdd(a.counters, 1ull);
+      recompute_row_warp<T, D>(a, b, hq, s, kv_len, q_scratch + warp * D);
+    } else if (lane < kLanes) {
+      store_out4<T>(a, b, hq, s, lane, sum.acc, sum.l > 0.f ? 1.f / sum.l : 0.f);
+    }
+  }
+}
+
+// Rows [row0, row0 + rows) of a row block whose every split is empty (kv_len 0, a negative past_len): they see no key
+// and output 0, and count as clamped, as in the combine kernel.
+template <typename T, int D>
+__device__ __forceinline__ void write_empty_rows(const AttnArgs& a, int b, int hkv, int row0, int rows) {
+  for (int i = threadIdx.x; i < rows * D; i += DecodeTraits<D>::kThreads) {
+    const int gr = row0 + i / D, hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
+    static_cast<T*>(a.out)[b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + i % D] =
+        Elem<T>::from_float(0.f);
+  }
+  bool clamped = false;
+  kv_len_of(a, b, &clamped);
+  if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, static_cast<unsigned long long>(rows));
+}
+
 template <typename T, int D, bool kUnified, int Stages>
 __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) {
   using Tr = DecodeTraits<D, Stages>;
@@ -106,6 +240,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // Only the 3-stage kernel combines in clusters (its receive area holds 7 partials; launch_split refuses the
   // others), so the 2- and 4-stage kernels carry no cluster code.
   const bool cluster = Stages == 3 && a.cluster_combine;
+  const bool last_block = a.combine_counters != nullptr;  // the host sets them only with several splits, no cluster
   // With programmatic dependent launch this CTA may run while the previous kernel in the stream is still writing
   // (the combine of the previous call, RoPE + cache append, the GEMM producing Q). Before the wait: L2 hints only,
   // which cannot change what any load returns. Everything that kernel may write -- Q, the new K/V rows, past_len,
@@ -119,19 +254,14 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // Example (H200, GQA 32/8, B=1, L=8K): 13.4 us with this rule, 14.1 with the release right after the wait.
   const int kv_len = kv_len_of(a, b);
   const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
+  const int rows_total = a.group * a.seq;
+  const int row0 = rb * Tr::kRows;
+  const int rows_here = rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows;
   if (range.begin >= range.end) {
-    // The combine derives the same range and skips this split; with one split (no combine) the rows are empty:
-    // they output 0, as a row with no visible key does. In a cluster the first split is empty only when all are
-    // (kv_len 0): it writes the zeros; every CTA still takes part in the cluster's two barriers.
-    if (a.num_splits == 1 || (cluster && split == 0)) {
-      const int rows_total = a.group * a.seq, row0 = (blockIdx.y - hkv * a.row_blocks) * Tr::kRows;
-      for (int i = threadIdx.x; i < (rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows) * D;
-           i += Tr::kThreads) {
-        const int gr = row0 + i / D, hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
-        static_cast<T*>(a.out)[b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + i % D] =
-            Elem<T>::from_float(0.f);
-      }
-    }
+    // The combines derive the same range and skip this split (the last-block combine does not count it). Where the
+    // split kernel writes the output (one split, a cluster, the last-block combine) the first split is empty only
+    // when all are (kv_len 0): it writes the rows. In a cluster every CTA still takes part in its two barriers.
+    if (split == 0 && (a.num_splits == 1 || cluster || last_block)) write_empty_rows<T, D>(a, b, hkv, row0, rows_here);
     if (cluster) {
       cluster_sync();
       cluster_sync();
@@ -141,9 +271,6 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int rows_total = a.group * a.seq;
-  const int row0 = rb * Tr::kRows;
-  const int rows_here = rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows;
 
   const uint32_t q_smem = smem_addr(smem);
   const uint32_t kv_smem = q_smem + Tr::kQBytes;  // stage s: K at s * 2 * tile, V right after it
@@ -370,7 +497,8 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // memory); after barrier B the first CTA adds them to its own and finishes the rows as with one split. No
   // workspace round trip and no combine kernel. Unified partials just add; synchronized ones rescale by their max.
   float* recv = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kRedAllBytes);  // slot i: split i + 1
-  const int n_splits = cluster ? active_splits(kv_len, range.chunk) : 1;
+  const int n_active = active_splits(kv_len, range.chunk);                        // the non-empty splits
+  const int n_splits = cluster ? n_active : 1;
   if (cluster) {
     cluster_sync();  // A: the first CTA's receive area is free
     if (split > 0) {
@@ -396,7 +524,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
 
   // With one split (or as the first CTA of a cluster) this CTA holds whole rows: it normalizes and writes the output
   // itself and no combine kernel runs (one launch less on the critical path); guard-flagged rows are recomputed
-  // below by this CTA's warps.
+  // below by this CTA's warps. Otherwise it writes its row partials to the workspace.
   const bool direct = a.num_splits == 1 || cluster;
   for (int i = tid; i < rows_here * (D / 4); i += Tr::kThreads) {
     const int r = i / (D / 4), d4 = i - r * (D / 4);
@@ -422,20 +550,25 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     const int gr = row0 + r;
     const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
     if (direct) {  // a flagged row's values here are overwritten by its recompute below
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + d4 * 4;
-      const uint2 packed = make_uint2(Elem<T>::pack(acc.x * inv, acc.y * inv), Elem<T>::pack(acc.z * inv, acc.w * inv));
-      *reinterpret_cast<uint2*>(out) = packed;
+      store_out4<T>(a, b, hq, s, d4, acc, l > 0.f ? 1.f / l : 0.f);
       continue;
     }
-    const size_t slot = (static_cast<size_t>(b * a.num_heads + hq) * a.seq + s) * a.num_splits + split;
+    const size_t slot = ws_row_slot(a, b, hq, s) + split;
     *reinterpret_cast<float4*>(a.ws_acc + slot * D + d4 * 4) = acc;
     if (d4 == 0) {
       a.ws_l[slot] = l;
       a.ws_stat[slot] = kUnified ? own.stat : __float_as_uint(m_all);
     }
   }
-  if (!direct) return;
+  if (!direct) {
+    // The combine kernel adds the partials, or the last of this row block's split CTAs to finish does (its q
+    // scratch in the Q area, as below).
+    const size_t counter = (static_cast<size_t>(b) * a.num_kv_heads + hkv) * a.row_blocks + rb;
+    if (last_block && arrive_last(a.combine_counters + counter, n_active))
+      combine_rows_from_workspace<T, D, kUnified>(a, b, hkv, row0, rows_here, n_active, kv_len,
+                                                  reinterpret_cast<float*>(smem));
+    return;
+  }
   // Direct rows: count clamped lengths; recompute guard-flagged rows (one warp per row; q scratch in the Q area).
   __syncthreads();  // every normalized row is stored before a recompute overwrites it
   bool clamped = false;
@@ -450,7 +583,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
 #pragma unroll
       for (int w = 0; w < Tr::kWarps; ++w) stat |= red_stat[w * Tr::kRows + r];
       for (int j = 0; j + 1 < n_splits; ++j) stat |= recv_stat(j, r);
-      if (stat & (kGuardAbove | kGuardBelow | kGuardLowMax)) {
+      if (stat & kGuardAny) {
         if (lane == 0) atomicAdd(a.counters, 1ull);
         recompute_row_warp<T, D>(a, b, hq, s, kv_len, q_scratch);
       }
@@ -464,8 +597,9 @@ template <typename T, int D, bool kUnified>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
   using Tr = DecodeTraits<D>;
   constexpr int kLanes = D / 4;  // lanes holding a float4 of the row
-  __shared__ __align__(16) float part[4][D];
-  __shared__ float part_l[4], part_m[4];
+  static_assert(kStrands == 4, "one strand per warp");
+  __shared__ __align__(16) float part[kStrands][D];
+  __shared__ float part_l[kStrands], part_m[kStrands];
   const int row = blockIdx.x;
   const int s = row % a.seq;
   const int hq = (row / a.seq) % a.num_heads;
@@ -482,40 +616,29 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
 
   if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
   T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss;
-  const size_t base = static_cast<size_t>(row) * a.num_splits;
+  const size_t base = ws_row_slot(a, b, hq, s);
 
   float M = -kInf;  // synchronized: the largest of the splits' maxima
   if constexpr (kUnified) {
-    uint32_t bits = 0;
-    for (int i = threadIdx.x; i < n; i += 128) bits |= a.ws_stat[base + i];
-    if (__syncthreads_or(bits & (kGuardAbove | kGuardBelow | kGuardLowMax))) {
+    if (__syncthreads_or(ws_guard_bits(a, base, n, threadIdx.x, 128) & kGuardAny)) {
       if (threadIdx.x == 0) atomicAdd(a.counters, 1ull);
       recompute_row_cta<T, D>(a, b, hq, s, kv_len);
       return;
     }
   } else {
-    for (int i = threadIdx.x; i < n; i += 128) M = fmaxf(M, __uint_as_float(a.ws_stat[base + i]));
+    M = ws_max(a, base, n, threadIdx.x, 128);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     if (lane == 0) part_m[warp] = M;
     __syncthreads();
     M = fmaxf(fmaxf(part_m[0], part_m[1]), fmaxf(part_m[2], part_m[3]));
   }
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float l = 0.f;
+  RowSum sum = {make_float4(0.f, 0.f, 0.f, 0.f), 0.f};
   if (lane < kLanes) {
-    const float4* acc4 = reinterpret_cast<const float4*>(a.ws_acc) + base * kLanes + lane;
-#pragma unroll 4
-    for (int i = warp; i < n; i += 4) {
-      const float wt = kUnified ? 1.f : SynchronizedSoftmax<1>::merge_weight(__uint_as_float(a.ws_stat[base + i]), M);
-      const float4 p = acc4[static_cast<size_t>(i) * kLanes];
-      acc.x = fmaf(wt, p.x, acc.x), acc.y = fmaf(wt, p.y, acc.y), acc.z = fmaf(wt, p.z, acc.z),
-      acc.w = fmaf(wt, p.w, acc.w);
-      l = fmaf(wt, a.ws_l[base + i], l);
-    }
-    *reinterpret_cast<float4*>(&part[warp][lane * 4]) = acc;
+    sum = add_strand<D, kUnified>(a, base, n, warp, lane, M);
+    *reinterpret_cast<float4*>(&part[warp][lane * 4]) = sum.acc;
   }
-  if (lane == 0) part_l[warp] = l;
+  if (lane == 0) part_l[warp] = sum.l;
   __syncthreads();
   const float l_all = part_l[0] + part_l[1] + part_l[2] + part_l[3];
   const float inv = l_all > 0.f ? 1.f / l_all : 0.f;

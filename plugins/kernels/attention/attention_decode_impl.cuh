@@ -60,8 +60,8 @@ cudaError_t launch_decode_impl(const AttnArgs& a, bool pdl, cudaStream_t stream)
   cudaError_t err = a.decode_stages == 2   ? launch_split<T, D, kUnified, 2>(a, pdl, stream)
                     : a.decode_stages == 4 ? launch_split<T, D, kUnified, 4>(a, pdl, stream)
                                            : launch_split<T, D, kUnified, 3>(a, pdl, stream);
-  // One split, or a cluster per row block: the split kernel wrote the output.
-  if (err != cudaSuccess || a.num_splits == 1 || a.cluster_combine) return err;
+  // One split, a cluster per row block or the last-block combine: the split kernel wrote the output.
+  if (err != cudaSuccess || a.num_splits == 1 || a.cluster_combine || a.combine_counters != nullptr) return err;
   return launch_decode_kernel(decode_combine_kernel<T, D, kUnified>, dim3(a.batch * a.num_heads * a.seq), 128, 0, pdl,
                               stream, a);
 }

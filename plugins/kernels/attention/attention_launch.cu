@@ -31,18 +31,25 @@ int row_blocks(const AttentionParams& p) {
 }
 
 // Whether the decode's `splits` splits combine inside thread block clusters (cluster_combine_ok, and every cluster
-// resident at once), unless decode_combine asks for the combine kernel.
+// resident at once), unless decode_combine asks for another combine.
 cudaError_t cluster_plan(const AttentionParams& p, int splits, const attn::DeviceInfo& info, bool* cluster) {
   *cluster = false;
   const long long ctas = static_cast<long long>(p.batch) * p.num_kv_heads * row_blocks(p) * splits;
-  if (p.decode_combine == DecodeCombine::kKernel || !cluster_combine_ok(splits, info.major, ctas, info.num_sms))
-    return cudaSuccess;
+  const bool may_cluster = p.decode_combine == DecodeCombine::kAuto || p.decode_combine == DecodeCombine::kCluster;
+  if (!may_cluster || !cluster_combine_ok(splits, info.major, ctas, info.num_sms)) return cudaSuccess;
   int capacity = 0;
   const cudaError_t err = p.dtype == AttnDtype::kBFloat16
                               ? attn::decode_cluster_capacity<__nv_bfloat16>(p.head_dim, splits, &capacity)
                               : attn::decode_cluster_capacity<__half>(p.head_dim, splits, &capacity);
   *cluster = err == cudaSuccess && capacity >= ctas;
   return err;
+}
+
+// Whether the decode's splits (not in clusters) combine in the last split CTA of each row block to finish, which
+// needs the caller's counters; otherwise the combine kernel runs. One split needs no combine.
+bool last_block_plan(const AttentionParams& p, int splits, bool cluster) {
+  const bool asked = p.decode_combine == DecodeCombine::kAuto || p.decode_combine == DecodeCombine::kLastBlock;
+  return asked && splits > 1 && !cluster && p.combine_counters != nullptr;
 }
 
 // Key tiles of the longest sequence the call may see.
@@ -199,6 +206,11 @@ size_t attention_workspace_bytes(const AttentionParams& p) {
   return decode_layout(p, splits).total;
 }
 
+size_t attention_combine_counters(const AttentionParams& p) {
+  if (choose_kernel(p) != AttnKernel::kDecode) return 0;
+  return static_cast<size_t>(p.batch) * p.num_kv_heads * row_blocks(p);
+}
+
 size_t attention_workspace_bound(const AttentionParams& p) {
   size_t bound = 0;
   AttentionParams q = p;
@@ -259,12 +271,14 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       // griddepcontrol.wait, and an early start could read the previous kernel's output too soon.
       const bool pdl = p.pdl && info.major == 9;
       // The splits combine in a cluster where they can (one kernel per call instead of two; cluster_combine_ok in
-      // attention_heuristics.h has the measurements). A forced cluster the plan cannot take is refused.
+      // attention_heuristics.h has the measurements), else in their last CTA where the caller gave the counters
+      // (one kernel too), else in the combine kernel. A forced cluster the plan cannot take is refused.
       bool cluster = false;
       err = cluster_plan(p, splits, info, &cluster);
       if (err != cudaSuccess) return err;
       if (p.decode_combine == DecodeCombine::kCluster && !cluster) return cudaErrorNotSupported;
       a.cluster_combine = cluster ? 1 : 0;
+      a.combine_counters = last_block_plan(p, splits, cluster) ? p.combine_counters : nullptr;
       a.decode_stages = decode_stages(static_cast<long long>(p.batch) * p.num_kv_heads * a.row_blocks * splits,
                                       info.num_sms, cluster, (decode_tiles(p) + splits - 1) / splits);
       if (p.dtype == AttnDtype::kBFloat16) return attn::launch_decode<__nv_bfloat16>(a, unified, pdl, stream);

@@ -4,7 +4,8 @@
 //
 // Kernels (chosen by choose_kernel(), or forced for tests and benchmarks):
 //   decode   split-KV (FlashDecoding): grid (split, kv head x row block, batch); each CTA reads its KV head's keys
-//            once for all G * seq query rows of that head, then a combine kernel adds the partials per row.
+//            once for all G * seq query rows of that head; the splits' partials of a row are then added in a
+//            thread block cluster, by the last split CTA to finish, or by a combine kernel (DecodeCombine).
 //   prefill  FlashAttention-2 style causal tiles on tensor cores (128 query rows x 64 keys per step).
 //   rowwise  one CTA per query row, float32 arithmetic, the synchronized online-max softmax: float32 inputs, and
 //            the exact recompute that the guard falls back to.
@@ -30,14 +31,16 @@ enum class AttnDtype : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 enum class MaskMode : int { kPastLen = 0, kBias = 1, kNone = 2 };
 enum class SoftmaxMode : int { kUnified = 0, kSynchronized = 1 };
 enum class AttnKernel : int { kAuto = 0, kDecode = 1, kPrefill = 2, kRowwise = 3 };
-// How the decode splits of a row are combined: the plan's choice, the combine kernel (through the workspace), or
-// inside a thread block cluster of the splits (sm_90, 2 to 8 splits; decode_split_kernel).
-enum class DecodeCombine : int { kAuto = 0, kKernel = 1, kCluster = 2 };
+// How the decode splits of a row are combined: the plan's choice, the combine kernel (through the workspace), inside
+// a thread block cluster of the splits (sm_90, 2 to 8 splits; decode_split_kernel), or by the last split CTA of a
+// row block to finish (through the workspace; needs AttentionParams::combine_counters).
+enum class DecodeCombine : int { kAuto = 0, kKernel = 1, kCluster = 2, kLastBlock = 3 };
 
 // Guard flag bits a decode split writes per row (unified softmax only).
 constexpr uint32_t kGuardAbove = 1u;   // a visible s - phi above guard_hi: e^(s - phi) could overflow
 constexpr uint32_t kGuardBelow = 2u;   // a visible s - phi below guard_lo, the row max below guard_lo + kLowGuardTail
 constexpr uint32_t kGuardLowMax = 4u;  // (prefill fp16) the row max is below the fp16 precision floor
+constexpr uint32_t kGuardAny = kGuardAbove | kGuardBelow | kGuardLowMax;  // any of them: the row is recomputed
 
 // Numeric windows for s - phi (natural-log units), from the contract (plugins/AsyncSoftmaxAttentionPlugin/
 // contract.json). The guard bounds given by the caller are intersected with the window of the arithmetic that
@@ -75,8 +78,10 @@ struct AttentionParams {
   MaskMode mask_mode = MaskMode::kPastLen;
   SoftmaxMode softmax = SoftmaxMode::kUnified;
   AttnKernel kernel = AttnKernel::kAuto;
-  int num_splits = 0;                                   // decode: 0 = decode_num_splits() heuristic
-  DecodeCombine decode_combine = DecodeCombine::kAuto;  // kAuto: the cluster where it can run (cluster_combine_ok)
+  int num_splits = 0;  // decode: 0 = decode_num_splits() heuristic
+  // kAuto: the cluster where it can run (cluster_combine_ok), else the last-block combine when combine_counters is
+  // given, else the combine kernel.
+  DecodeCombine decode_combine = DecodeCombine::kAuto;
   int prefill_config = 0;  // prefill tile shape: 0 = the plan (attention_forward), else 1, 2 or 4 (the C ABI's)
   float scale = 1.0f, phi = contract::kAttentionPhiDefault;
   float guard_lo = contract::kAttentionGuardLoDefault, guard_hi = contract::kAttentionGuardHiDefault;
@@ -99,6 +104,10 @@ struct AttentionParams {
   // Diagnostics: device counters [0] rows that took the fallback, [1] rows whose kv length exceeded the cache
   // (clamped). Null: the library's own counters (attention_default_counters()).
   unsigned long long* counters = nullptr;
+  // The last-block combine's arrival counts, one per (batch, KV head, row block): attention_combine_counters()
+  // entries, zero before the first call; every call leaves them zero again, so one buffer serves any sequence of
+  // calls on one stream. Null: the decode combines in a cluster or with the combine kernel.
+  uint32_t* combine_counters = nullptr;
 };
 
 // RoPE on q and the new k, then the new k and v appended to the cache at position past_len[b] + s.
@@ -144,6 +153,10 @@ AttnKernel choose_kernel(const AttentionParams& p);
 // Bytes of workspace attention_forward needs (0 when the chosen kernel needs none). Queries the current device's
 // SM count and occupancy (host calls, cached per device): call it before CUDA-graph capture.
 size_t attention_workspace_bytes(const AttentionParams& p);
+
+// Entries of AttentionParams::combine_counters a call needs: batch x num_kv_heads x row blocks of 16 query rows
+// (ceil(num_heads / num_kv_heads x seq / 16)) when it runs the decode kernel, else 0. Shapes only, no device query.
+size_t attention_combine_counters(const AttentionParams& p);
 
 // The largest attention_workspace_bytes() over every batch <= p.batch and seq <= p.seq (the other fields as given):
 // what an engine reserves once for a range of shapes.

@@ -2,8 +2,10 @@
 that need no device, and the exported symbols."""
 
 import ctypes
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +37,41 @@ def test_the_mirror_structs_match_the_library():
     from fdpp_rewrite.gpu import attention
 
     attention.library()  # raises when fdpp_attention_args_size() differs from ctypes.sizeof(AttentionArgs)
+
+
+_CTYPES_OF_C = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float}
+
+
+def _c_struct_fields(header: str, struct: str) -> list:
+    """(name, ctypes type) of each field of `typedef struct <struct> { ... }` in a plugins/capi header, in order;
+    every pointer as c_void_p."""
+    text = (Path(__file__).resolve().parents[3] / "plugins" / "capi" / header).read_text()
+    body = text.split(f"typedef struct {struct} {{", 1)[1].split(f"}} {struct};", 1)[0]
+    body = re.sub(r"//[^\n]*", "", body)
+    fields = []
+    for declaration in filter(None, (d.strip() for d in body.split(";"))):
+        match = re.fullmatch(r"(?:const\s+)?([\w\s]+?)\s*(\*?)\s*(\w+(?:\s*,\s*\w+)*)", declaration)
+        base, pointer, names = match.groups()
+        kind = ctypes.c_void_p if pointer else _CTYPES_OF_C[base]
+        fields += [(name.strip(), kind) for name in names.split(",")]
+    return fields
+
+
+@pytest.mark.parametrize("header, struct, mirror", [
+    ("attention_capi.h", "fdpp_attention_args", "AttentionArgs"),
+    ("attention_capi.h", "fdpp_rope_append_args", "RopeAppendArgs"),
+])
+def test_the_mirror_structs_have_the_headers_fields_in_order(header, struct, mirror):
+    """Field by field, not only the size: a swapped pair of same-size fields would pass the size check."""
+    from fdpp_rewrite.gpu import attention
+
+    mirrored = getattr(attention, mirror)._fields_
+    declared = _c_struct_fields(header, struct)
+    assert [name for name, _ in mirrored] == [name for name, _ in declared]
+    for (name, kind), (_, c_kind) in zip(mirrored, declared):
+        assert ctypes.sizeof(kind) == ctypes.sizeof(c_kind), name
+        assert (kind is ctypes.c_void_p) == (c_kind is ctypes.c_void_p), name
+    assert attention.AttentionArgs._fields_[-1] == ("combine_counters", ctypes.c_void_p)
 
 
 def _attention_args(**changes):
@@ -80,10 +117,48 @@ def test_the_attention_checks_accept_the_contracts_head_dims_and_refuse_others()
     ({"guard_lo": 5.0, "guard_hi": 4.0}, "guard_lo < guard_hi"),
     ({"num_heads": 5}, "multiple of num_kv_heads"),
     ({"q_stride_s": 60}, "multiples of 8 elements"),
+    ({"decode_combine": 4}, "unknown decode_combine 4 (0 plan, 1 kernel, 2 cluster, 3 last_block)"),
+    ({"decode_combine": 3}, "decode_combine last_block needs combine_counters"),
+    ({"decode_combine": 3, "combine_counters": 2}, "combine_counters is not 4-byte aligned"),
 ])
 def test_the_attention_checks_name_the_argument(change, message):
     assert _workspace_status(_attention_args(**change)) == FDPP_ERR_INVALID_ARGUMENT
     assert message in fdpp_lib.load().fdpp_last_error().decode()
+
+
+def test_the_last_block_combine_without_counters_is_refused_in_one_line():
+    """Forced decode_combine 3 with no counters buffer: an argument error before any launch or device query, whose
+    one line says what to pass; with a buffer the same arguments pass the checks."""
+    from fdpp_rewrite.gpu import attention
+
+    args = _attention_args(kernel=1, seq=1, decode_combine=attention.DECODE_COMBINES["last_block"])
+    status = attention.library().fdpp_attention_forward(ctypes.byref(args), None, 0, None)
+    message = fdpp_lib.load().fdpp_last_error().decode()
+    assert status == FDPP_ERR_INVALID_ARGUMENT
+    assert message.startswith("fdpp_attention_forward: decode_combine last_block needs combine_counters")
+    assert "fdpp_attention_combine_counters" in message and "\n" not in message
+    counters = (ctypes.c_uint32 * 4)()
+    args.combine_counters = ctypes.addressof(counters)
+    args.kernel = 2  # prefill: the checks pass and no device query follows
+    assert _workspace_status(args) == 0
+
+
+@pytest.mark.parametrize("change, count", [
+    ({"kernel": 1}, 1 * 2 * 2),  # decode: G 2 x seq 16 = 32 rows per KV head, 2 row blocks of 16
+    ({"kernel": 1, "seq": 17}, 1 * 2 * 3),
+    ({"kernel": 0, "seq": 4}, 1 * 2 * 1),  # auto takes decode up to 8 query tokens
+    ({"kernel": 0, "seq": 4, "batch": 3, "num_heads": 8, "num_kv_heads": 8}, 3 * 8 * 1),  # MHA: one row each
+    ({"kernel": 2}, 0),  # prefill needs none
+    ({"kernel": 1, "decode_combine": 3}, 1 * 2 * 2),  # asked before the buffer exists: shapes only
+])
+def test_the_combine_counters_a_call_needs(change, count):
+    from fdpp_rewrite.gpu import attention
+
+    args = _attention_args(**change)
+    args.query = args.key = args.value = args.output = args.past_len = None  # shapes only
+    size = ctypes.c_size_t(99)
+    assert attention.library().fdpp_attention_combine_counters(ctypes.byref(args), ctypes.byref(size)) == 0
+    assert size.value == count
 
 
 def _gemm_args(**changes):

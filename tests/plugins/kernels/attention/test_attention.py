@@ -1,6 +1,7 @@
 """fdpp::AsyncSoftmaxAttention on the GPU: decode (split-KV), prefill, rowwise, against a float32 reference with
 torch's own low-precision error as the tolerance; odd sizes, GQA, variable lengths, masks, adversarial scores,
-the fallback counter, CUDA-graph capture, and bad input."""
+the fallback counter, CUDA-graph capture, the decode's three combines (cluster, combine kernel, last block), and bad
+input."""
 
 import pytest
 
@@ -589,16 +590,33 @@ def test_c_abi_rejects_bad_arguments_without_crashing():
 # CTAs (the GPU has room for call 2's grid at once); what call 2 consumes is NaN until call 1 writes it, so a read
 # before the wait shows as a non-finite output or a mismatch against the reference and the eager run.
 
-# (call 1, call 2): the direct write or 4 splits on each side, combined in a cluster (sm_90) or by the combine kernel
-CHAIN_SPLITS = [(1, 1), (1, 4), (4, 1), (4, 4), (1, "4k"), ("4k", 1), ("4k", "4k")]
+# (call 1, call 2): the direct write or 4 splits on each side, combined in a cluster (sm_90), by the combine kernel
+# or by the last split CTA to finish (the two calls share one counters buffer)
+CHAIN_SPLITS = [(1, 1), (1, 4), (4, 1), (4, 4), (1, "4k"), ("4k", 1), ("4k", "4k")] + [
+    pytest.param(pair, id="-".join(map(str, pair)) + "-last_block")
+    for pair in (("4b", "4b"), (1, "4b"), ("4b", 1), ("4b", "4k"), ("4k", "4b"), (4, "4b"))]
+CHAIN_COUNTERS = 64  # combine counters for any chain call here (batch 2 x 2 KV heads x 1 row block = 4)
 
 
-def _grid(splits):
-    """Decode options for a chain side: a split count (combined as the plan chooses: in a cluster on sm_90), or
-    "<n>k" for n splits through the combine kernel."""
+def _grid(splits, combine_counters=None):
+    """Decode options for a chain side: a split count (combined as the plan chooses: in a cluster on sm_90),
+    "<n>k" for n splits through the combine kernel, or "<n>b" for n splits combined by the last of them to finish
+    (counted in combine_counters)."""
     if isinstance(splits, str):
-        return dict(num_splits=int(splits[:-1]), decode_combine="kernel")
+        combine = {"k": "kernel", "b": "last_block"}[splits[-1]]
+        options = dict(num_splits=int(splits[:-1]), decode_combine=combine)
+        if combine == "last_block":
+            options["combine_counters"] = combine_counters
+        return options
     return dict(num_splits=splits)
+
+
+def _zeroed_counters(size):
+    return torch.zeros(size, dtype=torch.int32, device="cuda")
+
+
+def _assert_zeroed(combine_counters, what):
+    assert not combine_counters.any().item(), f"{what}: the call left its combine counters non-zero"
 
 
 def _chain_randn(step, *shape, scale=1.0):
@@ -632,11 +650,12 @@ def _query_chain(splits, steps=3, pdl=True):
     q1 = _chain_randn(0, batch, heads, 1, dim, scale=4.0)
     out1, out2 = torch.empty_like(q1), torch.empty_like(q1)
     workspace = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
-    counters = att.Counters()
+    counters, combine_counters = att.Counters(), _zeroed_counters(CHAIN_COUNTERS)
     # q1 ~ 4 N(0, 1): scores ~ N(0, 16), so out1 follows a few keys' v (a query that matters for call 2); phi = 14
     # keeps every s - phi inside the default guard window (no fallback: the tiled path is the one tested).
-    first = dict(kernel="decode", phi=14.0, max_kv_len=kv_len, counters=counters, pdl=pdl, **_grid(splits[0]))
-    second = dict(kernel="decode", max_kv_len=kv_len, counters=counters, pdl=pdl, **_grid(splits[1]))
+    first = dict(kernel="decode", phi=14.0, max_kv_len=kv_len, counters=counters, pdl=pdl,
+                 **_grid(splits[0], combine_counters))
+    second = dict(kernel="decode", max_kv_len=kv_len, counters=counters, pdl=pdl, **_grid(splits[1], combine_counters))
 
     def calls():
         att.attention(q1, k, v, past, out=out1, workspace=workspace, **first)
@@ -652,6 +671,7 @@ def _query_chain(splits, steps=3, pdl=True):
         graph.replay()
         torch.cuda.synchronize()
         results.append((q1.clone(), out1.clone(), out2.clone()))
+        _assert_zeroed(combine_counters, f"chain replay {step}")
     assert counters.fallback_rows == 0
     return results, (k, v, past)
 
@@ -665,11 +685,12 @@ def test_decode_chain_query_is_the_previous_calls_output(splits):
         check_close(out1, q1, kr, vr, f"chain call 1, replay {step}", scale=128 ** -0.5, past_len=past)
         check_close(out2, out1, kr, vr, f"chain call 2 (query = call 1's output), replay {step}",
                     scale=128 ** -0.5, past_len=past)
-        eager = att.attention(out1, k, v, past, kernel="decode", max_kv_len=k.shape[2], **_grid(splits[1]))
+        eager = att.attention(out1, k, v, past, kernel="decode", max_kv_len=k.shape[2],
+                              **_grid(splits[1], _zeroed_counters(CHAIN_COUNTERS)))
         assert torch.equal(out2, eager), f"replay {step}: call 2 in the graph differs from the same call run alone"
 
 
-@pytest.mark.parametrize("splits", [1, 4, "4k"])
+@pytest.mark.parametrize("splits", [1, 4, "4k", pytest.param("4b", id="4b-last_block")])
 def test_decode_chain_new_key_and_value_are_the_previous_calls_outputs(splits):
     """Calls A and B write their outputs into the K and V caches of call C as its newest key (position p, the one
     row of the cache C sees that was NaN before): a K or V row read before C's wait would be NaN."""
@@ -688,14 +709,14 @@ def test_decode_chain_new_key_and_value_are_the_previous_calls_outputs(splits):
     q_c = _chain_randn(3, batch, heads_c, 1, dim)
     out_c = torch.empty_like(q_c)
     workspace = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
-    counters = att.Counters()
-    ab = dict(kernel="decode", phi=14.0, max_kv_len=len_ab, counters=counters, **_grid(splits))
+    counters, combine_counters = att.Counters(), _zeroed_counters(CHAIN_COUNTERS)
+    ab = dict(kernel="decode", phi=14.0, max_kv_len=len_ab, counters=counters, **_grid(splits, combine_counters))
 
     def calls():
         att.attention(q_a, k_ab, v_ab, past_ab, out=k_c[:, :, p:p + 1], workspace=workspace, **ab)
         att.attention(q_b, k_ab, v_ab, past_ab, out=v_c[:, :, p:p + 1], workspace=workspace, **ab)
         att.attention(q_c, k_c, v_c, past_c, out=out_c, workspace=workspace, kernel="decode", max_kv_len=cap_c,
-                      counters=counters, **_grid(splits))
+                      counters=counters, **_grid(splits, combine_counters))
 
     calls()
     graph = _capture(calls)
@@ -711,6 +732,7 @@ def test_decode_chain_new_key_and_value_are_the_previous_calls_outputs(splits):
         kr, vr = reference_view(k_c, v_c, past_c, 1)
         check_close(out_c, q_c, kr, vr, f"call C after A, B wrote its newest K/V row, replay {step}",
                     scale=128 ** -0.5, past_len=past_c)
+        _assert_zeroed(combine_counters, f"replay {step}")
     assert counters.fallback_rows == 0
 
 
@@ -736,3 +758,162 @@ def test_decode_pdl_opt_out_gives_the_same_bits():
     for step, (a, b) in enumerate(zip(with_default, without)):
         for name, x, y in zip(("q1", "out1", "out2"), a, b):
             assert torch.equal(x, y), f"replay {step}: {name} differs between pdl on and off"
+
+
+# --- the last-block combine: the last split CTA of a row block to finish adds the partials (one kernel per call) ---
+# python3 -m pytest -q -m gpu tests/plugins/kernels/attention -k last_block
+
+def _counters_for(q, k):
+    return _zeroed_counters(_att().combine_counters_size(q, k))
+
+
+# (batch, query heads, kv heads, seq, splits): MHA, one row per row block; GQA 12/2 with 4 query tokens, two row
+# blocks of 16 and 8 rows (padded); GQA 3:1. 7 splits put two partials into some strands, 3 leave one strand empty.
+LAST_BLOCK_SHAPES = [(2, 8, 8, 1, 7), (3, 12, 2, 4, 3), (3, 9, 3, 1, 5)]
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,seq,splits", LAST_BLOCK_SHAPES)
+@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_last_block_combine_equals_the_combine_kernel(dtype, dim, softmax, batch, heads, kv_heads, seq,
+                                                             splits):
+    """The last CTA adds each row's split partials in the combine kernel's order: the same bits, within the
+    reference's tolerance. Lengths differ per sequence and the last one's 40 + seq keys leave most of its splits
+    empty (they do not count); the counters are zero after every call, so the second call finds them ready."""
+    att = _att()
+    q, k, v, past = make_inputs(batch, heads, kv_heads, seq, 1500, dim, dtype, spread=True)
+    past[-1] = 40
+    kr, vr = reference_view(k, v, past, seq)
+    combine_counters = _counters_for(q, k)
+    what = f"{dtype} d{dim} {batch}x{heads}/{kv_heads} seq {seq} {splits} splits {softmax}"
+    outs = []
+    for combine in ("kernel", "last_block", "last_block"):
+        counters = att.Counters()
+        out = att.attention(q, k, v, past, kernel="decode", softmax=softmax, num_splits=splits,
+                            decode_combine=combine, counters=counters, combine_counters=combine_counters)
+        check_close(out, q, kr, vr, f"{combine} combine, {what}", scale=dim ** -0.5, past_len=past)
+        assert counters.fallback_rows == 0 and counters.clamped_rows == 0
+        _assert_zeroed(combine_counters, what)
+        outs.append(out)
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0]), f"{what}: last-block combine differs from the combine kernel by " \
+                                          f"{(out.float() - outs[0].float()).abs().max().item():.3e}"
+
+
+@pytest.mark.parametrize("seq", [1, 4])
+@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_last_block_combine_recomputes_flagged_rows_exactly(dtype, softmax, seq):
+    """Scores up to +-1e4 (test_adversarial_scores_stay_exact's keys): the last CTA recomputes the rows whose guard
+    bits any split set, exactly and never NaN, and counts them as the combine kernel does."""
+    att = _att()
+    q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
+    kr, vr = reference_view(k, v, past, seq)
+    k[:, 0, 700] = q[:, 0, 0] * 8
+    k[:, 1, 900] = -q[:, 4, 0] * 8
+    kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
+    combine_counters = _counters_for(q, k)
+    for scale in (128 ** -0.5, 30.0):  # 30: ordinary scores ~ +-1e4
+        fallback_rows = {}
+        for combine in ("kernel", "last_block"):
+            counters = att.Counters()
+            out = att.attention(q, k, v, past, kernel="decode", softmax=softmax, scale=scale, num_splits=4,
+                                decode_combine=combine, counters=counters, combine_counters=combine_counters)
+            check_close(out, q, kr, vr, f"adversarial, {combine} combine, {softmax} scale={scale} seq {seq}",
+                        scale=scale, past_len=past)
+            _assert_zeroed(combine_counters, f"adversarial {combine} scale={scale}")
+            fallback_rows[combine] = counters.fallback_rows
+        assert fallback_rows["last_block"] == fallback_rows["kernel"]
+        assert (fallback_rows["last_block"] > 0) == (softmax == "unified")
+
+
+def test_decode_last_block_rows_with_no_key_output_zero_and_count_as_clamped():
+    """A negative past_len leaves sequence 0 no key (kv_len 0: every split empty, none arrives): its first split
+    writes the zeros and counts the rows as clamped, as the combine kernel and the one-split write do."""
+    att = _att()
+    q, k, v, past = make_inputs(2, 12, 2, 2, 700, 128, torch.float16)
+    past[0] = -5
+    k[0], v[0] = float("nan"), float("nan")  # nothing of sequence 0 may be read
+    kr, vr = reference_view(k, v, past, 2)
+    combine_counters = _counters_for(q, k)
+    for options in (dict(num_splits=4, decode_combine="kernel"), dict(num_splits=4, decode_combine="last_block"),
+                    dict(num_splits=1)):
+        counters = att.Counters()
+        out = att.attention(q, k, v, past, kernel="decode", counters=counters, combine_counters=combine_counters,
+                            **options)
+        check_close(out, q, kr, vr, f"no key for sequence 0, {options}", scale=128 ** -0.5, past_len=past)
+        assert (out[0] == 0).all()
+        assert counters.clamped_rows == 12 * 2, options
+        _assert_zeroed(combine_counters, str(options))
+
+
+def test_decode_last_block_combine_in_a_cuda_graph_equals_eager():
+    """Captured once, replayed on new queries and longer sequences: the same bits as the eager call, the counters
+    zero after each replay."""
+    att = _att()
+    q, k, v, past = make_inputs(2, 8, 2, 1, 3000, 128, torch.float16, capacity=3100, spread=True)
+    k[:, :, 2990:3010] = torch.randn(2, 2, 20, 128, device="cuda").half()  # the rows the replays reach
+    v[:, :, 2990:3010] = torch.randn(2, 2, 20, 128, device="cuda").half()
+    out = torch.empty_like(q)
+    workspace = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+    combine_counters = _counters_for(q, k)
+    options = dict(kernel="decode", num_splits=6, decode_combine="last_block", max_kv_len=3100,
+                   combine_counters=combine_counters)
+    att.attention(q, k, v, past, out=out, workspace=workspace, **options)  # eager once, outside the capture
+    graph = _capture(lambda: att.attention(q, k, v, past, out=out, workspace=workspace, **options))
+    for step in range(3):
+        q.copy_(torch.randn_like(q))
+        past += 1
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_zeroed(combine_counters, f"replay {step}")
+        assert torch.equal(out, att.attention(q, k, v, past, **options)), f"replay {step} differs from eager"
+        kr, vr = reference_view(k, v, past, 1)
+        check_close(out, q, kr, vr, f"last-block replay {step}", scale=128 ** -0.5, past_len=past)
+
+
+def _kernels_launched(fn) -> list:
+    """Names of the GPU kernels fn launches, copies and memsets left out (as engine.bench.count_kernels counts)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+
+
+@pytest.mark.parametrize("kv_len", [8192, 32768])
+def test_decode_last_block_plan_is_one_kernel_where_no_cluster_fits(kv_len):
+    """The engine's plan (auto with combine counters) at B=1, 32 heads, head_dim 128, L=8K and 32K, 4 splits on the
+    H200 whose 32 clusters of 4 do not fit at once: one kernel per call, where without counters the combine kernel
+    is a second; the same bits either way."""
+    att = _att()
+    q, k, v, past = make_inputs(1, 32, 32, 1, kv_len, 128, torch.float16)
+    out = torch.empty_like(q)
+    workspace = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+    combine_counters = _counters_for(q, k)
+    assert combine_counters.numel() == 32  # 1 x 32 KV heads x 1 row block
+    _, splits = att.plan(q, k, v, past)
+    in_cluster = att.decode_combines_in_cluster(q, k, v, past)
+    assert splits > 1
+
+    def call(**options):
+        return lambda: att.attention(q, k, v, past, out=out, workspace=workspace, **options)
+
+    call(combine_counters=combine_counters)()  # kernel attributes and occupancy queries, outside the profile
+    launched = _kernels_launched(call(combine_counters=combine_counters))
+    assert len(launched) == 1, launched
+    assert "decode_split_kernel" in launched[0]
+    _assert_zeroed(combine_counters, "planned call")
+    one_kernel = out.clone()
+    kr, vr = reference_view(k, v, past, 1)
+    check_close(one_kernel, q, kr, vr, f"B1 H32 L{kv_len}, {splits} splits, last-block plan", scale=128 ** -0.5,
+                past_len=past)
+    without = _kernels_launched(call())
+    assert len(without) == (1 if in_cluster else 2), without
+    if not in_cluster:  # the same splits through the combine kernel
+        assert torch.equal(out, one_kernel)

@@ -1,0 +1,79 @@
+"""The cuda backend's attention lowering with the last-block combine: one zeroed counters buffer for every layer,
+grown while tracing a larger shape, never allocated inside a CUDA-graph capture, and the engine's decode at one
+kernel per attention call where no cluster fits."""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+
+def _attention_layer(backend, name):
+    from fdpp_rewrite.contracts import load_contract
+
+    defaults = load_contract("AsyncSoftmaxAttention").defaults()
+    attrs = {"scale": 128 ** -0.5, "phi": defaults["phi"], "guard_lo": defaults["guard_lo"],
+             "guard_hi": defaults["guard_hi"], "mask_mode": "past_len"}
+    return backend.lower("AsyncSoftmaxAttention", attrs, name)
+
+
+def _decode_inputs(batch, heads, kv_len=8192):
+    """One query token per sequence against an MHA cache of kv_len keys (head_dim 128, fp16)."""
+    q = torch.randn(batch, heads, 1, 128, device="cuda").half()
+    k = torch.randn(batch, heads, kv_len, 128, device="cuda").half()
+    v = torch.randn_like(k)
+    past = torch.full((batch,), kv_len - 1, dtype=torch.int64, device="cuda")
+    return q, k, v, past
+
+
+def _kernels_launched(fn) -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+
+
+def test_cuda_backend_last_block_counters_are_shared_grown_while_tracing_and_never_made_in_a_capture():
+    from fdpp_rewrite.engine.backends import CudaBackend
+    from fdpp_rewrite.gpu.attention import attention, decode_combines_in_cluster
+
+    backend = CudaBackend({})
+    layers = [_attention_layer(backend, f"layer{i}.attention") for i in range(2)]
+    buffers = backend.combine_counter_buffers
+
+    small = _decode_inputs(1, 8)  # traced first: the buffer is made for 1 x 8 KV heads
+    for layer in layers:
+        layer(*small)
+    assert [b.numel() for b in buffers] == [8]
+
+    large = _decode_inputs(1, 32)  # B=1, 32 heads, L=8K: a larger shape grows it; both layers share the new one
+    outs = [layer(*large) for layer in layers]
+    assert [b.numel() for b in buffers] == [8, 32]
+    launched = _kernels_launched(lambda: layers[1](*large))
+    assert len(launched) == 1, launched  # the last-block combine (the H200: 4 splits), or a cluster where one fits
+    if not decode_combines_in_cluster(*large):
+        expected = attention(*large, decode_combine="kernel")  # the same bits through the combine kernel
+        assert all(torch.equal(out, expected) for out in outs)
+
+    # A shape the backend first sees inside a capture (its plan's device queries ran before, as a trace would run
+    # them): nothing is allocated there, and the call keeps its plan without the counters.
+    unseen = _decode_inputs(2, 32)
+    expected = attention(*unseen)
+    out = torch.empty_like(unseen[0])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out.copy_(layers[0](*unseen))
+    torch.cuda.current_stream().wait_stream(stream)
+    assert [b.numel() for b in buffers] == [8, 32]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    assert not any(b.any().item() for b in buffers), "a call left the engine's combine counters non-zero"
