@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include "kernels/common/pdl.cuh"
 
 namespace fdpp {
 namespace attn {
@@ -164,16 +165,8 @@ __device__ __forceinline__ void st_cluster(uint32_t remote, uint32_t v) {
 
 // --- programmatic dependent launch (sm_90+; no-ops elsewhere) --------------------------------------------------------
 
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait_primary() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void pdl_launch_dependents() { pdl::launch_dependents(); }
+__device__ __forceinline__ void pdl_wait_primary() { pdl::wait_for_primary(); }
 
 }  // namespace attn
 }  // namespace fdpp

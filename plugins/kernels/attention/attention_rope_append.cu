@@ -9,6 +9,7 @@
 // (2i, 2i+1), pairs 32-63 copy channels (64 + 2(i - 32), +1); R = 0 (OPT) copies every pair.
 #include "kernels/attention/attention_mma.cuh"
 #include "kernels/attention/attention_params.h"
+#include "kernels/common/pdl.cuh"
 
 namespace fdpp {
 namespace {
@@ -16,6 +17,10 @@ namespace {
 template <typename T>
 __global__ void rope_append_kernel(const RopeAppendParams p, unsigned long long* counters) {
   using E = attn::Elem<T>;
+  // Launched with PDL (on sm_90a) this CTA may start before the GEMM writing q/k/v ends: wait for it, then let the
+  // attention start (it only prefetches K/V tiles to L2 before its own wait).
+  pdl::wait_for_primary();
+  pdl::launch_dependents();
   const int slot = blockIdx.x;  // head slot
   const int s = blockIdx.y, b = blockIdx.z;
   const int half = p.head_dim / 2;
@@ -77,14 +82,17 @@ cudaError_t rope_append(const RopeAppendParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(p.num_heads + 2 * p.num_kv_heads, p.seq, p.batch);
-  const int threads = p.head_dim / 2 < 128 ? p.head_dim / 2 : 128;
+  const dim3 threads(p.head_dim / 2 < 128 ? p.head_dim / 2 : 128);
+  bool pdl = false;
+  const cudaError_t err = pdl::runs_sm90a_code(&pdl);
+  if (err != cudaSuccess) return err;
   switch (p.dtype) {
-    case AttnDtype::kFloat16: rope_append_kernel<__half><<<grid, threads, 0, stream>>>(p, counters); break;
-    case AttnDtype::kBFloat16: rope_append_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p, counters); break;
-    case AttnDtype::kFloat32: rope_append_kernel<float><<<grid, threads, 0, stream>>>(p, counters); break;
+    case AttnDtype::kFloat16: return pdl::launch(rope_append_kernel<__half>, grid, threads, stream, pdl, p, counters);
+    case AttnDtype::kBFloat16:
+      return pdl::launch(rope_append_kernel<__nv_bfloat16>, grid, threads, stream, pdl, p, counters);
+    case AttnDtype::kFloat32: return pdl::launch(rope_append_kernel<float>, grid, threads, stream, pdl, p, counters);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace fdpp

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm.h"
 
 namespace fdpp {
@@ -119,17 +120,8 @@ __device__ __forceinline__ uint4 lds16(const void* p) { return *reinterpret_cast
 // The weight is a constant, so a GEMM may start streaming it while the kernel before it (which produces X)
 // is still finishing: let the next grid launch early, and wait for the previous grid only before touching X,
 // the residual or Y. Both are no-ops when the launch did not ask for programmatic serialization.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void pdl_launch_dependents() { pdl::launch_dependents(); }
+__device__ __forceinline__ void pdl_wait_for_previous_grid() { pdl::wait_for_primary(); }
 
 // ---- tensor cores ----------------------------------------------------------------------------------------------
 // D = A(16x16, row) * B(16x8, col) + D, fp32 accumulators. Fragment ownership (lane = 4 * g + t):

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/norm/rms_norm.h"
 
 namespace fdpp {
@@ -56,6 +57,10 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const RmsNormPara
   const uint4* w = reinterpret_cast<const uint4*>(p.weight);
   uint4* y = reinterpret_cast<uint4*>(static_cast<T*>(p.y) + row * p.y_row_stride);
 
+  // Launched with PDL (on sm_90a) this CTA may start before the kernel writing x ends: wait for it, then let the
+  // next kernel (a GEMM, which streams its constant weight before it waits for y) start.
+  pdl::wait_for_primary();
+  pdl::launch_dependents();
   uint4 held[kMaxVecs];
   float squares = 0.f;
 #pragma unroll
@@ -97,8 +102,10 @@ cudaError_t launch(const RmsNormParams& p, cudaStream_t stream) {
   const int vecs = p.hidden / kVec;
   const int rounded = (vecs + kWarp - 1) / kWarp * kWarp;
   const int threads = rounded < kMaxThreads ? rounded : kMaxThreads;
-  rms_norm_kernel<T><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  bool pdl = false;
+  const cudaError_t err = pdl::runs_sm90a_code(&pdl);
+  if (err != cudaSuccess) return err;
+  return pdl::launch(rms_norm_kernel<T>, dim3(static_cast<unsigned>(p.rows)), dim3(threads), stream, pdl, p);
 }
 
 }  // namespace
