@@ -193,7 +193,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, gemm_plans: dict, softmax: str = "unified", baseline: bool = False,
-                 ablate: str | None = None):
+                 ablate: str | None = None, last_block_combine: bool = False):
         from fdpp_rewrite.errors import require_gpu
 
         require_gpu("the cuda engine backend")
@@ -204,9 +204,14 @@ class CudaBackend:
         self.ablate = ablate
         self.softmax = "synchronized" if ablate == "synchronized-softmax" else softmax
         self.baseline = baseline
-        # The decode attention's last-block combine counters: one zeroed buffer for all layers (their calls run in
-        # order on one stream and each leaves it zeroed), the last of this list; a larger one is appended while
-        # tracing a larger shape. Earlier ones stay alive: the graphs captured with them keep their addresses.
+        # last_block_combine: the decode attention's splits are added by their last CTA instead of a combine kernel
+        # where no cluster fits (one launch less). Off by default: the last block recomputes a guard-flagged row
+        # with one warp where the combine kernel uses four, and at 32K (uncalibrated llama2-7b, H200) that made the
+        # mean step 16% slower (docs/notes-attention.md).
+        self.last_block_combine = last_block_combine
+        # Its counters: one zeroed buffer for all layers (their calls run in order on one stream and each leaves it
+        # zeroed), the last of this list; a larger one is appended while tracing a larger shape. Earlier ones stay
+        # alive: the graphs captured with them keep their addresses.
         self.combine_counter_buffers = []
 
     def lower(self, op_type: str, attrs: dict, name: str):
@@ -251,7 +256,8 @@ class CudaBackend:
                 past_len = mask if options["mask_mode"] == "past_len" else None
                 bias = mask if options["mask_mode"] == "bias" else None
                 return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax,
-                                               combine_counters=combine_counters(query, key), **options)
+                                               combine_counters=combine_counters(query, key)
+                                               if self.last_block_combine else None, **options)
             return attention
         if op_type == "RMSNorm":
             from fdpp_rewrite.gpu import norm

@@ -1,6 +1,6 @@
-"""The cuda backend's attention lowering with the last-block combine: one zeroed counters buffer for every layer,
-grown while tracing a larger shape, never allocated inside a CUDA-graph capture, and the engine's decode at one
-kernel per attention call where no cluster fits."""
+"""The cuda backend's attention lowering with the last-block combine (last_block_combine=True; the engine's default
+is the combine kernel): one zeroed counters buffer for every layer, grown while tracing a larger shape, never
+allocated inside a CUDA-graph capture, and one kernel per attention call where no cluster fits."""
 
 import pytest
 
@@ -42,7 +42,7 @@ def test_cuda_backend_last_block_counters_are_shared_grown_while_tracing_and_nev
     from fdpp_rewrite.engine.backends import CudaBackend
     from fdpp_rewrite.gpu.attention import attention, decode_combines_in_cluster
 
-    backend = CudaBackend({})
+    backend = CudaBackend({}, last_block_combine=True)
     layers = [_attention_layer(backend, f"layer{i}.attention") for i in range(2)]
     buffers = backend.combine_counter_buffers
 
