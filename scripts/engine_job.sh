@@ -9,7 +9,10 @@
 # Stages: smollm2 tests llama2 (the default), and
 #   grid      llama2-7b, 32 layers, random weights: export (positions raised to 32K+128 for the long contexts),
 #             rewrite, build (max batch 16, max seq 8320) and bench fdpp + the cuBLAS/SDPA engine over
-#             batch {1,2,4,8,16} x context {128,1K,8K}        (GRID_BATCH, GRID_CONTEXT override the grid)
+#             batch {1,2,4,8,16} x context {128,1K,8K}        (GRID_BATCH, GRID_CONTEXT override the grid;
+#             GRID_CALIBRATION=<calibration.json> rewrites with that phi, e.g. the calibrate stage's)
+#   calibrate phi and guards for llama2-7b's random weights from the built-in text, through the engine:
+#             $WORK/llama2-calibration.json (+ .png); then GRID_CALIBRATION=$WORK/llama2-calibration.json
 #   ablate    the grid engine's --ablate at batch {1,8} x context {128,1K}
 #   long      an engine of max batch 1, max seq 32896 from the same graph: batch 1 at context 32K
 #   hf        Hugging Face eager and static cache + torch.compile on the grid (resumable: HF_DEADLINE seconds
@@ -36,7 +39,7 @@ export ENGINE="$PY -m fdpp_rewrite"
 declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180} [llama2]=${LLAMA2_TIMEOUT:-240}
                   [grid]=${GRID_TIMEOUT:-420} [ablate]=${ABLATE_TIMEOUT:-240} [long]=${LONG_TIMEOUT:-200}
                   [hf]=${HF_TIMEOUT:-560} [accuracy]=${ACCURACY_TIMEOUT:-240} [compare]=${COMPARE_TIMEOUT:-300}
-                  [serve]=${SERVE_TIMEOUT:-420})
+                  [serve]=${SERVE_TIMEOUT:-420} [calibrate]=${CALIBRATE_TIMEOUT:-300})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
@@ -96,11 +99,17 @@ stage_grid() {
   if [ ! -f "$GRID/engine/manifest.json" ]; then
     $PY -m fdpp_rewrite export llama2-7b -o "$GRID/model.onnx" --dtype float16 --max-cache 32896 --max-position 32896 \
         --force \
-      && $PY -m fdpp_rewrite rewrite "$GRID/model.onnx" --force && rm -f "$GRID/model.onnx.data" \
+      && $PY -m fdpp_rewrite rewrite "$GRID/model.onnx" --force ${GRID_CALIBRATION:+--calibration "$GRID_CALIBRATION"} \
+      && rm -f "$GRID/model.onnx.data" \
       && time $ENGINE build "$GRID/model.fdpp.onnx" -o "$GRID/engine" --max-batch 16 --max-seq 8320 --force || return 1
   fi
   $ENGINE bench "$GRID/engine" --batch ${GRID_BATCH:-1 2 4 8 16} --context ${GRID_CONTEXT:-128 1024 8192} \
     --new-tokens 128 --kernels fdpp torch --out "$OUT/engine_grid.json"
+}
+
+stage_calibrate() {
+  $PY -m fdpp_rewrite calibrate llama2-7b --device cuda -o "$WORK/llama2-calibration.json" --force \
+    && cp "$WORK/llama2-calibration.json" "$OUT/"
 }
 
 stage_ablate() {
@@ -169,7 +178,7 @@ stage_serve() {
          --command "scripts/engine_job.sh serve (serve --prefill-chunk ${SERVE_CHUNK:-128})" -o "$OUT/serve.json"
 }
 
-export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_ablate stage_long stage_hf \
+export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
   stage_accuracy stage_compare stage_serve
 STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
