@@ -15,9 +15,9 @@ Example (llama2-7b, H200): a decode step of 16 sequences takes about 5.4 ms and 
 both mostly the 13 GB weight read; mixed, the pair costs little more than the decode step (the GEMMs at M = 144 are
 still bound by that read).
 
-A graph qualifies only when past_len reaches nothing but those two ops, with the attention reading the caches
-RopeAppend wrote (llama, mistral, qwen, chatglm exports). Absolute position embeddings (OPT, GPT-2) compute
-positions from past_len in the graph itself: such engines run chunks and decode steps separately.
+A graph qualifies only when past_len reaches nothing but those two ops, the caches nothing but RopeAppend, and the
+attention reads the caches RopeAppend wrote (llama, mistral, qwen, chatglm exports). Absolute position embeddings
+(OPT, GPT-2) compute positions from past_len in the graph itself: such engines run chunks and decode steps apart.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ def unsupported_reason(plan: dict) -> str | None:
     for node in consumers.get("past_len", []):
         if node.get("domain") != "fdpp" or node["op"] not in MIXED_OPS:
             return f"past_len feeds {node['op']} ({node['name']}): the graph computes positions itself"
+    for name in plan.get("cache_inputs", []):  # fed whole (every slot): only the split RopeAppend may read them
+        for node in consumers.get(name, []):
+            if node.get("domain") != "fdpp" or node["op"] != "RopeAppend":
+                return f"the cache {name} feeds {node['op']} ({node['name']})"
     rope_outputs = {name for n in fdpp_ops if n["op"] == "RopeAppend" for name in n["outputs"][1:]}
     for node in fdpp_ops:
         if node["op"] == "AsyncSoftmaxAttention":

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.serve.scheduler import DEFAULT_PREFILL_CHUNK
 from fdpp_rewrite.serve.warmup import MODES
 
 
@@ -21,8 +22,9 @@ def add_arguments(parser) -> None:
                         help="requests that may wait for a KV slot; past that, 503 with Retry-After")
     parser.add_argument("--request-timeout", type=float, default=600.0,
                         help="seconds a request may take, queueing included; past that, 504 (or an error event)")
-    parser.add_argument("--prefill-chunk", type=int, default=512,
-                        help="prompt tokens prefilled between two decode steps (a long prompt takes several)")
+    parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                        help="prompt tokens prefilled per step, riding on the decode step where the engine can "
+                             f"(a long prompt takes several; default {DEFAULT_PREFILL_CHUNK})")
     parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
     parser.add_argument("--warmup", choices=MODES, default="decode",
                         help="shapes traced before the server is healthy: every decode bucket (decode), also every "
@@ -62,7 +64,7 @@ def engine_tokenizer(engine):
 
 
 def build_app(engine, *, model_name: str | None = None, max_queue: int = 64, request_timeout: float = 600.0,
-              prefill_chunk: int = 512, warmup: str = "none"):
+              prefill_chunk: int = DEFAULT_PREFILL_CHUNK, warmup: str = "none"):
     """The FastAPI app and its scheduler for a loaded engine (the scheduler starts with the app, and warms the
     engine up first unless warmup is "none")."""
     from fdpp_rewrite.serve.app import create_app

@@ -5,12 +5,12 @@ trace (and, on cuda, a decode bucket's CUDA-graph capture).
             --prefill-chunk size up to one row below each KV bucket (so the chunks a long prompt takes are traced
             on the way); then one step per batch bucket steps the bucket's last slot (the slots between are free,
             as in a server's step). Batch 1 steps last: it advances slot 0 itself, into the next KV bucket.
-    all     decode, then every prefill chunk shape: a chunk of each prefill bucket up to --prefill-chunk into
-            each KV bucket (a Hugging Face graph caches only a prompt's first chunk, so that is the one it runs),
-            in every slot where prompt passes replay CUDA graphs (they are captured per slot), else in slot 0;
-            then, where the engine runs mixed steps, each one the scheduler can meet: a chunk of the
+            Then, where the engine runs mixed steps, each one the scheduler can meet: a chunk of the
             --prefill-chunk bucket in each slot, with each batch bucket that holds that slot and each KV bucket
             the chunk can end in (slot lengths are set, not prefilled: only shapes matter).
+    all     decode, then every prefill chunk shape: a chunk of each prefill bucket up to --prefill-chunk into
+            each KV bucket (a Hugging Face graph caches only a prompt's first chunk, so that is the one it runs),
+            in every slot where prompt passes replay CUDA graphs (they are captured per slot), else in slot 0.
     none    nothing: the first request of each shape traces it.
 
 Only the engine's slot methods run (prefill_chunk, decode_slots, release, reset), so a tensor-parallel engine's
@@ -117,9 +117,9 @@ def walk(engine, mode: str, chunk: int):
         raise ValueError(f"unknown warm-up mode {mode!r}")
     if mode != "none":
         yield from decode_walk(engine, chunk)
+        yield from mixed_walk(engine, chunk)  # under load most steps are mixed
     if mode == "all":
         yield from prefill_walk(engine, chunk)
-        yield from mixed_walk(engine, chunk)
 
 
 def warm_up(engine, mode: str, chunk: int, stopping=lambda: False, stream=None) -> int:
@@ -127,10 +127,10 @@ def warm_up(engine, mode: str, chunk: int, stopping=lambda: False, stream=None) 
     traced and how long it took; returns the number of shapes traced."""
     stream = stream or sys.stderr
     decode_shapes = len(engine.batch_buckets) * len(engine.kv_buckets)
-    plan = f"{decode_shapes} decode buckets ({len(engine.batch_buckets)} batch x {len(engine.kv_buckets)} KV)"
+    plan = (f"{decode_shapes} decode buckets ({len(engine.batch_buckets)} batch x {len(engine.kv_buckets)} KV), "
+            f"{mixed_count(engine, chunk)} mixed step shapes")
     if mode == "all":
-        plan += (f", the prefill chunks of {prefill_sizes(engine, chunk)} tokens in {len(warm_slots(engine))} "
-                 f"slot(s) and {mixed_count(engine, chunk)} mixed step shapes")
+        plan += f" and the prefill chunks of {prefill_sizes(engine, chunk)} tokens in {len(warm_slots(engine))} slot(s)"
     print(f"warming up ({mode}): {plan}; /health answers 503 meanwhile", file=stream, flush=True)
     started, before = time.perf_counter(), len(engine.programs)
     try:

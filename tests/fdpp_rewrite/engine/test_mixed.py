@@ -34,3 +34,9 @@ def test_attention_on_other_keys_or_a_bias_refuses_mixed_steps():
     plan["nodes"][1]["attrs"]["mask_mode"] = "bias"
     assert "bias" in unsupported_reason(plan)
     assert "without fdpp::RopeAppend" in unsupported_reason({"nodes": llama_like()["nodes"][1:]})
+
+
+def test_a_cache_read_by_another_op_refuses_mixed_steps():
+    plan = llama_like([node("Shape", ["key_cache.0"], ["cache_shape"], domain="")])
+    plan["cache_inputs"] = ["key_cache.0", "value_cache.0"]
+    assert "key_cache.0 feeds Shape" in unsupported_reason(plan)
