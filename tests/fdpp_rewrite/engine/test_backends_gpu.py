@@ -3,6 +3,7 @@ is the combine kernel): one zeroed counters buffer for every layer, grown while 
 allocated inside a CUDA-graph capture, and one kernel per attention call where no cluster fits."""
 
 import pytest
+from gpu_kernels import kernels_launched
 
 pytestmark = pytest.mark.gpu
 
@@ -27,17 +28,6 @@ def _decode_inputs(batch, heads, kv_len=8192):
     return q, k, v, past
 
 
-def _kernels_launched(fn) -> list:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
-
-
 def test_cuda_backend_last_block_counters_are_shared_grown_while_tracing_and_never_made_in_a_capture():
     from fdpp_rewrite.engine.backends import CudaBackend
     from fdpp_rewrite.gpu.attention import attention, decode_combines_in_cluster
@@ -54,7 +44,7 @@ def test_cuda_backend_last_block_counters_are_shared_grown_while_tracing_and_nev
     large = _decode_inputs(1, 32)  # B=1, 32 heads, L=8K: a larger shape grows it; both layers share the new one
     outs = [layer(*large) for layer in layers]
     assert [b.numel() for b in buffers] == [8, 32]
-    launched = _kernels_launched(lambda: layers[1](*large))
+    launched = kernels_launched(lambda: layers[1](*large))
     assert len(launched) == 1, launched  # the last-block combine (the H200: 4 splits), or a cluster where one fits
     if not decode_combines_in_cluster(*large):
         expected = attention(*large, decode_combine="kernel")  # the same bits through the combine kernel

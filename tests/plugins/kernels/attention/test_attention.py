@@ -6,6 +6,7 @@ input."""
 import pytest
 
 from attention_reference import check_close
+from gpu_kernels import kernels_launched
 
 pytestmark = pytest.mark.gpu
 
@@ -49,6 +50,17 @@ def reference_view(k, v, past, seq):
     """The caches cut to the longest sequence with NaN rows zeroed (the reference masks them anyway)."""
     n = int(past.max()) + seq
     return torch.nan_to_num(k[:, :, :n]), torch.nan_to_num(v[:, :, :n])
+
+
+def adversarial_inputs(seq, dtype):
+    """Inputs (and their reference view) with one tile of huge positive scores for head group 0 and one of huge
+    negative scores for group 1: with scale 30, ordinary scores reach +-1e4."""
+    q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
+    kr, vr = reference_view(k, v, past, seq)
+    k[:, 0, 700] = q[:, 0, 0] * 8
+    k[:, 1, 900] = -q[:, 4, 0] * 8
+    kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
+    return q, k, v, past, kr, vr
 
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -310,12 +322,7 @@ def test_adversarial_scores_stay_exact(dtype, kernel, seq, splits, softmax):
     """Scores up to +-1e4, rows mixing in-range and far-out-of-range tiles: never NaN/Inf, always within
     tolerance; the unified kernels send exactly the out-of-window rows to the fallback."""
     att = _att()
-    q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
-    kr, vr = reference_view(k, v, past, seq)
-    # One tile with huge positive scores for head group 0, one with huge negative scores for group 1.
-    k[:, 0, 700] = q[:, 0, 0] * 8
-    k[:, 1, 900] = -q[:, 4, 0] * 8
-    kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
+    q, k, v, past, kr, vr = adversarial_inputs(seq, dtype)
     configs = (0,)
     if kernel == "prefill":  # every tile shape
         configs = (1, 2, 4) if torch.cuda.get_device_capability()[0] == 9 else (1, 2)
@@ -808,11 +815,7 @@ def test_decode_last_block_combine_recomputes_flagged_rows_exactly(dtype, softma
     """Scores up to +-1e4 (test_adversarial_scores_stay_exact's keys): the last CTA recomputes the rows whose guard
     bits any split set, exactly and never NaN, and counts them as the combine kernel does."""
     att = _att()
-    q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
-    kr, vr = reference_view(k, v, past, seq)
-    k[:, 0, 700] = q[:, 0, 0] * 8
-    k[:, 1, 900] = -q[:, 4, 0] * 8
-    kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
+    q, k, v, past, kr, vr = adversarial_inputs(seq, dtype)
     combine_counters = _counters_for(q, k)
     for scale in (128 ** -0.5, 30.0):  # 30: ordinary scores ~ +-1e4
         fallback_rows = {}
@@ -874,18 +877,6 @@ def test_decode_last_block_combine_in_a_cuda_graph_equals_eager():
         check_close(out, q, kr, vr, f"last-block replay {step}", scale=128 ** -0.5, past_len=past)
 
 
-def _kernels_launched(fn) -> list:
-    """Names of the GPU kernels fn launches, copies and memsets left out (as engine.bench.count_kernels counts)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
-
-
 @pytest.mark.parametrize("kv_len", [8192, 32768])
 def test_decode_last_block_plan_is_one_kernel_where_no_cluster_fits(kv_len):
     """The engine's plan (auto with combine counters) at B=1, 32 heads, head_dim 128, L=8K and 32K, 4 splits on the
@@ -905,7 +896,7 @@ def test_decode_last_block_plan_is_one_kernel_where_no_cluster_fits(kv_len):
         return lambda: att.attention(q, k, v, past, out=out, workspace=workspace, **options)
 
     call(combine_counters=combine_counters)()  # kernel attributes and occupancy queries, outside the profile
-    launched = _kernels_launched(call(combine_counters=combine_counters))
+    launched = kernels_launched(call(combine_counters=combine_counters))
     assert len(launched) == 1, launched
     assert "decode_split_kernel" in launched[0]
     _assert_zeroed(combine_counters, "planned call")
@@ -913,7 +904,7 @@ def test_decode_last_block_plan_is_one_kernel_where_no_cluster_fits(kv_len):
     kr, vr = reference_view(k, v, past, 1)
     check_close(one_kernel, q, kr, vr, f"B1 H32 L{kv_len}, {splits} splits, last-block plan", scale=128 ** -0.5,
                 past_len=past)
-    without = _kernels_launched(call())
+    without = kernels_launched(call())
     assert len(without) == (1 if in_cluster else 2), without
     if not in_cluster:  # the same splits through the combine kernel
         assert torch.equal(out, one_kernel)
