@@ -338,15 +338,13 @@ class Engine:
         A prompt over MAX_PREFILL_CHUNK tokens runs as consecutive chunks of that size (prefill_chunk)."""
         seq = len(ids)
         if seq > MAX_PREFILL_CHUNK:
-            self.past_len[slot] = 0
-            self.lengths[slot] = 0
+            self._set_length(slot, 0)
             for start in range(0, seq, MAX_PREFILL_CHUNK):
                 logits = self.prefill_chunk(slot, ids[start:start + MAX_PREFILL_CHUNK])
             return logits
         padded = pick(seq, self.prefill_buckets)
         logits = self.prompt_pass(slot, ids, 0, padded, pick(padded, self.kv_buckets))
-        self.past_len[slot] = seq
-        self.lengths[slot] = seq
+        self._set_length(slot, seq)
         return logits
 
     def prompt_pass(self, slot: int, ids: list[int], start: int, padded: int, kv_len: int):
@@ -441,8 +439,7 @@ class Engine:
                             f"the engine's max sequence {self.max_seq}")
         padded = min(pick(seq, self.prefill_buckets), self.max_seq - start)
         logits = self.prompt_pass(slot, ids, start, padded, pick(start + padded, self.kv_buckets))
-        self.past_len[slot] = start + seq
-        self.lengths[slot] = start + seq
+        self._set_length(slot, start + seq)
         return logits
 
     def slot_buckets(self, slots: list[int]) -> tuple[int, int]:
@@ -563,15 +560,19 @@ class Engine:
         reaches a KV bucket without prefilling up to it (the rows are junk: only shapes are being traced)."""
         if not 0 <= length < self.max_seq:
             raise FdppError(f"a slot holds 0 to {self.max_seq - 1} tokens, not {length}")
-        self.lengths[slot] = length
-        self.past_len[slot] = length
+        self._set_length(slot, length)
 
     @mirrored
     def release(self, slot: int) -> None:
         """Free a slot: length 0, so the decode steps of other slots write only its row 0 and the KV bucket is
         not held up by a finished sequence."""
-        self.lengths[slot] = 0
-        self.past_len[slot] = 0
+        self._set_length(slot, 0)
+
+    def _set_length(self, slot: int, length: int) -> None:
+        """A slot's length on the host and on the GPU, there in stream order with no host synchronization (an item
+        assignment of a Python int is a pageable copy, which first waits for every kernel queued: a whole step)."""
+        self.lengths[slot] = length
+        self.past_len[slot:slot + 1].copy_(upload([length], self.device))
 
     # -- generation ----------------------------------------------------------------------------------------------
 

@@ -134,9 +134,9 @@ def test_mixed_steps_replay_graphs_and_equal_the_passes_apart(cuda_engine):
 
 
 def test_launching_a_step_never_waits_for_the_gpu(cuda_engine):
-    """Once its shapes are captured, a decode step and a mixed step are queued with no host synchronization (torch's
-    sync debug mode raises on a blocking copy or readback), so the server prepares step n + 1 while the GPU runs
-    step n."""
+    """Once its shapes are captured, a decode step, a mixed step, freeing a slot and a prompt chunk into it are
+    queued with no host synchronization (torch's sync debug mode raises on a blocking copy or readback), so the
+    server prepares step n + 1 while the GPU runs step n."""
     import torch
 
     from fdpp_rewrite.engine.runtime import Engine
@@ -153,6 +153,9 @@ def test_launching_a_step_never_waits_for_the_gpu(cuda_engine):
             logits = engine.decode_slots([0, 2], tokens)
             logits, last = engine.mixed_step([0, 2], logits.argmax(-1), 1, PROMPTS[2][64:128], 64)
             tokens = logits.argmax(-1)
+            engine.release(0)  # a sequence ends: its slot takes the next prompt at once
+            engine.prefill_chunk(0, PROMPTS[0])
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        assert engine.lengths[:3] == [len(PROMPTS[0]) + 2, 128, len(PROMPTS[4]) + 2]
+        assert engine.lengths[:3] == [len(PROMPTS[0]), 128, len(PROMPTS[4]) + 2]
+        assert engine.past_len[:3].tolist() == engine.lengths[:3]
