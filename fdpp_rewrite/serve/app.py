@@ -64,6 +64,15 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
 
     @asynccontextmanager
     async def lifespan(app):
+        loop = asyncio.get_running_loop()
+
+        def deliver(batch: list) -> None:  # on the scheduler thread: one wake-up of the loop per iteration
+            try:
+                loop.call_soon_threadsafe(hand_over, batch)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is listening
+                pass
+
+        scheduler.deliver = deliver
         if scheduler.thread is None:
             scheduler.start()
         yield
@@ -173,16 +182,8 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
                                 f"{RETRY_AFTER_S} s", kind="server_error", code="warming_up",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         max_tokens = check_limits(body, prompt, max_tokens, asked)
-        loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-
-        def emit(event) -> None:  # on the scheduler thread
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the loop has closed (shutdown): nobody is listening
-                pass
-
-        request = Request(prompt=prompt, max_tokens=max_tokens, emit=emit, stop=body.stops,
+        request = Request(prompt=prompt, max_tokens=max_tokens, emit=events.put_nowait, stop=body.stops,
                           sampler=Sampler(body.temperature, body.top_k, body.top_p, body.seed),
                           timeout_s=request_timeout)
         try:
@@ -242,6 +243,12 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
             disconnected.cancel()
 
     return app
+
+
+def hand_over(batch: list) -> None:
+    """On the event loop: the scheduler's events of one iteration, each to its request's queue."""
+    for emit, event in batch:
+        emit(event)
 
 
 async def wait_for_disconnect(http: HttpRequest) -> None:

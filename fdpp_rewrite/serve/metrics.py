@@ -13,6 +13,9 @@ import threading
 # seconds; TTFT spans queueing and prefill, the inter-token latency one decode step (plus its share of prefill)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+# seconds between two steps' tokens, for steps that ran back to back: a decode step, or a mixed one (with a chunk)
+STEP_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.04, 0.08, 0.16)
+STEP_KINDS = ("decode", "mixed")
 OUTCOMES = ("answered", "refused", "cancelled", "timed_out", "failed")
 PREFIX = "fdpp_"
 
@@ -27,13 +30,16 @@ class Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
 
-    def lines(self, name: str) -> list[str]:
-        out, running = [], 0
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        """labels: e.g. 'kind="decode"', put in front of every sample's le."""
+        out, running, first = [], 0, f"{labels}," if labels else ""
+        tail = f"{{{labels}}}" if labels else ""
         for bound, count in zip(self.bounds, self.counts):
             running += count
-            out.append(f'{name}_bucket{{le="{bound}"}} {running}')
+            out.append(f'{name}_bucket{{{first}le="{bound}"}} {running}')
         running += self.counts[-1]
-        out += [f'{name}_bucket{{le="+Inf"}} {running}', f"{name}_sum {self.total:.6f}", f"{name}_count {running}"]
+        out += [f'{name}_bucket{{{first}le="+Inf"}} {running}', f"{name}_sum{tail} {self.total:.6f}",
+                f"{name}_count{tail} {running}"]
         return out
 
 
@@ -45,6 +51,7 @@ class Metrics:
         self.generation_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
+        self.steps = {kind: Histogram(STEP_BUCKETS) for kind in STEP_KINDS}
 
     def request_done(self, outcome: str) -> None:
         with self.lock:
@@ -63,6 +70,10 @@ class Metrics:
         with self.lock:
             self.itl.observe(seconds)
 
+    def step(self, kind: str, seconds: float) -> None:
+        with self.lock:
+            self.steps[kind].observe(seconds)
+
     def render(self, gauges: dict) -> str:
         """The text format. gauges: name -> (help, value, labels or None) from the scheduler."""
         with self.lock:
@@ -76,6 +87,10 @@ class Metrics:
             lines += self.ttft.lines(f"{PREFIX}time_to_first_token_seconds")
             lines += _header("inter_token_latency_seconds", "histogram", "time between a sequence's tokens")
             lines += self.itl.lines(f"{PREFIX}inter_token_latency_seconds")
+            lines += _header("step_seconds", "histogram", "time of a step that ran right behind the one before, by "
+                             "kind (mixed: a prompt chunk rode on the decode step)")
+            for kind, histogram in self.steps.items():
+                lines += histogram.lines(f"{PREFIX}step_seconds", f'kind="{kind}"')
         for name, (help_text, value, labels) in gauges.items():
             kind = "counter" if name.endswith("_total") else "gauge"
             lines += _header(name, kind, help_text)

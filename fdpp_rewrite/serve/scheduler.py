@@ -16,12 +16,15 @@ GEMM rows instead of a second read of every weight.
 Before the loop the thread warms the engine up (warmup.py; `warming` is True until then, and the HTTP side
 answers 503).
 
-Events reach the request through its `emit` callback, called on this thread (the HTTP side hands them to its
-event loop): Delta(text) for new text, then one Finish (usage, finish reason) or Failure (timeout, engine
-error). A cancelled request gets nothing more. On the cpu backend greedy tokens do not depend on which requests share
-the batch (tests/fdpp_rewrite/serve/test_scheduler.py checks them against Engine.generate); on the GPU a decode row's
-GEMMs run at the step's M (the batch, and a chunk riding on it), so its logits may round differently in the last
-bits, as in any batched server.
+Events reach the request through its `emit` callback: Delta(text) for new text, then one Finish (usage, finish
+reason) or Failure (timeout, engine error). A cancelled request gets nothing more. Without a `deliver` hook emit
+is called on this thread; with one (the HTTP side's), an iteration's events are handed over in one call at its
+end, so the event loop is woken once per step rather than once per sequence: each wake-up is a syscall that
+releases the GIL to the loop, which this thread then waits to get back while the next step should be launched.
+On the cpu backend greedy tokens do not depend on which requests share the batch
+(tests/fdpp_rewrite/serve/test_scheduler.py checks them against Engine.generate); on the GPU a decode row's GEMMs
+run at the step's M (the batch, and a chunk riding on it), so its logits may round differently in the last bits,
+as in any batched server.
 """
 
 from __future__ import annotations
@@ -96,11 +99,14 @@ class InFlight:
     host: object            # their copy on the host, valid once `event` has completed
     event: object           # None on the cpu backend (host is sampled itself)
     first: Request | None = None  # a request whose prompt's last chunk ran in this (mixed) step
+    kind: str = "decode"    # or "mixed": a prompt chunk rode on it
+    queued: bool = False    # launched while the step before it was still in flight (back to back on the GPU)
 
 
 class Scheduler:
     def __init__(self, engine, tokenizer=None, metrics: Metrics | None = None, max_queue: int = 64,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, stop_ids=(), warmup: str = "none"):
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, stop_ids=(), warmup: str = "none",
+                 deliver: Callable[[list], None] | None = None):
         self.engine = engine
         engine.reset()  # every slot free: the scheduler owns the engine from here on
         self.tokenizer = tokenizer
@@ -108,6 +114,8 @@ class Scheduler:
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
         self.stop_ids = set(stop_ids)
         self.warmup = warmup
+        self.deliver = deliver           # takes [(emit, event), ...] of one iteration; None: emit on this thread
+        self.outbox: list = []
         self.warming = warmup != "none"  # until warm_up has run: the HTTP side refuses requests meanwhile
         self.slots: list[Request | None] = [None] * engine.max_batch
         self.waiting: deque[Request] = deque()
@@ -121,6 +129,7 @@ class Scheduler:
         self.on_cuda = engine.backend.name == "cuda"
         self.fallback_base = self._read_fallback_rows() if self.on_cuda else 0
         self.fallback_rows, self.counters_read_at = 0, time.monotonic()
+        self.landed_at = 0.0  # when the last step's tokens were read
 
     # -- the HTTP side ---------------------------------------------------------------------------------------
 
@@ -205,10 +214,17 @@ class Scheduler:
                 self.in_flight = None
                 for request in [r for r in self.slots if r is not None]:
                     self._fail(request, "engine", f"the engine failed: {self.last_error}")
+            self._flush()
 
     # -- one iteration ---------------------------------------------------------------------------------------
 
     def run_once(self) -> None:
+        try:
+            self._iterate()
+        finally:
+            self._flush()
+
+    def _iterate(self) -> None:
         now = time.monotonic()
         self._retire_gone(now)
         self._admit(now)
@@ -319,7 +335,7 @@ class Scheduler:
                                               request.slot, chunk, padded)
         request.prefilled += count
         first = request if request.prefilled == len(request.prompt) else None
-        self._launched(batch, logits, first, last)
+        self._launched(batch, logits, first, last, kind="mixed", queued=previous is not None)
         self.mixed_steps += 1
         return True
 
@@ -327,9 +343,11 @@ class Scheduler:
         batch = self._decoding(previous)
         if batch:
             tokens = self._step_tokens(batch, previous)
-            self._launched(batch, self.engine.decode_slots([r.slot for r in batch], tokens))
+            logits = self.engine.decode_slots([r.slot for r in batch], tokens)
+            self._launched(batch, logits, queued=previous is not None)
 
-    def _launched(self, batch: list, logits, first: Request | None = None, first_logits=None) -> None:
+    def _launched(self, batch: list, logits, first: Request | None = None, first_logits=None, kind: str = "decode",
+                  queued: bool = False) -> None:
         """Sample the step's tokens on the device (logits [len(batch), V]; first_logits [V]: the first token of
         `first`, whose prompt just completed) and start their copy to the host: the step is now in flight."""
         import torch
@@ -346,7 +364,7 @@ class Scheduler:
             host.copy_(sampled, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-        self.in_flight = InFlight(batch, sampled, host, event, first)
+        self.in_flight = InFlight(batch, sampled, host, event, first, kind, queued)
         self.steps += 1
 
     def _land(self, flight: InFlight) -> None:
@@ -355,6 +373,9 @@ class Scheduler:
             flight.event.synchronize()
         values = flight.host.tolist()
         now = time.monotonic()
+        if flight.queued:  # it ran right behind the step landed before: the interval is its time
+            self.metrics.step(flight.kind, now - self.landed_at)
+        self.landed_at = now
         for request, token in zip(flight.batch + [flight.first], values):
             if request is not None and not request.done:
                 self._on_token(request, token, now)
@@ -407,10 +428,19 @@ class Scheduler:
         request.next_token = None
         request.done = True
 
-    @staticmethod
-    def _emit(request: Request, event) -> None:
-        if not request.cancelled:
+    def _emit(self, request: Request, event) -> None:
+        if request.cancelled:
+            return
+        if self.deliver is None:
             request.emit(event)
+        else:
+            self.outbox.append((request.emit, event))
+
+    def _flush(self) -> None:
+        """Hand this iteration's events to the `deliver` hook, in one call."""
+        if self.outbox:
+            batch, self.outbox = self.outbox, []
+            self.deliver(batch)
 
     @staticmethod
     def _read_fallback_rows() -> int:

@@ -4,6 +4,7 @@ starts, so a bad engine folder or a busy port is the usual one-line error."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 from pathlib import Path
@@ -11,6 +12,11 @@ from pathlib import Path
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.serve.scheduler import DEFAULT_PREFILL_CHUNK
 from fdpp_rewrite.serve.warmup import MODES
+
+# Two threads share the GIL: the scheduler, which must launch the next step within one step time, and the event
+# loop streaming the last step's tokens. A thread that asks for the GIL waits up to this interval before the holder
+# is made to let go; CPython's 5 ms default is about a whole decode step.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def add_arguments(parser) -> None:
@@ -89,6 +95,9 @@ def run(args) -> int:
                                request_timeout=args.request_timeout, prefill_chunk=args.prefill_chunk,
                                warmup=args.warmup)
     host, port = sock.getsockname()[:2]
+    gc.collect()
+    gc.freeze()  # the engine, torch and the app live as long as the server: later collections skip their objects
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     print(f"serving {args.model_name or engine.folder.name} at http://{host}:{port}/v1 ({engine.backend.name} "
           f"backend, {engine.max_batch} KV slots, max sequence {engine.max_seq}); Ctrl-C stops", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))

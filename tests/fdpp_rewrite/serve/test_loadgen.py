@@ -70,10 +70,12 @@ def test_report_serve_computes_the_bars(loadgen, tmp_path, capsys):
     report_serve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report_serve)
     idle = {"drained": True, "kv_slots_in_use": 0.0}
-    for concurrency, tps, itl in ((1, 190.0, 4.0), (16, 2500.0, 9.0), (64, 2400.0, 12.0), (65, 2000.0, 10.0)):
+    levels = ((1, 190.0, 4.0), (16, 2500.0, 9.0), (64, 2400.0, 12.0), (65, 2000.0, 10.0), (17, 2300.0, 11.0))
+    for concurrency, tps, itl in levels:  # 65: the soak at 64; 17: a sustained run at 16
         folder = tmp_path / f"c{concurrency}"
         folder.mkdir()
-        point = {"concurrency": min(concurrency, 64), "tokens_per_s": tps, "itl_p99_ms": itl, "requests": 10,
+        point = {"concurrency": {65: 64, 17: 16}.get(concurrency, concurrency), "tokens_per_s": tps,
+                 "itl_p99_ms": itl, "requests": 10,
                  "answered": 8, "cancelled": 2, "refused": 0, "failed": 0, "idle_metrics": idle,
                  "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0, "itl_p50_ms": 1.0}
         (folder / "loadgen.json").write_text(json.dumps({
@@ -99,3 +101,8 @@ def test_report_serve_computes_the_bars(loadgen, tmp_path, capsys):
     assert (out.with_suffix(".png")).read_bytes()[:4] == b"\x89PNG"
     assert report_serve.main(argv[:-2] + ["-o", str(tmp_path / "x.json"), "--bench-bs16", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    # --sustained: the 16-client bars come from the longer run, the short one is kept beside them
+    assert report_serve.main(argv + ["--sustained", str(tmp_path / "c17")]) == 0
+    sixteen = json.loads(out.read_text())["bars"]["sixteen_clients_tokens_per_s"]
+    assert (sixteen["server"], sixteen["short_run_server"], sixteen["met"]) == (2300.0, 2500.0, False)
+    assert report_serve.main(argv + ["--sustained", str(tmp_path / "c64")]) == 2  # not a 16-client run

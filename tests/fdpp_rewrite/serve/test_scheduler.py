@@ -166,3 +166,43 @@ def test_stop_strings_without_a_tokenizer_match_the_streamed_ids(engine):
     assert "".join(e.text for e in events if isinstance(e, Delta)) == text[:cut]
     stopped_at = text[:cut + 1].count(",")  # the stop's id; its closing comma comes with the next token
     assert events[-1].reason == "stop" and request.tokens == alone[:stopped_at + 2]
+
+
+def test_a_deliver_hook_gets_each_iterations_events_in_one_call(engine, tokenizer):
+    batches = []
+    scheduler = Scheduler(engine, tokenizer, max_queue=8, prefill_chunk=16, deliver=batches.append)
+    requests = [make_request(p, n) for p, n in zip(PROMPTS[:3], MAX_TOKENS[:3])]
+    for request, _ in requests:
+        scheduler.submit(request)
+    iterations = 0
+    while scheduler.waiting or any(r is not None for r in scheduler.slots):
+        delivered = len(batches)
+        scheduler.run_once()
+        iterations += 1
+        assert len(batches) - delivered <= 1  # at most one hand-over per iteration
+        assert all(not events for _, events in requests)  # nothing reaches a request behind the hook's back
+    assert max(len(batch) for batch in batches) > 1  # several sequences' tokens went in one hand-over
+    for batch in batches:
+        for emit, event in batch:
+            emit(event)
+    alone = [engine.generate([p], n).tokens[0] for p, n in zip(PROMPTS[:3], MAX_TOKENS[:3])]
+    for (request, events), tokens in zip(requests, alone):
+        assert request.tokens == tokens
+        assert isinstance(events[-1], Finish) and events[-1].completion_tokens == len(tokens)
+
+
+def test_step_times_are_observed_by_kind_for_back_to_back_steps(engine, tokenizer):
+    from fdpp_rewrite.serve import metrics
+
+    scheduler = Scheduler(engine, tokenizer, max_queue=8, prefill_chunk=16)
+    requests = [make_request(p, n) for p, n in zip(PROMPTS[:4], MAX_TOKENS[:4])]
+    for request, _ in requests:
+        scheduler.submit(request)
+    run_until_idle(scheduler)
+    counts = {kind: sum(h.counts) for kind, h in scheduler.metrics.steps.items()}
+    assert counts["mixed"] >= 1 and counts["decode"] >= 1
+    assert counts["mixed"] <= scheduler.mixed_steps
+    assert sum(counts.values()) < scheduler.steps  # the first step had nothing in flight before it: not a step time
+    samples = metrics.parse(scheduler.metrics.render(scheduler.gauges()))
+    assert samples['fdpp_step_seconds_count{kind="mixed"}'] == counts["mixed"]
+    assert samples['fdpp_step_seconds_bucket{kind="decode",le="+Inf"}'] == counts["decode"]
