@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdpp_rewrite.engine import ops
+from fdpp_rewrite.engine import mixed, ops
 from fdpp_rewrite.errors import FdppError
 
 FDPP_OPS = ("FlatGemm", "AsyncSoftmaxAttention", "RMSNorm", "RopeAppend")
@@ -104,13 +104,14 @@ def sdpa_attention(attrs):
         raise FdppError(f"the baseline attention takes mask_mode past_len, not {attrs.get('mask_mode')!r}")
     scale = float(attrs["scale"])
 
-    def attention(query, key, value, past_len):
+    def attention(query, key, value, past_len, out=None):
         batch, heads, seq, _ = query.shape
         length = key.shape[2]
         last = past_len.reshape(batch, 1, 1, 1) + torch.arange(seq, device=query.device).reshape(1, 1, seq, 1)
         mask = torch.arange(length, device=query.device).reshape(1, 1, 1, length) <= last
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
-                                              enable_gqa=heads != key.shape[1])
+        result = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                                enable_gqa=heads != key.shape[1])
+        return result if out is None else out.copy_(result)
     return attention
 
 
@@ -173,10 +174,11 @@ class CpuBackend:
             options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
             options["softmax"] = node_softmax(attrs)
 
-            def attention(query, key, value, mask=None):
+            def attention(query, key, value, mask=None, out=None):
                 mask_np = None if mask is None else mask.numpy()
-                out = async_softmax_attention(query.numpy(), key.numpy(), value.numpy(), mask_np, **options)
-                return torch.from_numpy(np.ascontiguousarray(out))
+                result = async_softmax_attention(query.numpy(), key.numpy(), value.numpy(), mask_np, **options)
+                result = torch.from_numpy(np.ascontiguousarray(result))
+                return result if out is None else out.copy_(result)
             return attention
         if op_type == "RMSNorm":
             eps = float(attrs.get("epsilon", 1e-5))
@@ -252,10 +254,12 @@ class CudaBackend:
                     buffers.append(torch.zeros(need, dtype=torch.int32, device=self.device))
                 return buffers[-1] if need else None
 
-            def attention(query, key, value, mask=None):
+            def attention(query, key, value, mask=None, out=None):
                 past_len = mask if options["mask_mode"] == "past_len" else None
                 bias = mask if options["mask_mode"] == "bias" else None
-                return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax,
+                if out is None and query.shape[2] > 1:  # a prompt pass: tokens-major, free to transpose back
+                    out = mixed.tokens_major(*query.shape, query)
+                return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax, out=out,
                                                combine_counters=combine_counters(query, key)
                                                if self.last_block_combine else None, **options)
             return attention

@@ -179,7 +179,10 @@ cudaError_t device_info(DeviceInfo* info) {
 AttnKernel choose_kernel(const AttentionParams& p) {
   if (p.kernel != AttnKernel::kAuto) return p.kernel;
   if (p.dtype == AttnDtype::kFloat32) return AttnKernel::kRowwise;
-  return p.seq <= kDecodeMaxSeq ? AttnKernel::kDecode : AttnKernel::kPrefill;
+  if (p.seq <= kDecodeMaxSeq) return AttnKernel::kDecode;
+  attn::DeviceInfo info;
+  if (attn::device_info(&info) != cudaSuccess) return AttnKernel::kPrefill;  // no GPU: the shape rule alone
+  return chunk_takes_decode(p.batch, p.num_heads, p.seq, info.num_sms) ? AttnKernel::kDecode : AttnKernel::kPrefill;
 }
 
 int decode_splits_for(const AttentionParams& p) {
@@ -214,7 +217,7 @@ size_t attention_combine_counters(const AttentionParams& p) {
 size_t attention_workspace_bound(const AttentionParams& p) {
   size_t bound = 0;
   AttentionParams q = p;
-  const int max_seq = p.seq < kDecodeMaxSeq || p.kernel == AttnKernel::kDecode ? p.seq : kDecodeMaxSeq;
+  const int max_seq = p.seq < kChunkDecodeMaxSeq || p.kernel == AttnKernel::kDecode ? p.seq : kChunkDecodeMaxSeq;
   for (int b = 1; b <= p.batch; ++b) {
     for (int s = 1; s <= max_seq; ++s) {
       q.batch = b, q.seq = s;

@@ -7,46 +7,69 @@ namespace fdpp {
 namespace gemm {
 namespace {
 
-template <typename T>
+// V consecutive outputs per thread: 8 (16-byte loads and stores) where every row and pointer allows, else 1.
+// The scalar form, a 64-bit division per element, took 10 us for M = 144 rows of Llama2-7B's gate_up.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename T, int V>
 __global__ void gemm_epilogue_kernel(const T* d,  // may alias y (in-place bias)
                                      const T* __restrict__ bias, const T* __restrict__ residual, T* y, int64_t m,
                                      int64_t n, int silu) {
+  using P = Pack<T, V>;
+  using E = detail::Elem<T>;
   const int64_t n_out = silu ? n / 2 : n;
-  const int64_t total = m * n_out;
+  const int64_t packs_per_row = n_out / V;
+  const int64_t total = m * packs_per_row;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = idx / n_out;
-    const int64_t col = idx - row * n_out;
-    float out;
-    if (silu) {
-      float gate = detail::Elem<T>::to_float(d[row * n + col]);
-      float up = detail::Elem<T>::to_float(d[row * n + n_out + col]);
-      if (bias) {
-        gate += detail::Elem<T>::to_float(bias[col]);
-        up += detail::Elem<T>::to_float(bias[n_out + col]);
-      }
-      out = detail::silu(gate) * up;
-    } else {
-      out = detail::Elem<T>::to_float(d[row * n + col]);
-      if (bias) out += detail::Elem<T>::to_float(bias[col]);
+    const int64_t row = idx / packs_per_row;
+    const int64_t col = (idx - row * packs_per_row) * V;
+    const P first = *reinterpret_cast<const P*>(d + row * n + col);
+    P second{}, b0{}, b1{}, res{}, out;
+    if (silu) second = *reinterpret_cast<const P*>(d + row * n + n_out + col);
+    if (bias) {
+      b0 = *reinterpret_cast<const P*>(bias + col);
+      if (silu) b1 = *reinterpret_cast<const P*>(bias + n_out + col);
     }
-    if (residual) out += detail::Elem<T>::to_float(residual[idx]);
-    y[idx] = detail::Elem<T>::from_float(out);
+    if (residual) res = *reinterpret_cast<const P*>(residual + row * n_out + col);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      float value = E::to_float(first.v[j]) + (bias ? E::to_float(b0.v[j]) : 0.0f);
+      if (silu) value = detail::silu(value) * (E::to_float(second.v[j]) + (bias ? E::to_float(b1.v[j]) : 0.0f));
+      if (residual) value += E::to_float(res.v[j]);
+      out.v[j] = E::from_float(value);
+    }
+    *reinterpret_cast<P*>(y + row * n_out + col) = out;
   }
+}
+
+template <typename T, int V>
+cudaError_t launch_typed(const void* d, const void* bias, const void* residual, void* y, int64_t m, int64_t n, int silu,
+                         cudaStream_t stream) {
+  const int64_t total = m * (silu ? n / 2 : n) / V;
+  if (total == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  int64_t blocks = (total + kThreads - 1) / kThreads;
+  if (blocks > 65535) blocks = 65535;
+  gemm_epilogue_kernel<T, V>
+      <<<unsigned(blocks), kThreads, 0, stream>>>(static_cast<const T*>(d), static_cast<const T*>(bias),
+                                                  static_cast<const T*>(residual), static_cast<T*>(y), m, n, silu);
+  return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_typed(const void* d, const void* bias, const void* residual, void* y, int64_t m, int64_t n, int silu,
                          cudaStream_t stream) {
-  const int64_t total = m * (silu ? n / 2 : n);
-  if (total == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  int64_t blocks = (total + kThreads - 1) / kThreads;
-  if (blocks > 65535) blocks = 65535;
-  gemm_epilogue_kernel<T>
-      <<<unsigned(blocks), kThreads, 0, stream>>>(static_cast<const T*>(d), static_cast<const T*>(bias),
-                                                  static_cast<const T*>(residual), static_cast<T*>(y), m, n, silu);
-  return cudaGetLastError();
+  constexpr int kVec = 8;
+  const int64_t n_out = silu ? n / 2 : n;
+  bool packed = n_out % kVec == 0;
+  for (const void* ptr : {d, bias, residual, static_cast<const void*>(y)})
+    packed = packed && reinterpret_cast<uintptr_t>(ptr) % (sizeof(T) * kVec) == 0;  // nullptr passes
+  return packed ? launch_typed<T, kVec>(d, bias, residual, y, m, n, silu, stream)
+                : launch_typed<T, 1>(d, bias, residual, y, m, n, silu, stream);
 }
 
 }  // namespace

@@ -95,6 +95,23 @@ def test_decode_several_query_tokens_per_sequence(dtype, seq):
     check_close(out, q, kr, vr, f"decode seq={seq}", scale=128 ** -0.5, past_len=past)
 
 
+@pytest.mark.parametrize("batch,heads,kv_heads", [(1, 32, 32), (1, 9, 3)])
+def test_a_prompt_chunk_on_a_small_grid_runs_the_decode_kernel_exactly(batch, heads, kv_heads):
+    """A 128-token chunk after 300 tokens of one sequence: the plan picks the split-KV decode kernel (its prefill
+    grid would leave SMs idle), and the causal rows within the chunk match the reference."""
+    att = _att()
+    q, k, v, past = make_inputs(batch, heads, kv_heads, 128, 428, 128, torch.float16, capacity=512)
+    assert att.plan(q, k, v, past)[0] == "decode"
+    out = att.attention(q, k, v, past)
+    kr, vr = reference_view(k, v, past, 128)
+    check_close(out, q, kr, vr, "chunk on the decode kernel", scale=128 ** -0.5, past_len=past)
+    from fdpp_rewrite.gpu import gemm
+
+    fills = gemm.device_info()["num_sms"] // heads + 1  # sequences whose prefill grid covers every SM
+    assert att.plan(q.expand(fills, -1, -1, -1), k.expand(fills, -1, -1, -1), v.expand(fills, -1, -1, -1),
+                    past.expand(fills))[0] == "prefill"
+
+
 @pytest.mark.parametrize("num_splits", [1, 3, 64])
 def test_decode_any_split_count_gives_the_same_result(num_splits):
     att = _att()

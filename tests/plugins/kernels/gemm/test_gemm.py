@@ -280,7 +280,8 @@ def test_dispatch_through_plan(m):
     """The plan's thresholds route M to ImplA / ImplB / ImplC; each route is right."""
     from fdpp_rewrite.gpu import gemm
 
-    plan = {"m1": 2, "m2": 40, "implb": {"n_tile": 32, "k_tile": 128, "stages": 3, "split_k": 2}, "implc": "cutlass"}
+    plan = {"m1": 2, "m2": 40, "implb": {"n_tile": 32, "k_tile": 128, "stages": 3, "split_k": 2},
+            "implc": "cutlass" if gemm.cutlass_available() else "cublaslt"}
     if gemm.device_info()["cc_major"] != 9:
         plan["implb"]["split_k"] = 1
     x, w, bias, residual = _inputs(m, 688, 1032, "float16", "silu_mul+bias+residual")
