@@ -7,15 +7,14 @@ reads the weights once; only the two position-dependent ops are split along the 
   - fdpp::RopeAppend: the decode rows rotate and append at each slot's own past length (cache[:B]), then the
     chunk rotates and appends at its start in its slot (cache[slot]); the decode part runs first, so the junk row
     the chunk's slot writes as a member of the bucket (at its start) is overwritten by the chunk's first row;
-  - fdpp::AsyncSoftmaxAttention: the decode rows attend over cache[:B] with the decode kernel, the chunk over
-    cache[slot] with the prefill kernel (causal after its start).
+  - fdpp::AsyncSoftmaxAttention: the decode rows attend over cache[:B], the chunk over cache[slot] (causal after
+    its start; a chunk of up to 128 tokens runs on the split-KV decode kernel too, see chunk_takes_decode).
 The graph's past_len input is then [B + 1]: the B decode lengths, then the chunk's start. Neither split op copies:
 RopeAppend rotates the query in place, and both attention calls write into one output whose memory is laid out
 [1, B + C, H, D], so the graph's Transpose back to tokens-major is free and the o_proj GEMM reads it as is.
 
-Example (llama2-7b, H200): a decode step of 16 sequences takes about 5.4 ms and a 128-token chunk alone about 4 ms,
-both mostly the 13 GB weight read; mixed, the pair costs little more than the decode step (the GEMMs at M = 144 are
-still bound by that read).
+Example (llama2-7b, H200, 8 layers, graph replays at context 512): a decode step of 16 sequences took 1.38 ms and
+the mixed step of 15 of them with a 128-token chunk 1.79 ms; run apart, each pass would stream every weight.
 
 A graph qualifies only when past_len reaches nothing but those two ops, the caches nothing but RopeAppend, and the
 attention reads the caches RopeAppend wrote (llama, mistral, qwen, chatglm exports). Absolute position embeddings
