@@ -28,6 +28,22 @@ def require_gpu(what: str) -> None:
         raise NoGpuError(f"{what} needs a CUDA GPU and none is visible; run it on a machine with an NVIDIA GPU")
 
 
+def run_script(main) -> None:
+    """Exit with main()'s code, for the scripts in scripts/: an FdppError or an environment problem is one
+    `error: ...` line on stderr and exit code 2, as in the CLI; anything else keeps its traceback (a bug)."""
+    import sys
+
+    try:
+        code = main()
+    except Exception as exc:  # noqa: BLE001 - sorted below: the user's problem, or a bug
+        problem = exc if isinstance(exc, FdppError) else environment_error(exc)
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
 def cannot_load(path, exc: BaseException) -> FdppError:
     """The error for a model file that onnx or onnxruntime cannot load (corrupt, truncated, data file missing)."""
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

@@ -4,6 +4,7 @@
     python3 scripts/bench_attention.py --out out/attention        # results.json, results.png, a table on stdout
 
 Decode: fp16, 32 query heads, head_dim 128, one query token, B in {1, 8} x L in {1K, 8K, 32K}, MHA and GQA 32/8.
+Decode also times the worst case of the exact fallback (every row flagged: scale 1 on these random inputs).
 Prefill: causal, B=1, L in {1K, 4K, 16K}. Ours runs in both softmax variants (unified max = FlashDecoding++;
 synchronized = the online-max baseline of the same kernels).
 
@@ -51,7 +52,7 @@ class Ours:
     ctypes call (the Python wrapper's checks would otherwise be timed too)."""
 
     def __init__(self, q, k, v, past_len, *, softmax, kernel="auto", num_splits=0, prefill_config=0,
-                 decode_combine="auto", combine_counters=False):
+                 decode_combine="auto", combine_counters=False, scale=None):
         import torch
 
         from fdpp_rewrite.gpu import attention as att
@@ -65,7 +66,7 @@ class Ours:
         self.args = att._args(q, k, v, self.out, past_len, None, **att._defaults(
             {"softmax": softmax, "kernel": kernel, "max_kv_len": k.shape[2], "num_splits": num_splits,
              "prefill_config": prefill_config, "decode_combine": decode_combine,
-             "combine_counters": self.combine_counters}))
+             "combine_counters": self.combine_counters, "scale": scale}))
         self.need = att.workspace_bytes(self.args)
         self.workspace = torch.empty(max(self.need, 1), dtype=torch.uint8, device="cuda")
         self.lib = att.library()
@@ -213,6 +214,15 @@ def bench_decode(batch, heads, kv_heads, kv_len, quick):
     elif row["kernel"] == "decode" and row["splits"] > 1:  # the last split CTA combines: one kernel instead of two
         variants.append(("ours_unified_last_block_us", [Ours(q, k, v, p, softmax="unified", combine_counters=True)
                                                         for q, k, v, p in sets]))
+    # The worst case of the exact fallback: at scale 1 the scores of these random inputs reach +-40, far past the
+    # default guard, so every row is flagged and recomputed (by the split kernel itself, or the combine kernel;
+    # and by the last split CTA where the splits would otherwise need the combine kernel).
+    variants.append(("ours_unified_all_fallback_us", [Ours(q, k, v, p, softmax="unified", scale=1.0)
+                                                      for q, k, v, p in sets]))
+    if row["kernel"] == "decode" and row["splits"] > 1 and not row["cluster_combine"]:
+        variants.append(("ours_unified_all_fallback_last_block_us",
+                         [Ours(q, k, v, p, softmax="unified", scale=1.0, combine_counters=True)
+                          for q, k, v, p in sets]))
     time_variants(row, variants, quick)
     q, k, v, _ = sets[0]
     ref = sdpa("flash", q, k, v, gqa=gqa)()
@@ -374,6 +384,11 @@ def print_table(rows, read_tbps):
         if r.get("ours_unified_last_block_us"):
             print(f"         (splits combined by the combine kernel; by their last CTA instead (combine counters): "
                   f"unified {r['ours_unified_last_block_us']:.1f}u)")
+        if r.get("ours_unified_all_fallback_us"):
+            last = (f"; last-block combine {r['ours_unified_all_fallback_last_block_us']:.1f}u"
+                    if r.get("ours_unified_all_fallback_last_block_us") else "")
+            print(f"         (every row through the exact fallback: unified {r['ours_unified_all_fallback_us']:.1f}u"
+                  f"{last})")
         if r["phase"] == "prefill":
             shapes = ", ".join(f"cfg{c} {s} {r[f'ours_{s}_cfg{c}_us']:.1f}u" for c in (1, 2, 3, 4)
                                for s in ("unified", "sync") if r.get(f"ours_{s}_cfg{c}_us"))
@@ -456,4 +471,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fdpp_rewrite.errors import run_script
+
+    run_script(main)

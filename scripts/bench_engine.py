@@ -10,6 +10,7 @@ The engine is built for max batch = the largest --batch and max sequence = the l
 
 import argparse
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,16 @@ def main(argv=None) -> int:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_engine_"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_steps(args, work)
+    except (SystemExit, KeyboardInterrupt):
+        if args.work is None:  # a temp folder of ours: a 7B model's graphs and engine are tens of GB
+            shutil.rmtree(work, ignore_errors=True)
+            print(f"removed {work}", file=sys.stderr)
+        raise
+
+
+def run_steps(args, work: Path) -> int:
     max_seq = max(args.context) + args.new_tokens
     onnx_path, engine = work / "model.onnx", work / "engine"
     layers = ["--layers", str(args.layers)] if args.layers else []

@@ -419,12 +419,6 @@ def print_summary(summary, ablation, epilogue_rows, pdl_mixed):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception as exc:  # FdppError and friends: one line, no traceback
-        from fdpp_rewrite.errors import FdppError
+    from fdpp_rewrite.errors import run_script
 
-        if isinstance(exc, FdppError):
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        raise
+    run_script(main)

@@ -117,6 +117,10 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
+    from fdpp_rewrite.errors import require_gpu
+
+    if args.device.startswith("cuda"):
+        require_gpu("bench_hf on --device cuda")
     started = time.perf_counter()
     report = json.loads(args.out.read_text()) if args.out.is_file() else {"points": []}
     done = {(p["system"], p["batch"], p["context"]) for p in report["points"]}
@@ -156,4 +160,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fdpp_rewrite.errors import run_script
+
+    run_script(main)

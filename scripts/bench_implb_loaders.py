@@ -93,12 +93,6 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception as exc:  # FdppError: one line, no traceback
-        from fdpp_rewrite.errors import FdppError
+    from fdpp_rewrite.errors import run_script
 
-        if isinstance(exc, FdppError):
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        raise
+    run_script(main)

@@ -95,6 +95,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
 
+    from fdpp_rewrite.errors import require_gpu
+
+    require_gpu("bench_portable")
     gpu = torch.cuda.get_device_name()
     print(f"# {gpu}: portable kernels beside the Hopper ones (us per call, CUDA graphs)")
     rows = []
@@ -124,4 +127,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fdpp_rewrite.errors import run_script
+
+    run_script(main)

@@ -89,9 +89,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fdpp_rewrite.errors import FdppError
+    from fdpp_rewrite.errors import run_script
 
-    try:
-        sys.exit(main())
-    except FdppError as exc:
-        sys.exit(f"calibration_cross_text: {exc}")
+    run_script(main)

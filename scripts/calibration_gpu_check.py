@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 BAR = 1e-4  # fallback rows / rows: the 0.01%
@@ -90,4 +89,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fdpp_rewrite.errors import run_script
+
+    run_script(main)

@@ -7,13 +7,15 @@
 Decode (both softmax variants, every combine, GQA, odd lengths, several tokens, the fallback), prefill (both, causal
 with a past, bias), rowwise float32 and rope_append, each once on small shapes."""
 
-import sys
 
 
 def main() -> int:
     import torch
 
+    from fdpp_rewrite.errors import require_gpu
     from fdpp_rewrite.gpu import attention as att
+
+    require_gpu("sanitize_attention")
 
     torch.manual_seed(0)
     counters = att.Counters()
@@ -73,4 +75,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fdpp_rewrite.errors import run_script
+
+    run_script(main)

@@ -440,3 +440,38 @@ def test_no_heavy_import_before_a_command_runs(tmp_path):
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.splitlines()[-1] == "[]", result.stdout[-500:] + result.stderr[-500:]
+
+
+GPU_SCRIPTS = ["bench_attention.py", "bench_gemm.py", "bench_implb_loaders.py", "bench_portable.py",
+               "calibration_gpu_check.py", "sanitize_attention.py"]
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS)
+def test_a_gpu_script_without_a_gpu_says_so_in_one_line(script, tmp_path):
+    """The benchmark scripts share the CLI's error path (errors.run_script): no traceback, exit code 2."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the scripts would run")
+    args = [] if script == "sanitize_attention.py" else ["--out", str(tmp_path / "out")]
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / script), *args], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [error_line(result.stderr)]
+    assert "needs a CUDA GPU" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_script_turns_an_fdpp_error_into_one_line_and_keeps_bugs(capsys):
+    from fdpp_rewrite.errors import FdppError, run_script
+
+    def fails():
+        raise FdppError("no such engine; build one first")
+
+    with pytest.raises(SystemExit) as exited:
+        run_script(fails)
+    assert exited.value.code == 2 and capsys.readouterr().err == "error: no such engine; build one first\n"
+    with pytest.raises(SystemExit) as exited:
+        run_script(lambda: 0)
+    assert exited.value.code == 0
+    with pytest.raises(ZeroDivisionError):
+        run_script(lambda: 1 / 0)
