@@ -195,7 +195,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, gemm_plans: dict, softmax: str = "unified", baseline: bool = False,
-                 ablate: str | None = None, last_block_combine: bool = False):
+                 ablate: str | None = None, last_block_combine: bool = True):
         from fdpp_rewrite.errors import require_gpu
 
         require_gpu("the cuda engine backend")
@@ -207,9 +207,8 @@ class CudaBackend:
         self.softmax = "synchronized" if ablate == "synchronized-softmax" else softmax
         self.baseline = baseline
         # last_block_combine: the decode attention's splits are added by their last CTA instead of a combine kernel
-        # where no cluster fits (one launch less). Off by default: the last block recomputes a guard-flagged row
-        # with one warp where the combine kernel uses four, and at 32K (uncalibrated llama2-7b, H200) that made the
-        # mean step 16% slower (docs/notes-attention.md).
+        # where no cluster fits (one launch less); it recomputes a guard-flagged row with the whole CTA, as the
+        # combine kernel does (docs/notes-attention.md). Multi-head attention only (see the attention lowering).
         self.last_block_combine = last_block_combine
         # Its counters: one zeroed buffer for all layers (their calls run in order on one stream and each leaves it
         # zeroed), the last of this list; a larger one is appended while tracing a larger shape. Earlier ones stay
@@ -259,9 +258,12 @@ class CudaBackend:
                 bias = mask if options["mask_mode"] == "bias" else None
                 if out is None and query.shape[2] > 1:  # a prompt pass: tokens-major, free to transpose back
                     out = mixed.tokens_major(*query.shape, query)
+                # GQA keeps the combine kernel: its last block would recompute a group's flagged rows one after
+                # another, where the combine kernel gives each row a CTA (4x slower when every row is flagged)
+                last_block = self.last_block_combine and query.shape[1] == key.shape[1]
                 return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax, out=out,
-                                               combine_counters=combine_counters(query, key)
-                                               if self.last_block_combine else None, **options)
+                                               combine_counters=combine_counters(query, key) if last_block else None,
+                                               **options)
             return attention
         if op_type == "RMSNorm":
             from fdpp_rewrite.gpu import norm

@@ -170,15 +170,33 @@ __device__ __forceinline__ bool arrive_last(uint32_t* counter, int n_active) {
   return __syncthreads_or(last) != 0;
 }
 
+// The rows of this row block that the guard flagged (bit r: row row0 + r, at most 16), recomputed exactly one after
+// another by the whole CTA, as the combine kernel does: a row of 32K keys takes a quarter of the time it took one
+// warp. Called by every thread with the same mask; scratch: kRecomputeCtaFloats<D> floats of shared memory.
+template <typename T, int D>
+__device__ __forceinline__ void recompute_flagged_rows(const AttnArgs& a, int b, int hkv, int row0, uint32_t flagged,
+                                                       int kv_len, float* scratch) {
+  static_assert(kRecomputeCtaFloats<D> * sizeof(float) <= DecodeTraits<D>::kQBytes, "the scratch is the Q area");
+  for (; flagged != 0; flagged &= flagged - 1) {
+    const int gr = row0 + __ffs(flagged) - 1;
+    recompute_row_cta<T, D>(a, b, hkv * a.group + gr / a.seq, gr % a.seq, kv_len, scratch);
+  }
+}
+
 // The last-block combine of this row block's rows [row0, row0 + rows_here), one warp per row: the n_active splits'
-// partials from the workspace added in the combine kernel's order (a lane per 4 output dims), or for a row a split
-// flagged the exact recompute (q scratch: D floats per warp from q_scratch). Counts rows as the combine kernel does.
+// partials from the workspace added in the combine kernel's order (a lane per 4 output dims); the rows a split
+// flagged are then recomputed by the whole CTA (scratch: kRecomputeCtaFloats<D> floats). Counts rows as the combine
+// kernel does.
 template <typename T, int D, bool kUnified>
 __device__ __forceinline__ void combine_rows_from_workspace(const AttnArgs& a, int b, int hkv, int row0, int rows_here,
-                                                            int n_active, int kv_len, float* q_scratch) {
+                                                            int n_active, int kv_len, float* scratch) {
   constexpr int kLanes = D / 4;
   static_assert(kLanes <= 32, "a warp holds a row");
+  static_assert(DecodeTraits<D>::kRows <= 32, "a row block's flags fit one word");
+  __shared__ uint32_t flagged_rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) flagged_rows = 0;
+  __syncthreads();
   bool clamped = false;
   kv_len_of(a, b, &clamped);
   for (int r = warp; r < rows_here; r += DecodeTraits<D>::kWarps) {
@@ -204,12 +222,13 @@ __device__ __forceinline__ void combine_rows_from_workspace(const AttnArgs& a, i
     const bool flagged =
         kUnified && (__reduce_or_sync(0xffffffffu, ws_guard_bits(a, slot, n_active, lane, 32)) & kGuardAny);
     if (flagged) {
-      if (lane == 0) atomicAdd(a.counters, 1ull);
-      recompute_row_warp<T, D>(a, b, hq, s, kv_len, q_scratch + warp * D);
+      if (lane == 0) atomicAdd(a.counters, 1ull), atomicOr(&flagged_rows, 1u << r);
     } else if (lane < kLanes) {
       store_out4<T>(a, b, hq, s, lane, sum.acc, sum.l > 0.f ? 1.f / sum.l : 0.f);
     }
   }
+  __syncthreads();
+  recompute_flagged_rows<T, D>(a, b, hkv, row0, flagged_rows, kv_len, scratch);
 }
 
 // Rows [row0, row0 + rows) of a row block whose every split is empty (kv_len 0, a negative past_len): they see no key
@@ -561,34 +580,33 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     }
   }
   if (!direct) {
-    // The combine kernel adds the partials, or the last of this row block's split CTAs to finish does (its q
-    // scratch in the Q area, as below).
+    // The combine kernel adds the partials, or the last of this row block's split CTAs to finish does (the
+    // recompute scratch in the Q area, as below).
     const size_t counter = (static_cast<size_t>(b) * a.num_kv_heads + hkv) * a.row_blocks + rb;
     if (last_block && arrive_last(a.combine_counters + counter, n_active))
       combine_rows_from_workspace<T, D, kUnified>(a, b, hkv, row0, rows_here, n_active, kv_len,
                                                   reinterpret_cast<float*>(smem));
     return;
   }
-  // Direct rows: count clamped lengths; recompute guard-flagged rows (one warp per row; q scratch in the Q area).
+  // Direct rows: count clamped lengths; recompute guard-flagged rows with the whole CTA (scratch in the Q area).
   __syncthreads();  // every normalized row is stored before a recompute overwrites it
   bool clamped = false;
   kv_len_of(a, b, &clamped);
-  float* q_scratch = reinterpret_cast<float*>(smem) + warp * D;
-  for (int r = warp; r < rows_here; r += Tr::kWarps) {
-    const int gr = row0 + r;
-    const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
-    if (lane == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
+  uint32_t flagged = 0;  // the same in every thread: each reads every row's bits
+  for (int r = 0; r < rows_here; ++r) {
+    if (warp == r % Tr::kWarps && lane == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
     if constexpr (kUnified) {
       uint32_t stat = 0;
 #pragma unroll
       for (int w = 0; w < Tr::kWarps; ++w) stat |= red_stat[w * Tr::kRows + r];
       for (int j = 0; j + 1 < n_splits; ++j) stat |= recv_stat(j, r);
       if (stat & kGuardAny) {
-        if (lane == 0) atomicAdd(a.counters, 1ull);
-        recompute_row_warp<T, D>(a, b, hq, s, kv_len, q_scratch);
+        flagged |= 1u << r;
+        if (threadIdx.x == 0) atomicAdd(a.counters, 1ull);
       }
     }
   }
+  recompute_flagged_rows<T, D>(a, b, hkv, row0, flagged, kv_len, reinterpret_cast<float*>(smem));
 }
 
 // One CTA (128 threads) per query row (b, hq, s). Warp w adds splits w, w + 4, ... (lane = 4 output dims), so the

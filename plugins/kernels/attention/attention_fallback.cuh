@@ -136,14 +136,20 @@ __device__ void recompute_row_warp(const AttnArgs& a, int b, int hq, int s, int 
   __syncwarp();
 }
 
+// Floats of scratch recompute_row_cta needs: the query row, then each warp's max, sum and D partial outputs.
+template <int D>
+constexpr int kRecomputeCtaFloats = D + 4 + 4 + 4 * D;
+
 // A CTA of 4 warps recomputes and writes row (b, hq, s): each warp takes a quarter of the keys, then the four
-// online states merge (the synchronized merge: rescale by the max). Must be called by all 128 threads.
+// online states merge (the synchronized merge: rescale by the max). Must be called by all 128 threads. scratch:
+// kRecomputeCtaFloats<D> floats of shared memory, 16-byte aligned, free until the call returns.
 template <typename T, int D>
-__device__ void recompute_row_cta(const AttnArgs& a, int b, int hq, int s, int kv_len) {
+__device__ __forceinline__ void recompute_row_cta(const AttnArgs& a, int b, int hq, int s, int kv_len, float* scratch) {
   constexpr int kPer = D / 32;
-  __shared__ __align__(16) float q_s[D];
-  __shared__ float part_m[4], part_l[4];
-  __shared__ float part_acc[4][D];
+  float* q_s = scratch;
+  float* part_m = scratch + D;
+  float* part_l = part_m + 4;
+  float* part_acc = part_l + 4;  // [4][D]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   load_query_scaled<T, D>(a, b, hq, s, q_s, threadIdx.x, 128);
   __syncthreads();
@@ -159,7 +165,7 @@ __device__ void recompute_row_cta(const AttnArgs& a, int b, int hq, int s, int k
   const float l = warp_sum(st.l);
   if (lane == 0) part_m[warp] = st.m, part_l[warp] = l;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) part_acc[warp][lane * kPer + i] = acc[i];
+  for (int i = 0; i < kPer; ++i) part_acc[warp * D + lane * kPer + i] = acc[i];
   __syncthreads();
   const float M = fmaxf(fmaxf(part_m[0], part_m[1]), fmaxf(part_m[2], part_m[3]));
   T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss;
@@ -169,13 +175,20 @@ __device__ void recompute_row_cta(const AttnArgs& a, int b, int hq, int s, int k
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const float wt = fast_exp2(part_m[w] - M);
-        num = fmaf(wt, part_acc[w][d], num);
+        num = fmaf(wt, part_acc[w * D + d], num);
         den = fmaf(wt, part_l[w], den);
       }
     }
     out[d] = Elem<T>::from_float(den > 0.f ? num / den : 0.f);
   }
-  __syncthreads();  // the shared buffers may be reused by the caller
+  __syncthreads();  // the scratch may be reused by the caller
+}
+
+// The same with its own static shared scratch (the combine and rowwise kernels, one row per CTA).
+template <typename T, int D>
+__device__ void recompute_row_cta(const AttnArgs& a, int b, int hq, int s, int kv_len) {
+  __shared__ __align__(16) float scratch[kRecomputeCtaFloats<D>];
+  recompute_row_cta<T, D>(a, b, hq, s, kv_len, scratch);
 }
 
 }  // namespace attn

@@ -1,5 +1,5 @@
-"""The cuda backend's attention lowering with the last-block combine (last_block_combine=True; the engine's default
-is the combine kernel): one zeroed counters buffer for every layer, grown while tracing a larger shape, never
+"""The cuda backend's attention lowering with the last-block combine (last_block_combine=True, the engine's default):
+one zeroed counters buffer for every layer, grown while tracing a larger shape, never
 allocated inside a CUDA-graph capture, and one kernel per attention call where no cluster fits."""
 
 import pytest
@@ -67,3 +67,20 @@ def test_cuda_backend_last_block_counters_are_shared_grown_while_tracing_and_nev
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
     assert not any(b.any().item() for b in buffers), "a call left the engine's combine counters non-zero"
+
+
+def test_cuda_backend_keeps_the_combine_kernel_for_grouped_query_attention():
+    from fdpp_rewrite.engine.backends import CudaBackend
+    from fdpp_rewrite.gpu.attention import attention, decode_combines_in_cluster
+
+    backend = CudaBackend({})  # the default: the last-block combine, for multi-head attention only
+    layer = _attention_layer(backend, "layer0.attention")
+    q = torch.randn(1, 32, 1, 128, device="cuda").half()
+    k = torch.randn(1, 8, 32768, 128, device="cuda").half()  # GQA 32/8 at 32K: 16 splits, no cluster
+    v = torch.randn_like(k)
+    past = torch.full((1,), 32767, dtype=torch.int64, device="cuda")
+    assert not decode_combines_in_cluster(q, k, v, past)
+    launched = kernels_launched(lambda: layer(q, k, v, past))
+    assert len(launched) == 2, launched  # the split kernel, then the combine kernel
+    assert backend.combine_counter_buffers == []
+    assert torch.equal(layer(q, k, v, past), attention(q, k, v, past, decode_combine="kernel"))
