@@ -129,6 +129,54 @@ def choose_plan(ms: list, curves: dict, best_floor: list = None) -> dict:
             "misses": winner[0][0]}
 
 
+# A GEMM with the SiLU-mul epilogue whose plan hands part of the decode batches to ImplC runs two kernels there:
+# the ImplC GEMM, then the SiLU-mul pass. fused_decode_plan keeps those batches on ImplB, one launch, when one of
+# the configs the ImplB search timed is within FUSED_DECODE_TOLERANCE of the fastest implementation at every M of
+# the search above m1: the engine's decode step then runs 8 kernels per layer, where the pass made it 9
+# (llama2-7b gate_up [22016, 4096] on the H200: the pair kernel's 49.1 us at M = 16 against cuBLASLt's 45.8 us
+# plus a 2.5 us pass).
+FUSED_DECODE_MAX_M = max(SEARCH_MS)
+FUSED_DECODE_TOLERANCE = 1.10
+
+
+def fused_decode_plan(entry: dict) -> dict | None:
+    """The plan a silu_mul GEMM of this profile entry runs instead of the entry's, or None where the entry's already
+    keeps every M <= FUSED_DECODE_MAX_M in one launch or no searched config is close enough. Reads the entry's
+    implb_search (times per config at SEARCH_MS) and curves. Example: m2 8, cuBLASLt 45.8 us at M = 16, a config
+    at [44.0, 45.5, 45.6, 46.0, 49.1] us against the best [44.0, 44.5, 44.9, 45.0, 45.8] -> m2 16 with that config
+    (worst ratio 1.07)."""
+    m1, m2 = int(entry["m1"]), int(entry["m2"])
+    search, curves = entry.get("implb_search") or {}, entry.get("curves") or {}
+    if m2 >= FUSED_DECODE_MAX_M or not search.get("top") or not curves.get("m"):
+        return None
+    implc = entry.get("implc", "cublaslt")
+
+    def fastest(m):
+        if m not in curves["m"]:
+            return None
+        i = curves["m"].index(m)
+        times = [(curves.get(f"{name}_us") or [None] * (i + 1))[i] for name in ("impla", "implb", implc)]
+        times = [t for t in times if _valid(t)]
+        return min(times) if times else None
+
+    searched = [(i, m) for i, m in enumerate(search["m"]) if m1 < m <= FUSED_DECODE_MAX_M]
+    best = {m: fastest(m) for _, m in searched}
+    if not searched or any(t is None for t in best.values()):
+        return None
+    winner = None
+    for candidate in search["top"]:
+        times = [candidate["us"][i] for i, _ in searched]
+        if not all(_valid(t) for t in times):
+            continue
+        worst = max(t / best[m] for t, (_, m) in zip(times, searched))
+        if winner is None or worst < winner[0]:
+            winner = (worst, candidate["config"])
+    if winner is None or winner[0] > FUSED_DECODE_TOLERANCE:
+        return None
+    return {"m1": m1, "m2": FUSED_DECODE_MAX_M, "implb": dict(winner[1]), "implc": implc,
+            "worst_ratio": round(winner[0], 3)}
+
+
 def pick_implb_curve(ms: list, curves: dict, implb_curves: list) -> tuple:
     """Which of several ImplB configs' curves (the search's winner first) gives the best plan. Each is planned by
     choose_plan against the fastest time that any of them, ImplA or ImplC reached at each M, and scored by

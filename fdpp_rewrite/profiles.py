@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fdpp_rewrite.contracts import contract_path, load_contract
 from fdpp_rewrite.dispatch import describe_plan
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.profile import fused_decode_plan
 from fdpp_rewrite.resources import display_path, profile_path
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
@@ -36,9 +37,17 @@ class GemmChoice:
     implc: str
     profile: str
     implb_loader: str = "tma"
+    # what a node of this shape with the silu_mul epilogue gets instead, where it differs: its decode batches in
+    # one launch (fdpp_rewrite.profile.fused_decode_plan); not an attribute
+    silu_mul: GemmChoice | None = field(default=None, compare=False, repr=False)
 
     def attributes(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        del out["silu_mul"]
+        return out
+
+    def for_epilogue(self, epilogue: str) -> GemmChoice:
+        return self.silu_mul if epilogue == "silu_mul" and self.silu_mul is not None else self
 
 
 def _unprofiled_default() -> GemmChoice:
@@ -84,6 +93,15 @@ def _require(condition: bool, path: Path, what: str) -> None:
         raise FdppError(f"profile {path} is malformed: {what}; re-run `python -m fdpp_rewrite profile` on the GPU")
 
 
+def _choice(plan: dict, label: str, silu_mul: GemmChoice | None = None) -> GemmChoice:
+    """A profile entry's plan (m1, m2, implb, implc) as node attributes."""
+    implb = plan["implb"]
+    return GemmChoice(m1=int(plan["m1"]), m2=int(plan["m2"]), implb_n_tile=int(implb["n_tile"]),
+                      implb_k_tile=int(implb["k_tile"]), implb_stages=int(implb["stages"]),
+                      implb_split_k=int(implb["split_k"]), implc=str(plan.get("implc", "cublaslt")), profile=label,
+                      implb_loader=str(implb.get("loader", "tma")), silu_mul=silu_mul)
+
+
 def load_profile(path) -> Profile:
     """Read and validate a profile file (every value checked against the FlatGemm contract)."""
     path = Path(path)
@@ -106,18 +124,16 @@ def load_profile(path) -> Profile:
         where = f"shapes[{index}]"
         try:
             n, k, dtype = int(entry["n"]), int(entry["k"]), str(entry["dtype"])
-            implb = entry["implb"]
-            choice = GemmChoice(m1=int(entry["m1"]), m2=int(entry["m2"]), implb_n_tile=int(implb["n_tile"]),
-                                implb_k_tile=int(implb["k_tile"]), implb_stages=int(implb["stages"]),
-                                implb_split_k=int(implb["split_k"]), implc=str(entry.get("implc", "cublaslt")),
-                                profile=label, implb_loader=str(implb.get("loader", "tma")))
+            fused = fused_decode_plan(entry)
+            choice = _choice(entry, label, silu_mul=_choice(fused, label) if fused else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise FdppError(f"profile {path} is malformed: {where} lacks or mistypes {exc}; re-run "
                             "`python -m fdpp_rewrite profile` on the GPU") from exc
         _require(n > 0 and k > 0 and dtype in DTYPES, path, f"{where} has n={n}, k={k}, dtype={dtype!r}")
         _require((n, k, dtype) not in shapes, path, f"{where} repeats [{n}, {k}] {dtype}")
         try:
-            contract.validate_attributes(choice.attributes(), where=f"profile {path.name} {where}")
+            for checked in filter(None, (choice, choice.silu_mul)):
+                contract.validate_attributes(checked.attributes(), where=f"profile {path.name} {where}")
         except FdppError as exc:
             raise FdppError(f"profile {path} is malformed: {exc}") from exc
         shapes[(n, k, dtype)] = choice

@@ -193,6 +193,12 @@ def check_ops(plan: dict) -> None:
 
 # ---- GEMM plans ---------------------------------------------------------------------------------------------
 
+def silu_mul_gemms(plan: dict) -> set:
+    """The names of the FlatGemm nodes with the silu_mul epilogue."""
+    return {node["name"] for node in plan["nodes"] if node["domain"] == "fdpp" and node["op"] == "FlatGemm"
+            and node["attrs"].get("epilogue") == "silu_mul"}
+
+
 def gemm_shapes(plan: dict, arrays: dict) -> dict:
     """node name -> (n, k, dtype) of every FlatGemm."""
     shapes = {}
@@ -214,11 +220,13 @@ def _plan_of(choice: dict) -> dict:
             "implc": choice.get("implc", "cublaslt")}
 
 
-def gpu_gemm_plans(shapes: dict, profile_path: Path | None, device: dict, stream=sys.stdout):
-    """node -> plan for this GPU, profiling (quick search) every shape the profile lacks. Returns (plans,
+def gpu_gemm_plans(shapes: dict, profile_path: Path | None, device: dict, stream=sys.stdout,
+                   silu_mul: set = frozenset()):
+    """node -> plan for this GPU, profiling (quick search) every shape the profile lacks; the nodes named in
+    silu_mul get their shape's one-launch decode plan where it has one (fused_decode_plan). Returns (plans,
     profile path used or None, the entries measured now)."""
     from fdpp_rewrite import REPO_ROOT
-    from fdpp_rewrite.profile import gpu_slug
+    from fdpp_rewrite.profile import fused_decode_plan, gpu_slug
 
     default = REPO_ROOT / "engines" / "profiles" / f"{gpu_slug(device['name'])}.json"
     path = Path(profile_path) if profile_path else default
@@ -228,7 +236,7 @@ def gpu_gemm_plans(shapes: dict, profile_path: Path | None, device: dict, stream
         if data.get("gpu") != device["name"]:
             raise FdppError(f"profile {path} is for {data.get('gpu')}, this GPU is {device['name']}; pass --profile "
                             "for this GPU or omit it to profile every shape here")
-        entries = {(int(e["n"]), int(e["k"]), e["dtype"]): _plan_of(e) for e in data["shapes"]}
+        entries = {(int(e["n"]), int(e["k"]), e["dtype"]): e for e in data["shapes"]}
     elif profile_path:
         raise FdppError(f"no profile at {path}; omit --profile to profile the shapes on this GPU")
     missing = sorted({s for s in shapes.values() if s not in entries})
@@ -243,11 +251,13 @@ def gpu_gemm_plans(shapes: dict, profile_path: Path | None, device: dict, stream
         for index, (n, k, dtype) in enumerate(missing, 1):
             started = time.perf_counter()
             entry = profile_shape(n, k, dtype, timer, device, quick=True)
-            entries[(n, k, dtype)] = _plan_of(entry)
+            entries[(n, k, dtype)] = entry
             measured.append({key: entry[key] for key in ("n", "k", "dtype", "m1", "m2", "implb", "implc")})
             print(f"profiled GEMM {index}/{len(missing)} [N={n}, K={k}] {dtype}: m1={entry['m1']} m2={entry['m2']} "
                   f"({time.perf_counter() - started:.1f} s)", file=stream, flush=True)
-    return {name: entries[shape] for name, shape in shapes.items()}, (path if path.is_file() else None), measured
+    plans = {name: _plan_of((name in silu_mul and fused_decode_plan(entries[shape])) or entries[shape])
+             for name, shape in shapes.items()}
+    return plans, (path if path.is_file() else None), measured
 
 
 def node_gemm_plans(plan: dict) -> dict:
@@ -362,7 +372,9 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
                            "num_sms": device["num_sms"]}
         every_shape = {f"{rank}/{name}": shape for rank, shapes in enumerate(rank_shapes) for name, shape in
                        shapes.items()}
-        plans, profile_used, measured = gpu_gemm_plans(every_shape, profile, device, stream)
+        every_silu_mul = {f"{rank}/{name}" for rank, (rank_plan, _) in enumerate(ranks)
+                          for name in silu_mul_gemms(rank_plan)}
+        plans, profile_used, measured = gpu_gemm_plans(every_shape, profile, device, stream, every_silu_mul)
         rank_plans = [{name: plans[f"{rank}/{name}"] for name in shapes} for rank, shapes in enumerate(rank_shapes)]
         manifest["profile"] = str(profile_used) if profile_used else None
         manifest["profile_sha256"] = sha256_file(profile_used) if profile_used else None

@@ -8,7 +8,8 @@
     ==> FlatGemm(x, W^T [N, K], bias?, residual?)
 
 The weight is stored transposed ([N, K]: the layout the kernels read, rows = output features). M1/M2 and the
-ImplB tiles come from the profile per (N, K, dtype) (fdpp_rewrite.profiles.resolve_choices).
+ImplB tiles come from the profile per (N, K, dtype) (fdpp_rewrite.profiles.resolve_choices); a silu_mul node may
+get its shape's one-launch decode plan instead (fdpp_rewrite.profile.fused_decode_plan).
 """
 
 from __future__ import annotations
@@ -140,17 +141,18 @@ def run(graph: gs.Graph, profile_path=None, default_profile=DEFAULT_PROFILE, sto
     choices, source, warnings = resolve_choices([m.shape_key for m in matches], profile_path, default_profile)
     report.near_misses.extend(warnings)
     report.notes.append(f"thresholds from {source}")
-    for n, k, dtype in sorted({m.shape_key for m in matches}):
-        choice = choices[(n, k, dtype)]
-        count = sum(m.shape_key == (n, k, dtype) for m in matches)
-        report.notes.append(f"[N={n}, K={k}] {dtype} x{count}: m1={choice.m1} m2={choice.m2} "
-                            f"ImplB n_tile={choice.implb_n_tile} k_tile={choice.implb_k_tile} "
+    for key in sorted({(m.shape_key, m.epilogue == "silu_mul") for m in matches}):
+        (n, k, dtype), silu = key
+        choice = choices[(n, k, dtype)].for_epilogue("silu_mul" if silu else "none")
+        count = sum((m.shape_key, m.epilogue == "silu_mul") == key for m in matches)
+        report.notes.append(f"[N={n}, K={k}] {dtype}{' silu_mul' if silu else ''} x{count}: m1={choice.m1} "
+                            f"m2={choice.m2} ImplB n_tile={choice.implb_n_tile} k_tile={choice.implb_k_tile} "
                             f"stages={choice.implb_stages} split_k={choice.implb_split_k}"
                             + (f" loader={choice.implb_loader}" if choice.implb_k_tile >= 1024 else ""))
     names = NameMaker(graph, "fdpp_gemm")
     # each weight is read, transposed and written once: minutes for a 7B model, hence the bar
     for match in tqdm(matches, desc="flat gemm", unit="weight", leave=False, disable=None):
-        attrs = dict(choices[match.shape_key].attributes(), epilogue=match.epilogue,
+        attrs = dict(choices[match.shape_key].for_epilogue(match.epilogue).attributes(), epilogue=match.epilogue,
                      has_bias=int(match.bias is not None))
         attrs = contract.validate_attributes(attrs, where=f"[{match.n}, {match.k}] {match.dtype}")
         _replace(graph, match, attrs, names, store)

@@ -6,6 +6,7 @@ import argparse
 import pytest
 
 from fdpp_rewrite import profile
+from fdpp_rewrite.dispatch import select_impl
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models import get_config
 
@@ -277,3 +278,42 @@ def test_profile_shape_times_the_runners_up_when_the_winner_misses(monkeypatch):
     assert entry["implb_alternatives"] == [{"config": slow_at_6, "implb_us": [125.0, 125.0, 138.0, 125.0, 125.0]}]
     assert (entry["m2"], entry["points_over_2pct_vs_best_impl"]) == (8, 0)
     assert entry["curves"]["dispatched_us"] == [127.0] * 5
+
+
+def _fused_entry(m2=8, pair_us=(44.0, 45.5, 45.6, 46.0, 49.1), m1=0):
+    """[22016, 4096] on the H200 in short: ImplB's rows config slow at M = 16, a pair config close to cuBLASLt."""
+    rows, pair = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows"}, \
+        {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1, "loader": "pair"}
+    return {"m1": m1, "m2": m2, "implb": rows, "implc": "cublaslt",
+            "implb_search": {"m": [1, 2, 4, 8, 16], "top": [{"config": rows, "us": [44.0, 44.6, 44.9, 45.0, 58.1]},
+                                                            {"config": pair, "us": list(pair_us)}]},
+            "curves": {"m": [1, 2, 4, 8, 16], "impla_us": [52.2, 55.4, 69.1, 108.7, None],
+                       "implb_us": [44.0, 44.5, 44.9, 45.0, 58.3], "cublaslt_us": [44.7, 45.0, 45.0, 45.4, 45.8]}}
+
+
+def test_fused_decode_plan_keeps_the_decode_batches_in_one_launch():
+    from fdpp_rewrite.profile import FUSED_DECODE_MAX_M, fused_decode_plan
+
+    plan = fused_decode_plan(_fused_entry())
+    assert plan["m2"] == FUSED_DECODE_MAX_M == 16 and plan["m1"] == 0 and plan["implb"]["loader"] == "pair"
+    assert plan["worst_ratio"] == pytest.approx(49.1 / 45.8, abs=1e-3)
+    assert select_impl(16, plan) == "implb" and select_impl(17, plan) == "cublaslt"
+
+
+@pytest.mark.parametrize("entry", [
+    _fused_entry(m2=16),  # already one launch at every decode batch
+    _fused_entry(pair_us=(44.0, 45.5, 45.6, 46.0, 51.0)),  # 11% over cuBLASLt at M = 16: the pass is cheaper
+    _fused_entry(pair_us=(44.0, 45.5, 45.6, 46.0, None)),  # no time at M = 16
+    dict(_fused_entry(), implb_search={}),  # an entry without the search (an older profile)
+])
+def test_fused_decode_plan_none_where_the_entry_stands(entry):
+    from fdpp_rewrite.profile import fused_decode_plan
+
+    assert fused_decode_plan(entry) is None
+
+
+def test_fused_decode_plan_leaves_impla_its_batches():
+    from fdpp_rewrite.profile import fused_decode_plan
+
+    entry = _fused_entry(m1=1, pair_us=(60.0, 45.5, 45.6, 46.0, 49.1))  # slow at M = 1, which ImplA serves
+    assert fused_decode_plan(entry)["m1"] == 1

@@ -149,3 +149,16 @@ def test_the_committed_h200_profile_covers_every_real_size_preset():
     missing = {name: [(n, k) for _, n, k in model_shapes(get_config(name)) if profile.lookup(n, k, "float16") is None]
                for name in PRESETS if not name.startswith("tiny-")}
     assert {name: shapes for name, shapes in missing.items() if shapes} == {}
+
+
+def test_a_silu_mul_node_gets_the_one_launch_decode_plan_of_its_shape(tmp_path):
+    """The committed H200 profile: llama2-7b's gate_up [22016, 4096] hands M 9-16 to cuBLASLt (+ the SiLU-mul
+    pass); with the silu_mul epilogue its node keeps them on the pair ImplB kernel. Other epilogues keep the plan."""
+    from fdpp_rewrite.profiles import DEFAULT_PROFILE
+
+    choice = load_profile(DEFAULT_PROFILE).lookup(22016, 4096, "float16")
+    assert choice.m2 == 8 and choice.for_epilogue("none") is choice and choice.for_epilogue("residual") is choice
+    fused = choice.for_epilogue("silu_mul")
+    assert (fused.m1, fused.m2, fused.implb_loader, fused.implc) == (choice.m1, 16, "pair", choice.implc)
+    load_contract("FlatGemm").validate_attributes(fused.attributes(), where="the fused plan")
+    assert "silu_mul" not in fused.attributes()

@@ -311,3 +311,16 @@ def test_long_prompts_are_prefilled_in_chunks(built, monkeypatch):
     chunked_engine = Engine(built[3])
     assert chunked_engine.generate([prompt], 6).tokens == whole
     assert any(shape == (1, 16) for (shape, _kv) in chunked_engine.programs)  # the chunks ran as their own Program
+
+
+def test_gpu_build_gives_silu_mul_gemms_their_one_launch_decode_plan():
+    """The plans a cuda build reads from the committed H200 profile (no GPU needed to read them): llama2-7b's
+    gate_up shape as a silu_mul node keeps M <= 16 on ImplB, the same shape without the epilogue keeps the plan."""
+    from fdpp_rewrite.engine.build import gpu_gemm_plans
+
+    shape = (22016, 4096, "float16")
+    plans, used, measured = gpu_gemm_plans({"gate_up": shape, "plain": shape}, None, {"name": "NVIDIA H200"},
+                                           io.StringIO(), silu_mul={"gate_up"})
+    assert used is not None and measured == []
+    assert (plans["gate_up"]["m2"], plans["gate_up"]["implb"]["loader"]) == (16, "pair")
+    assert (plans["plain"]["m2"], plans["plain"]["implb"]["loader"]) == (8, "rows")

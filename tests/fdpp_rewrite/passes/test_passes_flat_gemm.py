@@ -108,6 +108,34 @@ def test_silu_mul_epilogue_after_fusion(tmp_path, gate_first):
     check_same(model, rewritten, {"x": rng.standard_normal((5, K)).astype(np.float32)})
 
 
+def test_a_silu_mul_node_takes_its_shapes_one_launch_decode_plan(tmp_path):
+    """The same [N, K] with the silu_mul epilogue and without: the silu_mul node keeps M <= 16 on ImplB (no
+    SiLU-mul pass after an ImplC GEMM: fdpp_rewrite.profile.fused_decode_plan), the plain one the profile's plan."""
+    rng = np.random.default_rng(5)
+    weights = {"wgu": rng.standard_normal((K, 2 * N)).astype(np.float32), "split": np.array([N, N], np.int64),
+               "w": rng.standard_normal((K, 2 * N)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "wgu"], ["h"]),
+             helper.make_node("Split", ["h", "split"], ["h0", "h1"], axis=-1),
+             helper.make_node("Sigmoid", ["h0"], ["s"]), helper.make_node("Mul", ["h0", "s"], ["silu"]),
+             helper.make_node("Mul", ["silu", "h1"], ["y"]), helper.make_node("MatMul", ["x", "w"], ["z"])]
+    model = make_model(nodes, [vinfo("x", ["batch", K])], [vinfo("y", ["batch", N]), vinfo("z", ["batch", 2 * N])],
+                       weights)
+    tiles = {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1}
+    profile = tmp_path / "gpu.json"
+    profile.write_text(json.dumps({"schema": "fdpp-profile/1", "gpu": "Test GPU", "shapes": [
+        {"n": 2 * N, "k": K, "dtype": "float32", "m1": 0, "m2": 8, "implc": "cublaslt",
+         "implb": dict(tiles, loader="rows"),
+         "implb_search": {"m": [1, 2, 4, 8, 16], "top": [{"config": dict(tiles, loader="pair"),
+                                                          "us": [10.0, 10.0, 10.0, 10.5, 12.0]}]},
+         "curves": {"m": [1, 2, 4, 8, 16], "implb_us": [10.0, 10.0, 10.0, 10.0, 14.0],
+                    "cublaslt_us": [11.0, 11.0, 11.0, 11.0, 11.5]}}]}))
+    rewritten, report = run_pass(model, profile=profile)
+    plans = {node_attributes(n)["epilogue"]: node_attributes(n) for n in gemm_nodes(rewritten)}
+    assert (plans["silu_mul"]["m2"], plans["silu_mul"]["implb_loader"]) == (16, "pair")
+    assert (plans["none"]["m2"], plans["none"]["implb_loader"]) == (8, "rows")
+    assert any("silu_mul x1: m1=0 m2=16" in note for note in report.notes), report.notes
+
+
 def test_gemm_node_with_trans_b(tmp_path):
     rng = np.random.default_rng(4)
     weights = {"w_nk": rng.standard_normal((N, K)).astype(np.float32), "c": rng.standard_normal(N).astype(np.float32)}
