@@ -94,6 +94,9 @@ def add_arguments(parser) -> None:
                         help="cuda: through the engine on the GPU; cpu: through the reference model (default: auto, "
                              "cuda where a GPU and the plugin library are present)")
     parser.add_argument("--num-layers", type=int, help="only the first N layers, for quick checks (default: all)")
+    parser.add_argument("--engine", metavar="ENGINE_DIR",
+                        help="collect through this engine, built from the same model, instead of exporting and "
+                             "building one first (default: a temporary engine)")
     parser.add_argument("--apply", metavar="MODEL_FDPP_ONNX",
                         help="also set phi and the guards on this rewritten graph's attention nodes, in graph order "
                              "(default: no graph is changed)")
@@ -483,14 +486,18 @@ def collect_with_reference(loaded, chunk_sets: dict) -> dict:
     return collectors
 
 
-def collect_with_engine(source: str, backend: str, chunk_sets: dict, chunk: int, num_layers: int | None) -> dict:
+def collect_with_engine(source: str, backend: str, chunk_sets: dict, chunk: int, num_layers: int,
+                        engine_dir: Path | None = None) -> dict:
     """{name: ScoreCollector} of each {name: prompts} from the engine running the model's rewritten graph
-    (fdpp_rewrite.engine.calibration; one export and engine build for all)."""
+    (fdpp_rewrite.engine.calibration; one export and engine build for all, or engine_dir, the user's)."""
     from fdpp_rewrite.engine.calibration import EngineCollector
 
-    engine = EngineCollector(source, backend, max_prompt=max(chunk, 2), num_layers=num_layers)
+    engine = EngineCollector(source, backend, max_prompt=max(chunk, 2), num_layers=num_layers, engine=engine_dir)
     collectors = {}
     try:
+        if num_layers is not None and engine.engine.num_layers != num_layers:
+            raise FdppError(f"engine {engine_dir} has {engine.engine.num_layers} layers, {source} has {num_layers}: "
+                            "pass the engine built from this model")
         for name, chunks in chunk_sets.items():
             collectors[name] = ScoreCollector(engine.engine.num_layers)
             engine.run(chunks, collectors[name], name)
@@ -499,10 +506,11 @@ def collect_with_engine(source: str, backend: str, chunk_sets: dict, chunk: int,
     return collectors
 
 
-def collect(device: str, source: str, loaded, chunk_sets: dict, chunk: int, num_layers: int | None) -> dict:
-    """{name: ScoreCollector}: through the engine on cuda, through the reference model on the cpu."""
-    if device == "cuda":
-        return collect_with_engine(source, "cuda", chunk_sets, chunk, num_layers)
+def collect(device: str, source: str, loaded, chunk_sets: dict, chunk: int, engine_dir: Path | None = None) -> dict:
+    """{name: ScoreCollector}: through the engine on cuda (or any backend with engine_dir), through the reference
+    model on the cpu."""
+    if device == "cuda" or engine_dir is not None:
+        return collect_with_engine(source, device, chunk_sets, chunk, loaded.config.num_layers, engine_dir)
     return collect_with_reference(loaded, chunk_sets)
 
 
@@ -553,14 +561,18 @@ def run(args) -> int:
     heldout_chunks = text_chunks(tokenizer, text.heldout, "heldout", args.heldout_tokens, args.chunk)
     prompts = len(calibration_chunks) + len(heldout_chunks)
     tokens = sum(map(len, calibration_chunks)) + sum(map(len, heldout_chunks))
-    where = ("the GPU, through the engine (export, rewrite and engine build first)" if device == "cuda" else
-             "the CPU, through the reference model")
+    engine_dir = Path(args.engine) if args.engine else None
+    if engine_dir is not None:
+        where = f"the {device.upper()}, through engine {engine_dir}"
+    else:
+        where = ("the GPU, through the engine (export, rewrite and engine build first)" if device == "cuda" else
+                 "the CPU, through the reference model")
     print(f"calibrate: {text.name}: {prompts} prompts of up to {args.chunk} tokens through {num_layers} layers on "
           f"{where}: {expected_duration(tokens, num_layers, device)}"
           + ("" if device == "cuda" else " on an idle 2-core machine (fewer --calibration-tokens / --heldout-tokens "
              "are quicker)"), file=sys.stderr, flush=True)
     collected = collect(device, args.model, loaded, {"calibration text": calibration_chunks,
-                                                     "held-out text": heldout_chunks}, args.chunk, args.num_layers)
+                                                     "held-out text": heldout_chunks}, args.chunk, engine_dir)
     cal, held = collected["calibration text"], collected["held-out text"]
 
     layers = []
@@ -572,7 +584,7 @@ def run(args) -> int:
     calibration = {
         "schema": CALIBRATION_SCHEMA, "model": loaded.source, "origin": loaded.origin,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in ["python -m fdpp_rewrite", *sys.argv[1:]]),
+        "command": " ".join(["python -m fdpp_rewrite", *map(shlex.quote, sys.argv[1:])]),
         "source": f"fdpp_rewrite calibrate ({output.name})",
         "text": {"name": text.name, "sha256": text.sha256, "heldout": "the last quarter of its characters"
                  if args.text else "the New Testament",
@@ -583,7 +595,7 @@ def run(args) -> int:
                 "tiles) > 11; a layer over the fallback budget is softmax=synchronized",
         "fallback_budget": args.fallback_budget,
         "collected_on": "engine (cuda backend, float16 kernels' inputs)" if device == "cuda" else
-                        "reference model (cpu, float32)",
+                        "engine (cpu backend, float32)" if engine_dir else "reference model (cpu, float32)",
         "heldout_rows": rows, "heldout_fallback_rate_cpu": rates,
         "layers": layers,
     }

@@ -10,7 +10,8 @@
 #   grid      llama2-7b, 32 layers, random weights: export (positions raised to 32K+128 for the long contexts),
 #             rewrite, build (max batch 16, max seq 8320) and bench fdpp + the cuBLAS/SDPA engine over
 #             batch {1,2,4,8,16} x context {128,1K,8K}        (GRID_BATCH, GRID_CONTEXT override the grid;
-#             GRID_CALIBRATION=<calibration.json> rewrites with that phi, e.g. the calibrate stage's)
+#             GRID_CALIBRATION=<calibration.json> rewrites with that phi, e.g. the calibrate stage's;
+#             GRID_CALIBRATE=1 calibrates through the built engine, applies phi to its graph and builds it again)
 #   calibrate phi and guards for llama2-7b's random weights from the built-in text, through the engine:
 #             $WORK/llama2-calibration.json (+ .png); then GRID_CALIBRATION=$WORK/llama2-calibration.json
 #   ablate    the grid engine's --ablate at batch {1,8} x context {128,1K}
@@ -103,6 +104,12 @@ stage_grid() {
       && $PY -m fdpp_rewrite rewrite "$GRID/model.onnx" --force ${GRID_CALIBRATION:+--calibration "$GRID_CALIBRATION"} \
       && rm -f "$GRID/model.onnx.data" \
       && time $ENGINE build "$GRID/model.fdpp.onnx" -o "$GRID/engine" --max-batch 16 --max-seq 8320 --force || return 1
+    if [ -n "${GRID_CALIBRATE:-}" ]; then  # phi from the built-in text through this engine, then built again
+      $PY -m fdpp_rewrite calibrate llama2-7b --engine "$GRID/engine" -o "$OUT/llama2-calibration.json" \
+          --apply "$GRID/model.fdpp.onnx" --force \
+        && time $ENGINE build "$GRID/model.fdpp.onnx" -o "$GRID/engine" --max-batch 16 --max-seq 8320 --force \
+        || return 1
+    fi
   fi
   $ENGINE bench "$GRID/engine" --batch ${GRID_BATCH:-1 2 4 8 16} --context ${GRID_CONTEXT:-128 1024 8192} \
     --new-tokens 128 --kernels fdpp torch --out "$OUT/engine_grid.json"

@@ -80,11 +80,26 @@ def attention_layers(nodes: list) -> dict[str, int]:
 
 class EngineCollector:
     """The model (a calibrate source: preset, checkpoint or .gguf) exported, rewritten and built into an engine in a
-    temporary folder, with a CollectingBackend; `run(chunks, collector)` prefills each prompt through it."""
+    temporary folder, or the engine the user built from it, with a CollectingBackend; `run(chunks, collector)`
+    prefills each prompt through it."""
 
-    def __init__(self, source: str, backend: str, max_prompt: int, num_layers: int | None = None):
-        from fdpp_rewrite.engine.build import build_engine
+    def __init__(self, source: str, backend: str, max_prompt: int, num_layers: int | None = None,
+                 engine: Path | None = None):
         from fdpp_rewrite.engine.runtime import Engine
+
+        self._folder = None
+        if engine is None:
+            engine = self._build(source, backend, max_prompt, num_layers)
+        self.engine = Engine(engine, backend=backend, use_graphs=False)
+        if self.engine.max_seq < max_prompt:
+            raise FdppError(f"engine {engine} holds {self.engine.max_seq} tokens, under the {max_prompt}-token "
+                            "prompts; pass a smaller --chunk or an engine built with a larger --max-seq")
+        self.wrapper = CollectingBackend(self.engine.backend, attention_layers(self.engine.nodes))
+        self.engine.backend = self.wrapper
+
+    def _build(self, source: str, backend: str, max_prompt: int, num_layers: int | None) -> Path:
+        """The source exported, rewritten and built into an engine in a temporary folder."""
+        from fdpp_rewrite.engine.build import build_engine
         from fdpp_rewrite.export import export_model
         from fdpp_rewrite.rewrite import rewrite_file
 
@@ -96,9 +111,7 @@ class EngineCollector:
         rewritten = rewrite_file(onnx_path, stream=io.StringIO())
         build_engine(rewritten, folder / "engine", backend=backend, max_batch=1, max_seq=max_prompt,
                      stream=io.StringIO())
-        self.engine = Engine(folder / "engine", backend=backend, use_graphs=False)
-        self.wrapper = CollectingBackend(self.engine.backend, attention_layers(self.engine.nodes))
-        self.engine.backend = self.wrapper
+        return folder / "engine"
 
     def run(self, chunks: list[list[int]], collector, desc: str = "forward", progress=None) -> None:
         import torch
@@ -117,4 +130,5 @@ class EngineCollector:
         self.wrapper.collector = None
 
     def close(self) -> None:
-        self._folder.cleanup()
+        if self._folder is not None:
+            self._folder.cleanup()

@@ -112,3 +112,38 @@ def test_the_eta_line_says_which_path_runs(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "on the CPU, through the reference model: about" in err and "UTF-8 bytes" in err
     assert json.loads((tmp_path / "c.json").read_text())["collected_on"].startswith("reference model")
+
+
+def test_calibrate_through_a_built_engine_gives_the_reference_calibration(tmp_path, capsys):
+    """--engine: the scores come from the user's engine (here the cpu backend's), no second export and build;
+    phi per layer as through the reference model. An engine of another model (fewer layers) is refused."""
+    from fdpp_rewrite.cli import main
+
+    def engine_of(name, layers):
+        onnx = tmp_path / name / "model.onnx"
+        args = ["export", "tiny-smollm2", "-o", str(onnx), "--max-cache", "64"] + (["--layers", str(layers)]
+                                                                                 if layers else [])
+        assert main(args) == 0 and main(["rewrite", str(onnx)]) == 0
+        engine = tmp_path / name / "engine"
+        assert main(["build", str(onnx.with_suffix(".fdpp.onnx")), "-o", str(engine), "--backend", "cpu",
+                     "--max-batch", "1", "--max-seq", "64"]) == 0
+        return engine
+
+    common = ["calibrate", "tiny-smollm2", "--device", "cpu", "--calibration-tokens", "96", "--heldout-tokens", "32",
+              "--chunk", "32"]
+    engine = engine_of("full", None)
+    assert main(common + ["--engine", str(engine), "-o", str(tmp_path / "engine.json")]) == 0
+    assert f"through engine {engine}" in capsys.readouterr().err
+    assert main(common + ["-o", str(tmp_path / "reference.json")]) == 0
+    through_engine, reference = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("engine", "reference"))
+    assert through_engine["collected_on"].startswith("engine (cpu")
+    assert [e["phi"] for e in through_engine["layers"]] == pytest.approx([e["phi"] for e in reference["layers"]],
+                                                                        abs=1e-3)
+
+    short = engine_of("short", 1)
+    capsys.readouterr()
+    assert main(common + ["--engine", str(short), "-o", str(tmp_path / "short.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]  # after the lines that say what runs
+    assert "has 1 layers, tiny-smollm2 has 3" in last and "pass the engine built from this model" in last
+    assert "Traceback" not in err and not (tmp_path / "short.json").exists()
