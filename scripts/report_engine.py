@@ -3,6 +3,7 @@ file with every system per point and the ratios of fdpp to each peer, and draw t
 
     python scripts/report_engine.py engine.json engine32k.json hf.json -o docs/benchmarks/engine-llama2-7b-h200.json
 
+Where two inputs have a point of the same system, batch and context, the first input's counts.
 Systems: fdpp (this engine), torch (the same engine with cuBLAS GEMMs and SDPA attention), hf-eager, hf-compile,
 and the ablations (-NAME: fdpp with one technique switched to its baseline). The PNG (same name, .png) plots decode
 tokens/s against batch, one panel per context, and first-token time.
@@ -104,10 +105,13 @@ def main(argv=None) -> int:
     parser.add_argument("inputs", nargs="+", type=Path)
     parser.add_argument("-o", "--output", type=Path, required=True)
     parser.add_argument("--title", default="decode throughput")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the report's notes (when and how its inputs were measured); repeatable")
     args = parser.parse_args(argv)
     points, commands, facts = load_points(args.inputs)
     rows = ratios(points)
-    report = {"commands": commands, **facts, "points": points, "ratios": rows}
+    report = {"commands": commands, **({"notes": args.note} if args.note else {}), **facts, "points": points,
+              "ratios": rows}
     tmp = Path(f"{args.output}.tmp")
     tmp.write_text(dumps(report))
     os.replace(tmp, args.output)
