@@ -324,3 +324,13 @@ def test_gpu_build_gives_silu_mul_gemms_their_one_launch_decode_plan():
     assert used is not None and measured == []
     assert (plans["gate_up"]["m2"], plans["gate_up"]["implb"]["loader"]) == (16, "pair")
     assert (plans["plain"]["m2"], plans["plain"]["implb"]["loader"]) == (8, "rows")
+
+
+def test_roofline_is_bytes_over_the_faster_stream_read():
+    from fdpp_rewrite.engine.bench import add_roofline
+
+    points = [{"weight_bytes": 13.2e9, "kv_bytes_mean": 0.1e9, "ms_per_step": 3.8}, {"ms_per_step": 1.0}]
+    add_roofline(points, max([3.9e12, 4.2e12]))
+    assert points[0]["roofline_ms"] == pytest.approx(13.3e9 / 4.2e12 * 1e3)
+    assert points[0]["roofline_pct"] == pytest.approx(100 * 13.3e9 / 4.2e12 * 1e3 / 3.8)
+    assert "roofline_ms" not in points[1]  # a point without bytes (a cpu engine) gets none
