@@ -165,6 +165,8 @@ def fused_decode_plan(entry: dict) -> dict | None:
         return None
     winner = None
     for candidate in search["top"]:
+        if len(candidate.get("us") or ()) != len(search["m"]):
+            continue
         times = [candidate["us"][i] for i, _ in searched]
         if not all(_valid(t) for t in times):
             continue

@@ -305,6 +305,7 @@ def test_fused_decode_plan_keeps_the_decode_batches_in_one_launch():
     _fused_entry(pair_us=(44.0, 45.5, 45.6, 46.0, 51.0)),  # 11% over cuBLASLt at M = 16: the pass is cheaper
     _fused_entry(pair_us=(44.0, 45.5, 45.6, 46.0, None)),  # no time at M = 16
     dict(_fused_entry(), implb_search={}),  # an entry without the search (an older profile)
+    dict(_fused_entry(), implb_search={"m": [1, 2, 4, 8, 16], "top": [{"config": {}, "us": [44.0]}]}),  # cut short
 ])
 def test_fused_decode_plan_none_where_the_entry_stands(entry):
     from fdpp_rewrite.profile import fused_decode_plan
