@@ -108,10 +108,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite existing outputs")
 
 
-def expected_duration(tokens: int, num_layers: int, device: str = "cpu") -> str:
-    """e.g. 24576 tokens through 30 layers on the cpu -> "about 5 min" (CPU_SECONDS_PER_TOKEN_LAYER)."""
+def expected_duration(tokens: int, num_layers: int, device: str = "cpu", engine_given: bool = False) -> str:
+    """e.g. 24576 tokens through 30 layers on the cpu -> "about 5 min" (CPU_SECONDS_PER_TOKEN_LAYER); on cuda the
+    export and build come first unless the user's engine is given."""
     if device == "cuda":
-        seconds = GPU_SETUP_SECONDS + GPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
+        setup = 0 if engine_given else GPU_SETUP_SECONDS
+        seconds = setup + GPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
     else:
         seconds = CPU_SECONDS_PER_TOKEN_LAYER * tokens * num_layers
     return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {max(seconds, 1):.0f} s"
@@ -568,7 +570,7 @@ def run(args) -> int:
         where = ("the GPU, through the engine (export, rewrite and engine build first)" if device == "cuda" else
                  "the CPU, through the reference model")
     print(f"calibrate: {text.name}: {prompts} prompts of up to {args.chunk} tokens through {num_layers} layers on "
-          f"{where}: {expected_duration(tokens, num_layers, device)}"
+          f"{where}: {expected_duration(tokens, num_layers, device, engine_dir is not None)}"
           + ("" if device == "cuda" else " on an idle 2-core machine (fewer --calibration-tokens / --heldout-tokens "
              "are quicker)"), file=sys.stderr, flush=True)
     collected = collect(device, args.model, loaded, {"calibration text": calibration_chunks,

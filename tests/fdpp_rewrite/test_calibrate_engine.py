@@ -147,3 +147,9 @@ def test_calibrate_through_a_built_engine_gives_the_reference_calibration(tmp_pa
     last = err.splitlines()[-1]  # after the lines that say what runs
     assert "has 1 layers, tiny-smollm2 has 3" in last and "pass the engine built from this model" in last
     assert "Traceback" not in err and not (tmp_path / "short.json").exists()
+
+
+def test_the_gpu_eta_counts_the_export_and_build_only_without_the_users_engine():
+    tokens, layers = 24576, 32
+    assert calibrate.expected_duration(tokens, layers, "cuda") == "about 64 s"
+    assert calibrate.expected_duration(tokens, layers, "cuda", engine_given=True) == "about 4 s"
