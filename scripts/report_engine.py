@@ -108,10 +108,15 @@ def main(argv=None) -> int:
     parser.add_argument("--note", action="append", default=[],
                         help="a line for the report's notes (when and how its inputs were measured); repeatable")
     args = parser.parse_args(argv)
+    missing = [str(path) for path in args.inputs if not path.is_file()]
+    if missing:
+        parser.exit(2, f"error: no such input file: {', '.join(missing)}; pass the JSONs `bench --out` and "
+                       "scripts/bench_hf.py --out wrote\n")
     points, commands, facts = load_points(args.inputs)
     rows = ratios(points)
     report = {"commands": commands, **({"notes": args.note} if args.note else {}), **facts, "points": points,
               "ratios": rows}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(f"{args.output}.tmp")
     tmp.write_text(dumps(report))
     os.replace(tmp, args.output)
