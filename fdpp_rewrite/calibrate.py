@@ -544,6 +544,10 @@ def run(args) -> int:
         raise FdppError(f"--fallback-budget must be a fraction in [0, 1), got {args.fallback_budget}")
     if args.apply:
         load_apply_target(Path(args.apply), apply_output)
+    if args.engine:  # before the model loads (a minute for a 7B preset): a wrong folder fails at once
+        from fdpp_rewrite.engine.runtime import read_manifest
+
+        read_manifest(Path(args.engine))
 
     device = calibration_device(args.device)
     if device == "cuda" and args.chunk > MAX_ENGINE_PROMPT:

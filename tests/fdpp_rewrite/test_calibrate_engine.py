@@ -148,6 +148,11 @@ def test_calibrate_through_a_built_engine_gives_the_reference_calibration(tmp_pa
     assert "has 1 layers, tiny-smollm2 has 3" in last and "pass the engine built from this model" in last
     assert "Traceback" not in err and not (tmp_path / "short.json").exists()
 
+    capsys.readouterr()
+    assert main(common + ["--engine", str(tmp_path), "-o", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not an engine folder" in err  # refused before the model loads or text reads
+
 
 def test_the_gpu_eta_counts_the_export_and_build_only_without_the_users_engine():
     tokens, layers = 24576, 32
