@@ -114,9 +114,7 @@ def bench_point(engine, batch: int, context: int, new_tokens: int, roofline: boo
     prompts = [[rng.randrange(vocab) for _ in range(context)] for _ in range(batch)]
     engine.generate(prompts, new_tokens, Sampler())  # warm-up: traces and captures every bucket it visits
     result = engine.generate(prompts, new_tokens, Sampler())
-    steps = result.step_s
-    if not steps:
-        raise FdppError("--new-tokens must be at least 2 to time a decode step")
+    steps = result.step_s  # new_tokens - 1 of them: bench_command checks new_tokens >= 2
     mean_s = statistics.fmean(steps)
     point = {"batch": batch, "context": context, "new_tokens": new_tokens, "decode_steps": len(steps),
              "tokens_per_s": batch / mean_s, "ms_per_step": mean_s * 1e3,
@@ -199,6 +197,10 @@ def bench_command(args, command: str) -> int:
     max_batch, max_seq = limits["max_batch"], limits["max_seq"]
     if args.ablate and (args.backend or limits["backend"]) != "cuda":
         raise FdppError("--ablate switches GPU kernels: it needs a cuda engine (build --backend cuda)")
+    if min(args.batch) < 1 or min(args.context) < 1 or args.new_tokens < 2:
+        raise FdppError("--batch and --context must be >= 1 and --new-tokens >= 2 (a decode step is timed after the "
+                        f"first token); got --batch {args.batch} --context {args.context} "
+                        f"--new-tokens {args.new_tokens}")
     for batch in args.batch:
         if batch > max_batch:
             raise FdppError(f"--batch {batch} exceeds the engine's max batch {max_batch}; rebuild with "

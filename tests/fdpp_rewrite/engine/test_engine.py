@@ -282,6 +282,10 @@ def test_cli_run_and_bench(built, capsys, tmp_path):
     assert main(["bench", str(built[3]), "--ablate"]) == 2
     err = capsys.readouterr().err
     assert "needs a cuda engine" in err and len(err.strip().splitlines()) == 1
+    for bad in (["--batch", "0"], ["--context", "0"], ["--new-tokens", "1"]):  # refused before any generation
+        assert main(["bench", str(built[3]), "--context", "16", "--new-tokens", "4", *bad]) == 2
+        err = capsys.readouterr().err
+        assert "--new-tokens >= 2" in err and len(err.strip().splitlines()) == 1
 
 
 def test_bench_engine_script(tmp_path):
