@@ -470,7 +470,7 @@ def calibration_device(choice: str) -> str:
         require_gpu("calibrate --device cuda")
         return "cuda"
     if choice == "auto" and torch.cuda.is_available():
-        from fdpp_rewrite.engine.build import library_facts
+        from fdpp_rewrite.gpu.device import library_facts
 
         return "cuda" if library_facts() is not None else "cpu"
     return "cpu"
@@ -545,7 +545,7 @@ def run(args) -> int:
     if args.apply:
         load_apply_target(Path(args.apply), apply_output)
     if args.engine:  # before the model loads (a minute for a 7B preset): a wrong folder fails at once
-        from fdpp_rewrite.engine.runtime import read_manifest
+        from fdpp_rewrite.engine.manifest import read_manifest
 
         read_manifest(Path(args.engine))
 

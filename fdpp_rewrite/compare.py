@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fdpp_rewrite.contracts import OP_NAMES, load_contract
+from fdpp_rewrite.dtypes import numpy_dtype_name
 from fdpp_rewrite.errors import FdppError, cannot_load
 from fdpp_rewrite.generate import ORT_DTYPES
 from fdpp_rewrite.onnx_files import load_structure
@@ -36,7 +37,6 @@ from fdpp_rewrite.progress import QUIET, Progress
 if TYPE_CHECKING:  # onnx, onnxruntime and polygraphy are imported when a comparison runs, not for --help
     import onnx
 
-DTYPE_NAMES = {np.float32: "float32", np.float16: "float16"}
 CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
 PAST_INPUT = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")  # transformers' names, as the exporters keep them
 HF_DECODE_STEPS, HF_PADDED_DECODE_STEPS = 3, 2
@@ -470,7 +470,7 @@ def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: 
             raise cannot_load(original_name, exc) from None
         step_names, steps = make_steps(session, original_model, batch, prefill, seed)
     output_type = session.get_outputs()[0].type
-    dtype = DTYPE_NAMES.get(ORT_DTYPES.get(output_type), "float32")
+    dtype = numpy_dtype_name(ORT_DTYPES.get(output_type), "float32")
     atol, rtol = contract_tolerance(dtype)
 
     COUNTERS.reset()

@@ -191,7 +191,8 @@ def print_table(points: list, stream=None) -> None:
 
 
 def bench_command(args, command: str) -> int:
-    from fdpp_rewrite.engine.runtime import Engine, read_manifest
+    from fdpp_rewrite.engine.manifest import read_manifest
+    from fdpp_rewrite.engine.runtime import Engine
 
     limits = read_manifest(args.engine)
     max_batch, max_seq = limits["max_batch"], limits["max_seq"]

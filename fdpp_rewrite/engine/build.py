@@ -21,33 +21,24 @@ rank_{N-1}, each the folder above for its shard (tensor_parallel.py).
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from fdpp_rewrite import __version__
 from fdpp_rewrite.engine import FORMAT_VERSION, hf_interface, ops
+from fdpp_rewrite.engine.folder import check_output, replace_folder, temp_folder
+from fdpp_rewrite.dtypes import numpy_dtype_name, onnx_dtype_name
 from fdpp_rewrite.errors import FdppError, cannot_load
+from fdpp_rewrite.gpu.device import gpu_facts, library_facts, sha256_file
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
 HOST_VALUE_MAX_ELEMENTS = 64  # initializers this small (shape constants, axes, scalars) are host values
 ONNX_NP = {1: np.float32, 10: np.float16, 11: np.float64, 7: np.int64, 6: np.int32, 9: np.bool_, 2: np.uint8,
            3: np.int8}
-DTYPE_NAMES = {1: "float32", 10: "float16", 16: "bfloat16"}
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---- reading the graph --------------------------------------------------------------------------------------
@@ -152,7 +143,7 @@ def read_graph(path: Path):
         "cache_inputs": caches, "num_layers": len(caches) // 2, "num_kv_heads": cache_dims[1],
         "head_dim": cache_dims[3],
         "graph_capacity": cache_dims[2] if interface == "fdpp" and isinstance(cache_dims[2], int) else None,
-        "dtype": DTYPE_NAMES.get(elem, str(elem)), "vocab_size": vocab if isinstance(vocab, int) else None,
+        "dtype": onnx_dtype_name(elem, str(elem)), "vocab_size": vocab if isinstance(vocab, int) else None,
         "nodes": nodes,
     }
     if plan["vocab_size"] is None:  # a dynamo export leaves the logits dim symbolic: the embedding table has it
@@ -207,12 +198,9 @@ def gemm_shapes(plan: dict, arrays: dict) -> dict:
             weight = arrays.get(node["inputs"][1])
             if weight is None or weight.ndim != 2:
                 raise FdppError(f"FlatGemm {node['name']}: its weight '{node['inputs'][1]}' is not a 2-D initializer")
-            shapes[node["name"]] = (int(weight.shape[0]), int(weight.shape[1]), DTYPE_NAMES[_onnx_type(weight)])
+            dtype = numpy_dtype_name(weight.dtype, "unknown")
+            shapes[node["name"]] = (int(weight.shape[0]), int(weight.shape[1]), dtype)
     return shapes
-
-
-def _onnx_type(array) -> int:
-    return {np.dtype(np.float32): 1, np.dtype(np.float16): 10}.get(array.dtype, 0)
 
 
 def _plan_of(choice: dict) -> dict:
@@ -273,43 +261,6 @@ def node_gemm_plans(plan: dict) -> dict:
     return plans
 
 
-# ---- the device and the library -----------------------------------------------------------------------------
-
-def cuda_driver_version() -> str:
-    import ctypes
-
-    try:
-        version = ctypes.c_int(0)
-        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
-        return f"{version.value // 1000}.{version.value % 1000 // 10}"
-    except OSError:
-        return "unknown"
-
-
-def gpu_facts() -> dict:
-    import torch
-
-    from fdpp_rewrite.gpu import gemm
-
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    info = gemm.device_info()
-    return dict(info, name=props.name, cc=f"{props.major}.{props.minor}", driver=cuda_driver_version())
-
-
-def library_facts() -> dict | None:
-    """ABI version, path and sha256 of the plugin library, or None when it cannot be loaded."""
-    from fdpp_rewrite.gpu import lib
-
-    path = lib.library_path()
-    if not path.is_file():
-        return None
-    try:
-        abi = lib.load().fdpp_abi_version()
-    except FdppError:
-        return None
-    return {"path": str(path), "abi_version": abi, "sha256": sha256_file(path)}
-
-
 # ---- the command --------------------------------------------------------------------------------------------
 
 def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch: int = 8, max_seq: int | None = None,
@@ -319,8 +270,7 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
     import torch
 
     source, output = Path(source), Path(output)
-    if output.exists() and not force:
-        raise FdppError(f"{output} exists; pass --force to replace it")
+    check_output(output, force)
     if backend == "auto":
         backend = "cuda" if torch.cuda.is_available() else "cpu"
     if backend not in ("cuda", "cpu"):
@@ -405,8 +355,7 @@ def _write_tensor_parallel(output: Path, manifest: dict, ranks: list, metadata: 
     every rank's GEMM shapes [N, K, dtype] (what a GPU build profiles)."""
     from fdpp_rewrite.engine.tensor_parallel import rank_folder_name
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    tmp = temp_folder(output)
     try:
         for rank, (rank_plan, rank_arrays) in enumerate(ranks):
             rank_manifest = dict(manifest, tensor_parallel_rank={"rank": rank, "size": len(ranks)})
@@ -414,7 +363,7 @@ def _write_tensor_parallel(output: Path, manifest: dict, ranks: list, metadata: 
         manifest.update(tensor_parallel=len(ranks), tokenizer=rank_manifest["tokenizer"],
                         rank_gemm_shapes=[rank_plan["gemm_shapes"] for rank_plan, _ in ranks])
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        _replace_folder(tmp, output, force)
+        replace_folder(tmp, output, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -437,8 +386,7 @@ def _export_metadata(source: Path) -> dict | None:
 def _write_folder(output: Path, manifest: dict, plan: dict, arrays: dict, metadata: dict | None, force: bool):
     from safetensors.numpy import save_file
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    tmp = temp_folder(output)
     try:
         used = {name for node in plan["nodes"] for name in node["inputs"]}
         tensors = {name: np.ascontiguousarray(a) for name, a in arrays.items() if name in used}
@@ -455,21 +403,7 @@ def _write_folder(output: Path, manifest: dict, plan: dict, arrays: dict, metada
         manifest["weights_sha256"] = sha256_file(tmp / "weights.safetensors")
         (tmp / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        _replace_folder(tmp, output, force)
+        replace_folder(tmp, output, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _replace_folder(tmp: Path, output: Path, force: bool) -> None:
-    """Move a finished temporary folder into place (the old engine, with --force, is removed only after)."""
-    if output.exists():
-        if not force:
-            raise FdppError(f"{output} exists; pass --force to replace it")
-        old = output.with_name(f".{output.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(output, old)
-        os.replace(tmp, output)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, output)

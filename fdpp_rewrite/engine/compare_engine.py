@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fdpp_rewrite.dtypes import numpy_dtype_name
 from fdpp_rewrite.errors import FdppError, cannot_load
 from fdpp_rewrite.progress import QUIET, Progress
 
@@ -134,7 +135,7 @@ def drop_padded_steps(step_names: list, steps: list, stream=None) -> tuple[list,
 def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed: int = 0, backend: str | None = None,
                    progress: Progress = QUIET):
     """CompareReport of the original graph (onnxruntime) against the engine on the same steps."""
-    from fdpp_rewrite.compare import (DTYPE_NAMES, CompareReport, CompareRow, check_prefill, contract_tolerance,
+    from fdpp_rewrite.compare import (CompareReport, CompareRow, check_prefill, contract_tolerance,
                                       make_steps)
     from fdpp_rewrite.engine.runtime import Engine
     from fdpp_rewrite.generate import ORT_DTYPES
@@ -171,7 +172,7 @@ def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed:
         step_names, steps = make_steps(session, model, batch, prefill, seed)
         if engine.hf_feeds is not None:
             step_names, steps = drop_padded_steps(step_names, steps)
-    dtype = DTYPE_NAMES.get(ORT_DTYPES.get(session.get_outputs()[0].type), "float32")
+    dtype = numpy_dtype_name(ORT_DTYPES.get(session.get_outputs()[0].type), "float32")
     atol, rtol = contract_tolerance(dtype)
     on_gpu = engine.device.type == "cuda"
     if on_gpu:

@@ -232,19 +232,20 @@ def test_truncated_engine_folders(built, tmp_path):
 def test_cuda_engine_on_another_gpu_or_library(monkeypatch, gpu, library, message):
     """check_device with the GPU and the library faked: a one-line error naming the mismatch."""
     from fdpp_rewrite import errors
-    from fdpp_rewrite.engine import build, runtime
+    from fdpp_rewrite.engine import manifest as engine_manifest
+    from fdpp_rewrite.gpu import device
 
     manifest = {"backend": "cuda", "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
                 "library": {"sha256": "abc"}}
     monkeypatch.setattr(errors, "require_gpu", lambda what: None)
-    monkeypatch.setattr(build, "gpu_facts", lambda: {"name": gpu[0], "cc": gpu[1]})
-    monkeypatch.setattr(build, "library_facts", lambda: None if library is None else {"sha256": library, "path": "x"})
+    monkeypatch.setattr(device, "gpu_facts", lambda: {"name": gpu[0], "cc": gpu[1]})
+    monkeypatch.setattr(device, "library_facts", lambda: None if library is None else {"sha256": library, "path": "x"})
     with pytest.raises(FdppError, match=message) as info:
-        runtime.check_device(manifest, "engines/e")
+        engine_manifest.check_device(manifest, "engines/e")
     assert "\n" not in str(info.value)
-    monkeypatch.setattr(build, "gpu_facts", lambda: {"name": "NVIDIA H200", "cc": "9.0"})
-    monkeypatch.setattr(build, "library_facts", lambda: {"sha256": "abc", "path": "x"})
-    runtime.check_device(manifest, "engines/e")  # the same GPU and library: no error
+    monkeypatch.setattr(device, "gpu_facts", lambda: {"name": "NVIDIA H200", "cc": "9.0"})
+    monkeypatch.setattr(device, "library_facts", lambda: {"sha256": "abc", "path": "x"})
+    engine_manifest.check_device(manifest, "engines/e")  # the same GPU and library: no error
 
 
 def test_cpu_engine_refuses_the_cuda_backend(built):

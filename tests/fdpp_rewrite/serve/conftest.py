@@ -64,7 +64,7 @@ def engine_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tokenizer(engine_dir):
-    from fdpp_rewrite.engine.runtime import read_manifest
+    from fdpp_rewrite.engine.manifest import read_manifest
     from fdpp_rewrite.tokenizer import Tokenizer
 
     return Tokenizer.load(engine_dir, read_manifest(engine_dir)["tokenizer"])
