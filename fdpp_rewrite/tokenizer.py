@@ -21,16 +21,31 @@ class Tokenizer:
         self.eos_id = eos_id
         self.chat_template = chat_template
         self.add_bos = add_bos
+        self._plain = None  # a copy of backend that reads special-token text as plain text (made on first use)
+
+    @property
+    def special_tokens(self) -> list[str]:
+        """The text of every special token (e.g. "<|im_end|>")."""
+        return [t.content for t in self.backend.get_added_tokens_decoder().values() if t.special]
 
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        """special=False: special-token text in `text` is tokenized as plain text, not as the special token."""
+        ids = (self.backend if special else self._plain_backend()).encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
+
+    def _plain_backend(self):
+        if self._plain is None:  # a copy: flipping the shared backend would race a decode on another thread
+            from tokenizers import Tokenizer as Backend
+
+            self._plain = Backend.from_str(self.backend.to_str())
+            self._plain.encode_special_tokens = True
+        return self._plain
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

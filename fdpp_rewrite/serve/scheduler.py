@@ -52,6 +52,10 @@ class QueueFull(Exception):
     """The waiting queue holds --max-queue requests already."""
 
 
+class ShuttingDown(Exception):
+    """drain() was called: no request is admitted any more."""
+
+
 @dataclass
 class Delta:
     text: str
@@ -66,7 +70,7 @@ class Finish:
 
 @dataclass
 class Failure:
-    kind: str               # "timeout" or "engine"
+    kind: str               # "timeout", "engine" or "shutdown"
     message: str
 
 
@@ -125,6 +129,8 @@ class Scheduler:
         self.mixed_steps = 0           # of which carried a prompt chunk in the same pass (Engine.mixed_step)
         self.thread: threading.Thread | None = None
         self.stopping = False
+        self.draining = False          # drain() was called: every request fails at the next iteration
+        self.submitted = 0             # requests that reached the scheduler (what guard.py refuses never does)
         self.last_error: str | None = None  # the last engine failure (its requests failed; the loop goes on)
         self.on_cuda = engine.backend.name == "cuda"
         self.fallback_base = self._read_fallback_rows() if self.on_cuda else 0
@@ -135,6 +141,8 @@ class Scheduler:
 
     def submit(self, request: Request) -> None:
         with self.cond:
+            if self.draining:
+                raise ShuttingDown
             # the free slots take their requests at the next iteration: only the rest wait
             if len(self.waiting) >= self.max_queue + self.slots.count(None):
                 raise QueueFull
@@ -142,6 +150,14 @@ class Scheduler:
             request.deadline = request.submitted + request.timeout_s
             request.text = TextStream(self.tokenizer, request.prompt, request.stop)
             self.waiting.append(request)
+            self.submitted += 1
+            self.cond.notify()
+
+    def drain(self) -> None:
+        """The server shuts down: refuse new requests; the waiting and running ones end with a Failure (a stream
+        gets its error event) at the next iteration, within one step, so none is cut off mid-response."""
+        with self.cond:
+            self.draining = True
             self.cond.notify()
 
     def cancel(self, request: Request) -> None:
@@ -161,6 +177,7 @@ class Scheduler:
             "prefilling_sequences": ("sequences whose prompt is still being prefilled",
                                      sum(r.prefilled < len(r.prompt) for r in running), None),
             "kv_slots_in_use": ("KV cache slots held by a sequence", len(running), None),
+            "requests_submitted_total": ("requests that reached the scheduler", self.submitted, None),
             "kv_slots_total": ("KV cache slots (the engine's max batch)", len(self.slots), None),
             "decode_steps_total": ("decode steps run", self.steps, None),
             "mixed_steps_total": ("decode steps that prefilled a prompt chunk in the same pass (one weight read)",
@@ -245,7 +262,9 @@ class Scheduler:
         with self.cond:
             kept = deque()
             for request in self.waiting:
-                if request.cancelled:
+                if self.draining and not request.cancelled:
+                    self._fail(request, "shutdown", "the server is shutting down")
+                elif request.cancelled:
                     self.metrics.request_done("cancelled")
                 elif now > request.deadline:
                     self._timeout(request)
@@ -259,6 +278,8 @@ class Scheduler:
             elif now > request.deadline:
                 self._free(request)
                 self._timeout(request)
+            elif self.draining:
+                self._fail(request, "shutdown", "the server is shutting down")
 
     def _admit(self, now: float) -> None:
         with self.cond:
@@ -408,7 +429,7 @@ class Scheduler:
         if rest:
             self._emit(request, Delta(rest))
         self._free(request)
-        self._emit(request, Finish(reason, len(request.prompt), len(request.tokens)))
+        self._emit(request, Finish(reason, len(request.prompt), request.text.kept_tokens))
         self.metrics.request_done("answered")
 
     def _timeout(self, request: Request) -> None:

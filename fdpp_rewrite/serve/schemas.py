@@ -1,9 +1,11 @@
 """The request bodies of /v1/completions and /v1/chat/completions, and OpenAI's error object.
 
-Every field OpenAI's API defines for these endpoints that the server cannot honour is still accepted at its
-neutral value (n=1, frequency_penalty=0, echo=false, ...), so ordinary clients work; any other value, an unknown
-field, or a value out of range is a 400 naming the field. Limits that depend on the engine (prompt length,
-max_tokens against the max sequence, top_k against the vocabulary) are checked in app.py after tokenization.
+Types are strict: a value of another JSON type is refused, never coerced (`"max_tokens": "5"`, `"stream": "yes"`);
+an integer is still taken where a number is. Every field OpenAI's API defines for these endpoints that the server
+cannot honour is still accepted at its neutral value (n=1, frequency_penalty=0, echo=false, ...), so ordinary
+clients work; any other value, an unknown field, or a value out of range is a 400 naming the field. Limits that
+depend on the engine (prompt length, max_tokens against the max sequence, top_k against the vocabulary) are checked
+in app.py after tokenization.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ NEUTRAL = {"n": (1,), "best_of": (None, 1), "frequency_penalty": (0,), "presence
            "suffix": (None, ""), "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {})}
 
 
+class APIError(Exception):
+    """A refusal: the HTTP status and OpenAI's error object (app.py turns it into the response)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.body, self.headers = status, error_body(message, kind, param, code), headers
+
+
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     """OpenAI's error object."""
@@ -29,7 +40,7 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 class Sampling(BaseModel):
     """The fields both endpoints share."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -101,13 +112,13 @@ class CompletionRequest(Sampling):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
     text: str
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "user", "assistant"]
     content: str | list[TextPart]
     name: str | None = None
@@ -120,6 +131,9 @@ class Message(BaseModel):
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    # not OpenAI's: true reads special-token text in message content (e.g. "<|im_end|>") as that token; by default
+    # it is plain text, so a user cannot end their turn or open another role's
+    allow_special_tokens: bool = False
 
     @property
     def token_limit(self) -> int | None:

@@ -1,17 +1,36 @@
 """`serve ENGINE [--host 127.0.0.1 --port 8000]`: the OpenAI-compatible server (app.py) on uvicorn, with the
-scheduler thread (scheduler.py) owning the engine. The engine loads and the port is bound before the server
-starts, so a bad engine folder or a busy port is the usual one-line error."""
+scheduler thread (scheduler.py) owning the engine, guard.py in front (API key, body limits) and protocol.py under
+it (connection limits). The engine loads and the port is bound before the server starts, so a bad engine folder
+or a busy port is the usual one-line error. SIGINT or SIGTERM drains: /v1 answers 503, the requests in flight end
+with an error (a stream with an error event), then the server stops."""
 
 from __future__ import annotations
 
 import gc
+import ipaddress
+import math
+import os
 import socket
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.serve.guard import API_KEY_ENV
+from fdpp_rewrite.serve.limits import MAX_HEADER_BYTES, Limits
 from fdpp_rewrite.serve.scheduler import DEFAULT_PREFILL_CHUNK
 from fdpp_rewrite.serve.warmup import MODES
+
+# seconds uvicorn waits, once the requests in flight were ended (drain), for their responses to be written
+GRACEFUL_SHUTDOWN_S = 5
+LIMIT_HELP = {
+    "max_body_mb": "request body size in MiB; past it, 413 before the body is read",
+    "header_timeout": "seconds a connection may take, from its first byte, to send a request's headers; past it, "
+                      "408 and closed",
+    "body_timeout": "seconds a request may take to send its body once its headers are in; past it, 408 and closed",
+    "keep_alive_timeout": "seconds an idle kept-alive connection stays open between two requests",
+    "max_connections": "connections open at once; past it, a new one gets 503 and is closed",
+}
 
 # Two threads share the GIL: the scheduler, which must launch the next step within one step time, and the event
 # loop streaming the last step's tokens. A thread that asks for the GIL waits up to this interval before the holder
@@ -35,6 +54,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", choices=MODES, default="decode",
                         help="shapes traced before the server is healthy: every decode bucket (decode), also every "
                              "prefill chunk shape (all), or none (the first request of a shape traces it)")
+    parser.add_argument("--api-key", help=f"every /v1 request must send `Authorization: Bearer KEY` (default: "
+                                          f"${API_KEY_ENV}; none: no key needed); /health and /metrics stay open")
+    for field in fields(Limits):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=int if field.type == "int" else float,
+                            default=field.default, help=f"{LIMIT_HELP[field.name]} (default {field.default:g})")
 
 
 def check_options(args) -> None:
@@ -43,8 +67,30 @@ def check_options(args) -> None:
     for name in ("max_queue", "prefill_chunk"):
         if getattr(args, name) < 1:
             raise FdppError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.request_timeout <= 0:
-        raise FdppError(f"--request-timeout must be positive, got {args.request_timeout}")
+    if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):
+        raise FdppError(f"--request-timeout must be a positive number of seconds, got {args.request_timeout}")
+    limits_of(args).check()
+
+
+def limits_of(args) -> Limits:
+    return Limits(**{field.name: getattr(args, field.name) for field in fields(Limits)})
+
+
+def api_key_of(args) -> str | None:
+    """--api-key, else $FDPP_API_KEY; None when neither is set (an empty value is refused)."""
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise FdppError(f"the API key is empty; pass --api-key KEY or unset {API_KEY_ENV}")
+    return key
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it resolves to whatever it resolves to
+        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -70,36 +116,58 @@ def engine_tokenizer(engine):
 
 
 def build_app(engine, *, model_name: str | None = None, max_queue: int = 64, request_timeout: float = 600.0,
-              prefill_chunk: int = DEFAULT_PREFILL_CHUNK, warmup: str = "none"):
-    """The FastAPI app and its scheduler for a loaded engine (the scheduler starts with the app, and warms the
-    engine up first unless warmup is "none")."""
+              prefill_chunk: int = DEFAULT_PREFILL_CHUNK, warmup: str = "none", limits: Limits = Limits(),
+              api_key: str | None = None):
+    """The ASGI app (the FastAPI app behind guard.py) and its scheduler for a loaded engine (the scheduler starts
+    with the app, and warms the engine up first unless warmup is "none")."""
     from fdpp_rewrite.serve.app import create_app
+    from fdpp_rewrite.serve.guard import Guard
     from fdpp_rewrite.serve.scheduler import Scheduler
 
     tokenizer = engine_tokenizer(engine)
     stop_ids = {tokenizer.eos_id} if tokenizer is not None and tokenizer.eos_id is not None else set()
     scheduler = Scheduler(engine, tokenizer, max_queue=max_queue, prefill_chunk=prefill_chunk, stop_ids=stop_ids,
                           warmup=warmup)
-    return create_app(scheduler, tokenizer, model_name or engine.folder.name, request_timeout), scheduler
+    app = create_app(scheduler, tokenizer, model_name or engine.folder.name, request_timeout)
+    return Guard(app, limits, scheduler.metrics, api_key), scheduler
+
+
+def make_server(app, scheduler, limits: Limits):
+    """The uvicorn server with protocol.py's limits; its exit handler (SIGINT, SIGTERM) drains first."""
+    import uvicorn
+
+    from fdpp_rewrite.serve.protocol import protocol_class
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.draining = True
+            scheduler.drain()
+            super().handle_exit(sig, frame)
+
+    return Server(uvicorn.Config(app, log_level="warning", http=protocol_class(limits), ws="none", lifespan="on",
+                                 timeout_keep_alive=limits.keep_alive_timeout,
+                                 h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
 
 
 def run(args) -> int:
     check_options(args)
-    import uvicorn
-
+    api_key, limits = api_key_of(args), limits_of(args)
     from fdpp_rewrite.engine.runtime import Engine
 
     sock = bind(args.host, args.port)
     engine = Engine(args.engine, backend=args.backend)
     app, scheduler = build_app(engine, model_name=args.model_name, max_queue=args.max_queue,
                                request_timeout=args.request_timeout, prefill_chunk=args.prefill_chunk,
-                               warmup=args.warmup)
+                               warmup=args.warmup, limits=limits, api_key=api_key)
     host, port = sock.getsockname()[:2]
     gc.collect()
     gc.freeze()  # the engine, torch and the app live as long as the server: later collections skip their objects
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     print(f"serving {args.model_name or engine.folder.name} at http://{host}:{port}/v1 ({engine.backend.name} "
           f"backend, {engine.max_batch} KV slots, max sequence {engine.max_seq}); Ctrl-C stops", file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
+    if api_key is None and not is_loopback(args.host):
+        print(f"warning: listening on {args.host} with no API key: anyone who can reach it can use it; pass "
+              f"--api-key or set {API_KEY_ENV} (docs/serving.md, Deploying)", file=sys.stderr)
+    make_server(app, scheduler, limits).run(sockets=[sock])
     return 0

@@ -9,12 +9,16 @@ the new ones added, so a step costs the same at token 10 and token 10000, and to
 the neighbouring tokens (a SentencePiece leading space) still produce the text the whole sequence decodes to. A
 window that ends inside a UTF-8 character (decodes to U+FFFD) waits for the next token.
 
-Stop strings: the text that could still become a stop string (a suffix of the text that is a prefix of one) is
-held back; once a stop string appears, the text before it is the completion's end (the stop string itself is
-not sent, as in OpenAI's API). An engine without a tokenizer streams the ids as comma-separated text, like `run`.
+Stop strings: the text that could still become a stop string (a suffix of the text that is a prefix of one) is held
+back; once a stop string appears, the text before it is the completion's end (the stop string itself is not sent, as
+in OpenAI's API). `kept_tokens` counts the tokens of the text sent (usage's completion_tokens): a token that only
+spells the stop string, or comes after it, is not counted; one that spells text before it is. An engine without a
+tokenizer streams the ids as comma-separated text, like `run`.
 """
 
 from __future__ import annotations
+
+import bisect
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded with the first new token (its leading space depends on them)
 REPLACEMENT = "\ufffd"
@@ -31,6 +35,7 @@ class TextStream:
         self.text = ""               # everything decoded so far
         self.sent = 0                # text[:sent] has been returned
         self.stopped = False
+        self.ends: list[int] = []    # len(text) once each pushed token was decoded
 
     def push(self, token: int) -> tuple[str, bool]:
         """Add one generated token; returns (text to send now, whether a stop string ended the completion)."""
@@ -42,7 +47,15 @@ class TextStream:
         else:
             self.ids.append(token)
             self.text += self._decode_new()
+        self.ends.append(len(self.text))
         return self._release(final=False)
+
+    @property
+    def kept_tokens(self) -> int:
+        """The tokens pushed, less those after the end of the sent text when a stop string ended it."""
+        if not self.stopped:
+            return len(self.ends)
+        return 0 if self.sent == 0 else bisect.bisect_left(self.ends, self.sent) + 1
 
     def flush(self) -> str:
         """The rest of the text at the end of the completion (a held-back prefix of a stop string, or a window

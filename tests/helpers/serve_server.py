@@ -5,19 +5,20 @@ so a test can import it by name without meeting another folder's conftest."""
 class RunningServer:
     """The real uvicorn server of `serve` on a free loopback port, in a background thread of the test process."""
 
-    def __init__(self, engine_dir, **options):
+    def __init__(self, engine_dir, limits=None, **options):
+        """limits: a fdpp_rewrite.serve.limits.Limits (default: serve's defaults); options: build_app's."""
         import threading
 
-        import uvicorn
-
         from fdpp_rewrite.engine.runtime import Engine
-        from fdpp_rewrite.serve.server import bind, build_app
+        from fdpp_rewrite.serve.limits import Limits
+        from fdpp_rewrite.serve.server import bind, build_app, make_server
 
-        self.app, self.scheduler = build_app(Engine(engine_dir), model_name="tiny", **options)
+        self.limits = limits or Limits()
+        self.app, self.scheduler = build_app(Engine(engine_dir), model_name="tiny", limits=self.limits, **options)
         sock = bind("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.server = make_server(self.app, self.scheduler, self.limits)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         for _ in range(200):
@@ -26,10 +27,10 @@ class RunningServer:
             self.thread.join(0.05)
         assert self.server.started, "the server did not start"
 
-    def client(self, **options):
+    def client(self, api_key="none", **options):
         import openai
 
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, **options)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **options)
 
     def metrics(self) -> dict:
         import httpx
