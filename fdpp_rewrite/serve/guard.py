@@ -2,6 +2,7 @@
 it reaches the scheduler.
 
 In order, for each HTTP request:
+0. headers larger than MAX_HEADER_BYTES in all: 431 (h11 bounds only headers that arrive in several reads);
 1. a /v1 route while the server shuts down: 503 `shutting_down`;
 2. a /v1 route without `Authorization: Bearer <the key>` when the server has one: 401 `invalid_api_key` (the key
    is compared in constant time); /health and /metrics stay open, for probes and scrapers;
@@ -18,7 +19,7 @@ import asyncio
 import hmac
 import json
 
-from fdpp_rewrite.serve.limits import MIB, Limits
+from fdpp_rewrite.serve.limits import MAX_HEADER_BYTES, MIB, Limits
 from fdpp_rewrite.serve.schemas import APIError, error_body
 
 API_KEY_ENV = "FDPP_API_KEY"
@@ -58,6 +59,8 @@ class Guard:
         return await self.app(scope, replay, send)
 
     def admit(self, scope) -> None:
+        if sum(len(key) + len(value) for key, value in scope["headers"]) > MAX_HEADER_BYTES:
+            raise APIError(431, f"the request's headers are larger than {MAX_HEADER_BYTES} bytes in all")
         path = scope["path"]
         if not (path == "/v1" or path.startswith("/v1/")):
             return

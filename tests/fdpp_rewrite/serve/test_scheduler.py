@@ -166,6 +166,8 @@ def test_stop_strings_without_a_tokenizer_match_the_streamed_ids(engine):
     assert "".join(e.text for e in events if isinstance(e, Delta)) == text[:cut]
     stopped_at = text[:cut + 1].count(",")  # the stop's id; its closing comma comes with the next token
     assert events[-1].reason == "stop" and request.tokens == alone[:stopped_at + 2]
+    # usage counts the tokens of the text sent, not those that spelled the stop string
+    assert events[-1].completion_tokens == text[:cut].count(",") + 1 < len(request.tokens)
 
 
 def test_a_deliver_hook_gets_each_iterations_events_in_one_call(engine, tokenizer):
