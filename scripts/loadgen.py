@@ -7,14 +7,14 @@
 Per concurrency C, C clients send streamed greedy completions back to back (prompts as token ids, so engines
 with and without a tokenizer take the same mix) until --requests are done or --duration seconds have passed.
 Measured per request: time to first token (request sent -> first text chunk), inter-token latency (time between
-text chunks; one chunk is one token except where a chunk was held back for a stop string or a partial
-character), and the completion tokens from the usage of the last chunk. Reported per C: output tokens/s (all
-completion tokens over the wall time), p50 / p99 of both latencies, answered, refused (HTTP 4xx/503) and failed
-(anything else). A soak (--cancel-fraction, --stop-fraction) also has requests that close their stream after a
-random number of tokens (cancelled, their own count) and requests with a random stop string; after each level
-the server's /metrics are read once it is idle, and the KV slots still held are reported (0 unless a slot
-leaked). Writes loadgen.json and loadgen.png (throughput and latency against concurrency) in -o. Loopback
-servers only: this measures the server, not a network.
+text chunks; one chunk is one token except where a chunk was held back for a stop string or a partial character),
+and the completion tokens from the usage of the last chunk. Reported per C: output tokens/s (all completion tokens
+over the wall time), p50 / p99 of both latencies, answered, refused (HTTP 4xx/503) and failed (anything else). A
+soak (--cancel-fraction, --stop-fraction) also has requests that close their stream after a random number of
+tokens (cancelled, their own count) and requests with a random stop string; after each level the server's /metrics
+are read once it is idle, and the KV slots still held are reported (0 unless a slot leaked). A server started with
+an API key takes it from $FDPP_API_KEY. Writes loadgen.json and loadgen.png (throughput and latency against
+concurrency) in -o. Loopback servers only: this measures the server, not a network.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import os
 import random
 import socket
 import sys
@@ -36,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from fdpp_rewrite.atomic import AtomicOutputs  # noqa: E402
 from fdpp_rewrite.errors import FdppError  # noqa: E402
 from fdpp_rewrite.serve import metrics  # noqa: E402
+from fdpp_rewrite.serve.guard import API_KEY_ENV  # noqa: E402
 
 PROMPT_LENGTHS = (16, 64, 256, 1024)
 OUTPUT_LENGTHS = (16, 64, 128, 256)
@@ -160,7 +162,7 @@ async def run_level(url: str, model: str, mix: list, concurrency: int, requests:
             results.append(await one_request(client, url, model, request))
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=auth_headers()) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     wall = time.perf_counter() - started
     point = summarize(concurrency, results, wall)
@@ -208,11 +210,17 @@ def summarize(concurrency: int, results: list, wall: float) -> dict:
             "itl_p50_ms": ms(percentile(itl, 50)), "itl_p99_ms": ms(percentile(itl, 99))}
 
 
+def auth_headers() -> dict:
+    """The API key of a server started with one (serve --api-key, or $FDPP_API_KEY)."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
 def server_model(url: str, model: str | None) -> tuple[str, int]:
     import httpx
 
     try:
-        listed = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        listed = httpx.get(f"{url}/v1/models", timeout=10, headers=auth_headers()).json()["data"]
     except (httpx.HTTPError, KeyError, ValueError):
         raise FdppError(f"no fdpp server answers at {url}; start one with `python -m fdpp_rewrite serve ENGINE`") \
             from None

@@ -151,27 +151,22 @@ def test_special_tokens_in_chat_content_are_plain_text(server, tokenizer):
     assert_healthy(server)
 
 
-def test_stop_strings_are_not_counted(server, tokenizer):
-    from fdpp_rewrite.serve.text import TextStream
+def test_stop_strings_are_not_counted(server, engine_dir, tokenizer):
+    """usage.completion_tokens: the tokens that spell the text returned, up to the one the stop string starts in."""
+    from fdpp_rewrite.engine.runtime import Engine
 
     prompt = "hello there, server"
-    whole = server.client().completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=0,
-                                               extra_body={"top_k": 1})
-    if whole.choices[0].finish_reason != "length":
-        pytest.skip("the model ended early")
-    text = whole.choices[0].text
+    tokens = Engine(engine_dir).generate([tokenizer.encode(prompt)], 30, stop_ids={tokenizer.eos_id}).tokens[0]
+    text = tokenizer.decode(tokens)
     stop = text[12:15]
-    stopped = server.client().completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=0,
-                                                 stop=[stop])
-    ids = tokenizer.encode(prompt)
-    tokens = tokenizer.encode(text)  # the greedy ids, re-encoded: only their count up to the stop matters below
-    stream = TextStream(tokenizer, ids, [stop])
-    for token in tokens:
-        if stream.push(token)[1]:
-            break
-    assert stopped.choices[0].text == text[:text.index(stop)]
-    assert stopped.usage.completion_tokens < 30
-    assert len(tokenizer.decode(tokens[:stopped.usage.completion_tokens])) >= text.index(stop) > 0
+    cut = text.index(stop)
+    result = server.client().completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=0,
+                                                stop=[stop])
+    count = result.usage.completion_tokens
+    assert result.choices[0].text == text[:cut] and result.choices[0].finish_reason == "stop"
+    assert len(tokenizer.decode(tokens[:count - 1])) < cut <= len(tokenizer.decode(tokens[:count]))
+    assert count < len(tokens)
+    assert_healthy(server)
 
 
 # -- limits: sizes ------------------------------------------------------------------------------------------------
