@@ -84,6 +84,14 @@ def api_key_of(args) -> str | None:
     return key
 
 
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The line printed at start when the server listens beyond this host with no key."""
+    if api_key is not None or is_loopback(host):
+        return None
+    return (f"warning: listening on {host} with no API key: anyone who can reach it can use it; pass --api-key or "
+            f"set {API_KEY_ENV} (docs/serving.md, Deploying)")
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -166,8 +174,8 @@ def run(args) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     print(f"serving {args.model_name or engine.folder.name} at http://{host}:{port}/v1 ({engine.backend.name} "
           f"backend, {engine.max_batch} KV slots, max sequence {engine.max_seq}); Ctrl-C stops", file=sys.stderr)
-    if api_key is None and not is_loopback(args.host):
-        print(f"warning: listening on {args.host} with no API key: anyone who can reach it can use it; pass "
-              f"--api-key or set {API_KEY_ENV} (docs/serving.md, Deploying)", file=sys.stderr)
+    warning = exposure_warning(args.host, api_key)
+    if warning:
+        print(warning, file=sys.stderr)
     make_server(app, scheduler, limits).run(sockets=[sock])
     return 0

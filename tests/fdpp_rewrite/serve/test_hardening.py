@@ -344,7 +344,7 @@ def test_the_connection_cap(keyed):
 
 def test_api_key_option_and_environment(monkeypatch):
     from fdpp_rewrite.errors import FdppError
-    from fdpp_rewrite.serve.server import api_key_of, is_loopback
+    from fdpp_rewrite.serve.server import api_key_of, exposure_warning, is_loopback
 
     monkeypatch.setenv("FDPP_API_KEY", "from-env")
     assert api_key_of(SimpleNamespace(api_key=None)) == "from-env"
@@ -356,6 +356,8 @@ def test_api_key_option_and_environment(monkeypatch):
     assert api_key_of(SimpleNamespace(api_key=None)) is None
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.com")
+    assert exposure_warning("0.0.0.0", None).startswith("warning: listening on 0.0.0.0 with no API key")
+    assert exposure_warning("0.0.0.0", KEY) is None and exposure_warning("127.0.0.1", None) is None
 
 
 @pytest.mark.parametrize("option, value", [("--request-timeout", "nan"), ("--request-timeout", "inf"),
