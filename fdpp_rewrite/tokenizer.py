@@ -5,6 +5,7 @@ directory's tokenizer.json, or from the files the exporter writes beside a model
 the fields in model.fdpp.json)."""
 
 import json
+from functools import cached_property
 from pathlib import Path
 
 from fdpp_rewrite.errors import FdppError
@@ -23,7 +24,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self._plain = None  # a copy of backend that reads special-token text as plain text (made on first use)
 
-    @property
+    @cached_property
     def special_tokens(self) -> list[str]:
         """The text of every special token (e.g. "<|im_end|>")."""
         return [t.content for t in self.backend.get_added_tokens_decoder().values() if t.special]

@@ -1,6 +1,18 @@
 """The real `serve` HTTP server for tests (tests/fdpp_rewrite/serve/): a module of its own, not conftest.py,
 so a test can import it by name without meeting another folder's conftest."""
 
+import time
+
+
+def wait_for(condition, seconds=10.0) -> bool:
+    """Poll condition() until it is true (True) or seconds have passed (False)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
 
 class RunningServer:
     """The real uvicorn server of `serve` on a free loopback port, in a background thread of the test process."""

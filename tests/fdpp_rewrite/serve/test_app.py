@@ -3,12 +3,12 @@ the `openai` client and raw HTTP. Greedy answers equal Engine.generate alone, st
 chat uses the model's template; a client that goes away frees its slot; every refusal is OpenAI's error object."""
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
+from serve_server import wait_for
 
 from fdpp_rewrite.engine.runtime import Engine
 
@@ -25,15 +25,6 @@ def alone(engine_dir, tokenizer):
         tokens = engine.generate([ids], max_tokens, stop_ids={tokenizer.eos_id}).tokens[0]
         return tokenizer.decode(tokens), len(tokens)
     return run
-
-
-def wait_for(condition, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def idle(server):

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
-from serve_server import RunningServer
+from serve_server import RunningServer, wait_for
 
 from fdpp_rewrite.serve.limits import Limits
 
@@ -41,15 +41,6 @@ def keyed(engine_dir):
     running = RunningServer(engine_dir, api_key=KEY, limits=Limits(max_connections=8))
     yield running
     running.close()
-
-
-def wait_for(condition, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def assert_healthy(server, headers=None):
