@@ -3,9 +3,10 @@ it reaches the scheduler.
 
 In order, for each HTTP request:
 0. headers larger than MAX_HEADER_BYTES in all: 431 (h11 bounds only headers that arrive in several reads);
-1. a /v1 route while the server shuts down: 503 `shutting_down`;
-2. a /v1 route without `Authorization: Bearer <the key>` when the server has one: 401 `invalid_api_key` (the key
-   is compared in constant time); /health and /metrics stay open, for probes and scrapers;
+1. any path but OPEN_PATHS while the server shuts down: 503 `shutting_down`;
+2. any path but OPEN_PATHS (so every /v1 route, and whatever path a client makes up) without
+   `Authorization: Bearer <the key>` when the server has one: 401 `invalid_api_key` (the key is compared in
+   constant time); /health and /metrics stay open, for probes and scrapers;
 3. a Content-Length above the body limit (or not a number): 413 (400) at once, before any of the body is read;
 4. the body read here, counted as it arrives (a chunked upload declares no length): 413 once past the limit, 408
    when it has not all arrived within the body timeout. The app then gets it as one message.
@@ -23,6 +24,7 @@ from fdpp_rewrite.serve.limits import MAX_HEADER_BYTES, MIB, Limits
 from fdpp_rewrite.serve.schemas import APIError, error_body
 
 API_KEY_ENV = "FDPP_API_KEY"
+OPEN_PATHS = ("/health", "/metrics")  # answered without a key, and during shutdown (/health then says so)
 
 
 class Disconnected(Exception):
@@ -61,8 +63,7 @@ class Guard:
     def admit(self, scope) -> None:
         if sum(len(key) + len(value) for key, value in scope["headers"]) > MAX_HEADER_BYTES:
             raise APIError(431, f"the request's headers are larger than {MAX_HEADER_BYTES} bytes in all")
-        path = scope["path"]
-        if not (path == "/v1" or path.startswith("/v1/")):
+        if scope["path"] in OPEN_PATHS:
             return
         if self.draining:
             raise shutting_down()

@@ -303,15 +303,18 @@ def test_an_api_key_shuts_every_v1_route(keyed):
         assert error["code"] == "invalid_api_key"
     assert_error(httpx.get(f"{keyed.url}/v1/models"), 401)
     assert_error(httpx.post(f"{keyed.url}/v1/chat/completions", json={}), 401)
+    assert_error(httpx.get(f"{keyed.url}/v1/../v1/models"), 401)
+    assert_error(httpx.get(f"{keyed.url}/anything"), 401)
     # refused before its body is read: a huge declared body without the key is a 401 too
     with socket.create_connection(("127.0.0.1", keyed.port), timeout=5) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 999999999999\r\n\r\n")
         assert read_response(sock)[0] == 401
     after = keyed.metrics()
     assert after["fdpp_requests_submitted_total"] == before["fdpp_requests_submitted_total"]
-    assert after['fdpp_requests_total{outcome="refused"}'] == before['fdpp_requests_total{outcome="refused"}'] + 8
+    assert after['fdpp_requests_total{outcome="refused"}'] == before['fdpp_requests_total{outcome="refused"}'] + 10
     # /health and /metrics stay open
     assert httpx.get(f"{keyed.url}/health").status_code == 200
+    assert "fdpp_kv_slots_total" in httpx.get(f"{keyed.url}/metrics").text
     with pytest.raises(openai.AuthenticationError):
         keyed.client(api_key="wrong").completions.create(model="tiny", prompt="x", max_tokens=2)
     result = keyed.client(api_key=KEY).completions.create(model="tiny", prompt="x", max_tokens=2)
