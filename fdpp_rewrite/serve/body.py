@@ -18,9 +18,12 @@ from pydantic import ValidationError
 
 from fdpp_rewrite.serve.schemas import APIError
 
+MAX_SHOWN = 80  # characters of a refused value quoted in the message (a prompt may be megabytes)
 PARSE_INLINE_BYTES = 64 * 1024  # bodies up to this are parsed on the event loop (well under a millisecond)
 # a JSON escape of a UTF-16 surrogate; without one, no decoded string can hold a surrogate (raw UTF-8 cannot)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# where a field takes one of several types, pydantic puts the type tried into the error's location
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|dict|list|none)$|\[")
 
 
 async def parse_body(raw: bytes, model):
@@ -73,7 +76,7 @@ def check_unicode(value, where: tuple = ()) -> None:
 def validation_message(errors: list) -> tuple[str, str | None]:
     """Pydantic's errors as (one-line message naming the field, the field)."""
     error = errors[0]
-    loc = [str(part) for part in error.get("loc", ())]
+    loc = [str(part) for part in error.get("loc", ()) if not _UNION_MEMBER.search(str(part))]
     param = (error.get("ctx") or {}).get("param") or (loc[0] if loc else None)
     where = ".".join(loc)
     if error["type"] == "extra_forbidden":
@@ -84,4 +87,7 @@ def validation_message(errors: list) -> tuple[str, str | None]:
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "unsupported" or not where:
         return message, param
-    return f"{where}: {message} (got {error.get('input')!r})", param
+    shown = repr(error.get("input"))
+    if len(shown) > MAX_SHOWN:
+        shown = shown[:MAX_SHOWN - 3] + "..."
+    return f"{where}: {message} (got {shown})", param

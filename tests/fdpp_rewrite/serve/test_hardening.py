@@ -55,7 +55,7 @@ def assert_healthy(server, headers=None):
 def assert_error(response, status, param=None, words=()):
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == ERROR_FIELDS and "\n" not in error["message"]
+    assert set(error) == ERROR_FIELDS and "\n" not in error["message"] and len(error["message"]) < 400
     assert error["param"] == param
     for word in words:
         assert word in error["message"], error["message"]
@@ -74,6 +74,7 @@ MALFORMED = [
     ("stream as a string", json.dumps({**COMPLETION, "stream": "yes"}).encode(), "stream", ["stream"]),
     ("temperature as a string", json.dumps({**COMPLETION, "temperature": "0.5"}).encode(), "temperature", []),
     ("max_tokens as a bool", json.dumps({**COMPLETION, "max_tokens": True}).encode(), "max_tokens", []),
+    ("a long bad prompt", json.dumps({**COMPLETION, "prompt": [1, "a"] * 5000}).encode(), "prompt", ["..."]),
     ("empty body", b"", "model", ["model", "prompt"]),
     ("invalid UTF-8", b'{"model": "tiny", "prompt": "\xff\xfe"}', None, ["not valid UTF-8 JSON"]),
     ("not an object", b"[1, 2]", None, ["JSON object"]),
@@ -290,6 +291,7 @@ def test_an_idle_kept_alive_connection_is_closed(guarded):
         sock.settimeout(SHORT.keep_alive_timeout + 5)
         assert sock.recv(65536) == b""  # closed by the server
         assert time.monotonic() - start < SHORT.keep_alive_timeout + 1.5
+    assert_healthy(guarded)
 
 
 # -- the API key and the connection cap ---------------------------------------------------------------------------
