@@ -54,8 +54,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", choices=MODES, default="decode",
                         help="shapes traced before the server is healthy: every decode bucket (decode), also every "
                              "prefill chunk shape (all), or none (the first request of a shape traces it)")
-    parser.add_argument("--api-key", help=f"every /v1 request must send `Authorization: Bearer KEY` (default: "
-                                          f"${API_KEY_ENV}; none: no key needed); /health and /metrics stay open")
+    parser.add_argument("--api-key", help=f"every request but /health and /metrics must send `Authorization: Bearer "
+                                          f"KEY` (default: ${API_KEY_ENV}; neither set: no key needed)")
     for field in fields(Limits):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=int if field.type == "int" else float,
                             default=field.default, help=f"{LIMIT_HELP[field.name]} (default {field.default:g})")
