@@ -32,10 +32,10 @@ class Disconnected(Exception):
 
 
 class Guard:
-    def __init__(self, app, limits: Limits, metrics, api_key: str | None = None):
-        self.app, self.limits, self.metrics = app, limits, metrics
+    def __init__(self, app, limits: Limits, scheduler, api_key: str | None = None):
+        self.app, self.limits, self.scheduler = app, limits, scheduler  # scheduler.draining: shutting down
+        self.metrics = scheduler.metrics
         self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.draining = False  # set by server.py's exit handler: the server is shutting down
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -65,7 +65,7 @@ class Guard:
             raise APIError(431, f"the request's headers are larger than {MAX_HEADER_BYTES} bytes in all")
         if scope["path"] in OPEN_PATHS:
             return
-        if self.draining:
+        if self.scheduler.draining:
             raise shutting_down()
         if self.expected is not None:
             given = header(scope, b"authorization")

@@ -137,7 +137,7 @@ def build_app(engine, *, model_name: str | None = None, max_queue: int = 64, req
     scheduler = Scheduler(engine, tokenizer, max_queue=max_queue, prefill_chunk=prefill_chunk, stop_ids=stop_ids,
                           warmup=warmup)
     app = create_app(scheduler, tokenizer, model_name or engine.folder.name, request_timeout)
-    return Guard(app, limits, scheduler.metrics, api_key), scheduler
+    return Guard(app, limits, scheduler, api_key), scheduler
 
 
 def make_server(app, scheduler, limits: Limits):
@@ -148,7 +148,6 @@ def make_server(app, scheduler, limits: Limits):
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
-            app.draining = True
             scheduler.drain()
             super().handle_exit(sig, frame)
 

@@ -376,8 +376,7 @@ def test_draining_refuses_new_requests_and_ends_streams(engine_dir):
         with httpx.stream("POST", f"{running.url}/v1/completions", json=body, timeout=30) as stream:
             lines = stream.iter_lines()
             assert next(line for line in lines if line).startswith("data: {")
-            running.app.draining = True
-            running.scheduler.drain()
+            running.scheduler.drain()  # what SIGINT and SIGTERM do (make_server's exit handler)
             rest = [line for line in lines if line]
         assert '"code": "shutting_down"' in rest[-2] and rest[-1] == "data: [DONE]"
         refused = httpx.post(f"{running.url}/v1/completions", json={"model": "tiny", "prompt": "a"})
