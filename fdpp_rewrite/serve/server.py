@@ -1,8 +1,8 @@
 """`serve ENGINE [--host 127.0.0.1 --port 8000]`: the OpenAI-compatible server (app.py) on uvicorn, with the
 scheduler thread (scheduler.py) owning the engine, guard.py in front (API key, body limits) and protocol.py under
 it (connection limits). The engine loads and the port is bound before the server starts, so a bad engine folder
-or a busy port is the usual one-line error. SIGINT or SIGTERM drains: /v1 answers 503, the requests in flight end
-with an error (a stream with an error event), then the server stops."""
+or a busy port is the usual one-line error. SIGINT or SIGTERM drains: every path but /metrics answers 503, the requests
+in flight end with an error (a stream with an error event), then the server stops."""
 
 from __future__ import annotations
 
