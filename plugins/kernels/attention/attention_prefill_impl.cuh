@@ -69,8 +69,8 @@ cudaError_t launch_prefill_sm90_impl(const AttnArgs& a, cudaStream_t stream) {
 }
 
 // Tile shapes (a.prefill_config; the plan's choice in attention_forward, attention_launch.cu):
-//   1: 128 query rows (32 per warp) in 32-key steps. (A 64-key step at 32 rows per warp reads Q from shared memory
-//      half as often but spills at head_dim 128; measured on the H200 it was no faster: docs/notes-attention.md.)
+//   1: 128 query rows (32 per warp) in 32-key steps. (Not 64-key steps: they read Q from shared memory half as
+//      often but spill at head_dim 128, which costs what they save: docs/notes-attention.md.)
 //   2: 64 query rows (16 per warp) in 64-key steps: half the work per CTA, for grids too small to balance.
 //   4: Hopper only: 128 query rows per CTA on warpgroup MMAs with a producer warp (attention_prefill_sm90.cuh).
 template <typename T, int D, int kStepN, int kRowsPerWarp>

@@ -22,9 +22,9 @@ constexpr int kRopeMaxGroup = 8;      // head slots per CTA at most
 constexpr int kRopeMinCtasPerSm = 4;  // a larger group only while the grid keeps this many CTAs per SM
 
 // Head slots per CTA: one round of its lanes, doubled up to kRopeMaxGroup while the grid keeps kRopeMinCtasPerSm
-// CTAs per SM. Measured on the H200 (Llama2-7B, 96 slots, 2 lanes): a 128-token chunk at one slot per CTA (12288
-// CTAs of 64 threads) took 15.3 us and at 8 slots 6.5 us; a 16-sequence decode step at 8 slots (192 CTAs) 3.9 us
-// and at one slot 2.3 us. Worked example (132 SMs): decode B = 16 -> 2 slots (768 CTAs; 4 would leave 384 < 528);
+// CTAs per SM: a CTA computes each angle of its token once for all its heads, so larger groups do less work in all,
+// while a decode step, with few tokens, needs many small CTAs to fill the GPU (timings: docs/notes-attention.md).
+// Worked example (132 SMs): decode B = 16 -> 2 slots (768 CTAs; 4 would leave 384 < 528);
 // a 128-token chunk -> 8 slots (1536 CTAs).
 inline int rope_group_slots(int slots, int lanes, long long tokens, int sms) {
   int group = lanes;

@@ -7,8 +7,8 @@ namespace attn {
 // Split-KV decode: a CTA = 4 warps holds 16 query rows (the G query heads x seq tokens of one KV head, padded) and
 // streams its split's keys in tiles through a 2- to 4-stage cp.async pipeline (decode_stages() in
 // attention_heuristics.h picks per grid); each warp takes a quarter of every tile. One stage (K and V tile) is
-// 32 KB at either head_dim: 2 stages for two CTAs per SM or 4 for one keep about 128 KB of loads in flight per SM
-// (more was measured slower; Little's law needs ~50 KB per SM at ~4.5 TB/s and ~1.5 us of latency).
+// 32 KB at either head_dim: 2 stages for two CTAs per SM or 4 for one keep about 128 KB of loads in flight per SM,
+// enough to cover HBM latency at full bandwidth (Little's law) without a deeper ring (docs/notes-attention.md).
 template <int D, int Stages = 3>
 struct DecodeTraits {
   static constexpr int kHeadDim = D;

@@ -7,8 +7,8 @@ namespace fdpp {
 namespace gemm {
 namespace {
 
-// V consecutive outputs per thread: 8 (16-byte loads and stores) where every row and pointer allows, else 1.
-// The scalar form, a 64-bit division per element, took 10 us for M = 144 rows of Llama2-7B's gate_up.
+// V consecutive outputs per thread: 8 (16-byte loads and stores) where every row and pointer allows, else 1:
+// the scalar form pays a 64-bit division per element, which dominates this memory-bound pass (docs/notes-gemm.md).
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Pack {
   T v[V];

@@ -27,8 +27,8 @@
 // stages are requested before waiting for the kernel that produces X (gemm.h: Problem::pdl).
 //
 // A config with k_tile >= 1024 (implb_is_bulk) selects a 16-row x 1024-column version of this kernel instead, the
-// TMA one (gemm_implb_bulk.cu) or the row-streaming ones (gemm_implb_stream.cu, gemm_implb_pair.cu): on the H200
-// they stream the weight 5-14% faster at M <= 8 (docs/notes-gemm.md).
+// TMA one (gemm_implb_bulk.cu) or the row-streaming ones (gemm_implb_stream.cu, gemm_implb_pair.cu): at M <= 8 the
+// GEMM is a weight stream, and these loaders stream it faster (the comparison: docs/notes-gemm.md).
 #include <cooperative_groups.h>
 
 #include <mutex>

@@ -1,11 +1,10 @@
 // ImplB with the tensor memory accelerator (sm_90, M <= 16): the flat GEMM of gemm_implb.cu with its weight
 // stream moved from per-thread 16-byte cp.async to TMA copies of whole tiles, issued by a producer warp.
 //
-// Why: copy-engine transfers need neither registers nor many warps to keep bytes in flight. On the H200 a chain of
-// weight-streaming kernels in a CUDA graph read a 33.5 MB weight in about 9 us with one CTA per SM keeping a few
-// 16-32 KB transfers in flight, against 10.3 us for 128-thread CTAs issuing 16-byte cp.async
-// (docs/notes-gemm.md). (Separate one-dimensional bulk copies of 1-2 KB row pieces were slower:
-// the copy engine pays per copy, so a unit here is two 3-D tensor copies.)
+// Why: copy-engine transfers need neither registers nor many warps to keep bytes in flight: one CTA per SM with a
+// few 16-32 KB transfers in flight streams the weight, where per-thread cp.async needs many warps to do the same
+// (docs/notes-gemm.md). The copy engine pays per copy, so a unit here is two 3-D tensor copies, not separate
+// one-dimensional bulk copies of 1-2 KB row pieces.
 //
 // The math is ImplB's: Y^T = W X^T with 16 weight rows on the MMA's M side and the batch padded to 8 on its
 // 8-wide side (two batch blocks up to M = 16), mma.sync m16n8k16, fp32 accumulators, the same K permutation
@@ -20,7 +19,7 @@
 // waits for the previous grid, since it reads only the weight. Eight consumer warps take the unit's 32-wide K
 // groups in turn: they copy their pieces to registers, release the stage, and multiply; X comes through L1 into
 // registers two units ahead. Eight consumers, not four: with four, the MMA and load latency of one unit, not
-// bandwidth, limited the kernel (eight were 15-27% faster). At the end of a block the consumers' partial sums meet
+// bandwidth, limited the kernel. At the end of a block the consumers' partial sums meet
 // in shared memory (double-buffered by block parity, so no warp waits for warp 0's epilogue) and warp 0 stores.
 #include <cuda.h>
 #include <cudaTypedefs.h>

@@ -3,7 +3,8 @@
 //
 // Why: every CTA of the rows kernel reads all of X for its 16 rows, so at M = 8 the activations are half as many
 // bytes from L2 as the weights are from HBM (16 MB against 33.5 for o). With 32 rows and half of K per CTA the same
-// weight bytes come with half the activations. Example: o at M = 8 takes the M = 4 time this way.
+// weight bytes come with half the activations, so M = 8 reads the activation bytes that M = 4 reads in the rows
+// kernel.
 //
 // Work: cluster c (CTAs 2c and 2c + 1) owns rows [32c, 32c + 32) (silu_mul: 16-row blocks 2c and 2c + 1, each
 // 8 gate + 8 up rows); rank r streams the 512-column units [r * half, (r + 1) * half) of K, half = ceil(units / 2).
@@ -12,8 +13,8 @@
 // 8-row batch tiles (the K permutation of gemm_implb.cu), so the ring needs no CTA barrier. Weights come with an L2
 // evict-first policy, activations from L2 without L1, as in the rows kernel.
 //
-// The pipeline: every stage's weights are issued before the PDL wait (one unit ahead, or the rows1 split of one and
-// two units, was slower here: o M = 1 9.42 and 9.25 against 8.98 us), then one activation group per stage, so that
+// The pipeline: every stage's weights are issued before the PDL wait, the most weight bytes ahead of the release
+// (fewer, or the rows1 split, lost here: docs/notes-gemm.md), then one activation group per stage, so that
 // unit 0 can start when its own activations have landed.
 //
 // The end: warp i < 2 of each CTA adds tile i over the warps. Rank 1's two warps write their sums into rank 0's
@@ -23,7 +24,7 @@
 // the previous grid anyway) says that the other CTA is running before it is written to, phase 1 that the sums have
 // landed. Warps with nothing left to do exit; a cluster barrier waits only for threads that have not exited.
 //
-// Example (H200, o [4096, 4096], M = 1 / 8): 8.8 / 9.0 us, against 9.5 / 10.0 for the rows1 loader.
+// The profile picks it per shape against the rows loaders (docs/notes-gemm.md, "ImplB pipelines").
 #include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
@@ -65,7 +66,8 @@ struct PairShared {
   float red[NB == 1 ? kWarps : 1][kRanks * 4][32];
   float other[kRanks][NB * 4][32];  // rank 0: rank 1's sums of both tiles
 };
-// The dynamic ring follows this struct: 64 bytes off a 128-byte line made the kernel 10% slower.
+// The dynamic ring follows this struct and starts on a 128-byte line, the size of the weight row pieces it holds
+// (what an offset costs: docs/notes-gemm.md).
 static_assert(sizeof(PairShared<1>) % 128 == 0 && sizeof(PairShared<2>) % 128 == 0, "keep the ring 128-byte aligned");
 
 // Clusters, compiled only where the kernel body is (sm_90+).
@@ -149,9 +151,9 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_pair_kernel(const PairG
     if (s < total) issue_w(s, my_ring_u32 + s * stage_bytes, weight_row);
     detail::cp_async_commit();
   }
-  // The prologue works each row out as it copies it, so that its first copies leave at once (all of them first was
-  // slower at M <= 8). The refills take the rows from registers, worked out here, where the CTA waits for the
-  // previous grid anyway (working them out again for every unit made o 3% slower at M = 8).
+  // The prologue works each row out as it copies it, so that its first copies leave at once (all of them first
+  // would delay the first copy). The refills take the rows from registers, worked out here, where the CTA waits for
+  // the previous grid anyway, so no address arithmetic sits between a unit landing and its refill.
   const T* w_rows[kRows / kRowsPerCopy];
   unsigned w_rows_ok = 0;
 #pragma unroll
@@ -280,8 +282,9 @@ cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream)
   const int grid = int(2 * ((blocks + 1) / 2));  // one cluster of two per pair of 16-row blocks
   int64_t smem = implb_pair_smem_bytes(stages, p.m);
   // Never three CTAs per SM for a grid that fits one wave at two: the CTAs would crowd some SMs and leave others
-  // half used, so more shared memory keeps it at two. Example: o at M = 1, 2 stages: three fit (3 * (67584 + 10240)
-  // <= 228 KB) and took 9.75 us, two 8.74. (Grids of several waves would gain from a third, but with the refills'
+  // half used, so more shared memory keeps it at two. Example: o at M = 1, 2 stages: three would fit
+  // (3 * (67584 + 10240) <= 228 KB), so the padding keeps them at two. (Grids of several waves would gain from a
+  // third, but with the refills'
   // row pointers in registers, 110 per thread, a third never fits the register file anyway.)
   if (grid <= 2 * dev.num_sms)
     while (3 * (smem + per_cta_extra) <= 228 * 1024) smem += 1024;

@@ -1,7 +1,7 @@
 // ImplB on a row-streaming cp.async pipeline (M <= 16; a config's loader kLoaderRows or kLoaderRows1): the flat
 // GEMM of gemm_implb.cu on the loader that read weights fastest on the H200 -- two CTAs per SM, each with up to three
-// 32 KB stages of 16-byte cp.async in flight. Example: a 33.5 MB weight in 8.15 us in a PDL chain, against 9.15 us
-// for the TMA tiles of gemm_implb_bulk.cu (docs/notes-gemm.md has the measurements behind every choice below).
+// 32 KB stages of 16-byte cp.async in flight, ahead of the TMA tiles of gemm_implb_bulk.cu in a PDL chain
+// (docs/notes-gemm.md has the measurements behind every choice below).
 //
 // The math is ImplB's: Y^T = W X^T with 16 weight rows on the MMA's M side and the batch padded to 8 on its
 // 8-wide side (two batch blocks up to M = 16), mma.sync m16n8k16, fp32 accumulators, and the K permutation of
@@ -16,13 +16,14 @@
 //
 // Why it is built this way:
 // - X rides in the stage with the weights: loaded into registers a unit ahead instead, its L2 latency under the
-//   weight stream held every refill back. It is copied from L2 without an L1 allocation (.cg); through L1 (.ca),
-//   for the other CTA of the SM, it was slower at M = 8.
+//   weight stream held every refill back. It is copied from L2 without an L1 allocation (.cg): the stage already
+//   holds it, so an L1 copy would serve only the SM's other CTA, and that did not pay off.
 // - The weights are copied with an L2 evict-first policy: read once, they should not push the activations out.
 // - A warp moves the unit's operands into registers and refills the slot before it multiplies.
-// - No L2::256B prefetch hint on the weight copies (2-3% slower with it); 1024-column units, not 512.
+// - No L2::256B prefetch hint on the weight copies: each byte is read once, so the hint only adds traffic.
+//   1024-column units, not 512: fewer commit groups per byte.
 // - 8 warps of 128 columns, not 4 of 256 (or 16 of 64): the same bytes in flight, half the work per warp and unit
-//   between a slot landing and its refill (o, M = 1: 9.27 us against 10.07 with 4 warps).
+//   between a slot landing and its refill.
 // - How many units' weights go out before the PDL wait is the loader's choice, picked per shape by the profile: all
 //   the stages (rows) or one (rows1, the rest with their activations right after the wait). rows sends more weight
 //   bytes ahead; rows1 lets the activations through sooner.
@@ -131,8 +132,8 @@ __global__ void __launch_bounds__(kWarps * 32) flat_gemm_stream_kernel(const Str
     }
   };
   // After the prologue's first units the copies go out in unit order, from a cursor: the next unit's step and
-  // block, and the block's row pointers in registers, worked out once per block instead of once per unit (per unit
-  // it cost 2-3% in the pair kernel).
+  // block, and the block's row pointers in registers, worked out once per block instead of once per unit, so no
+  // address arithmetic sits between a unit landing and its refill.
   const T* w_rows[16 / kRowsPerCopy];
   unsigned w_rows_ok = 0;
   int next_step = 0, next_block = block0;
@@ -260,10 +261,9 @@ cudaError_t launch_for(const StreamGemmParams& params, const DeviceInfo& dev, in
                        : launch_typed<T, 2, 2>(params, dev, smem, launch);
 }
 
-// Activation rows a stage holds: M, except at M = 7 one more, zero-filled, because copying 7 rows was 3-5% slower
-// than copying 8 (and a slot sized for 8 without the eighth copy stayed slow). Other odd M have no such step, and
-// above 8 the batch takes a second MMA block. Example: gate_up (rows loader) at M = 7 takes the M = 8 time, 45.3 us,
-// instead of 47.5.
+// Activation rows a stage holds: M, except at M = 7 one more, zero-filled: copying 7 rows (two per instruction) cost
+// more than copying 8, and a slot sized for 8 without the eighth copy stayed slow, so M = 7 costs what M = 8 does.
+// Other odd M show no such step, and above 8 the batch takes a second MMA block (docs/notes-gemm.md).
 int stream_x_rows(int m) { return m == 7 ? 8 : m; }
 
 }  // namespace
@@ -279,8 +279,8 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, in
   }
   // Two CTAs per SM is the point of this loader: with more activation rows per stage the ring gets shallower
   // (never below 2 stages) until two fit (228 KB per SM, 1 KB reserved per CTA, the reduction buffers). One
-  // reduction buffer instead of two where that saves a stage. Example: at M = 2 one buffer leaves room for 3 stages
-  // instead of 2 (gate_up 43.4 us against 45.2).
+  // reduction buffer instead of two where that saves a stage: a deeper ring keeps more weight bytes in flight.
+  // Example: at M = 2 one buffer leaves room for 3 stages instead of 2.
   const int x_rows = stream_x_rows(p.m);
   auto fitting = [&](int parities) {
     const int64_t per_cta_extra = 1024 + int64_t(sizeof(StreamShared<1, 1>)) * parities * batch_blocks;
