@@ -146,12 +146,16 @@ IMPLB_CONFIGS = [
 ]
 
 
+# One M per instantiated batch-block count (implb_batch_blocks: 1, 2, 3, 4, 6, 8), and 7 (a zero-padded block).
+IMPLB_MS = [1, 7, 13, 20, 29, 33, 64]
+
+
 def _config_id(c):
     return "n{n_tile}k{k_tile}s{stages}x{split_k}".format(**c)
 
 
 @pytest.mark.parametrize("config,m,epilogue,dtype", pairwise_params(
-    {"config": IMPLB_CONFIGS, "m": [1, 7, 13, 33, 64], "epilogue": ["none", "silu_mul+bias+residual"],
+    {"config": IMPLB_CONFIGS, "m": IMPLB_MS, "epilogue": ["none", "silu_mul+bias+residual"],
      "dtype": DTYPES}, ids={"config": _config_id}))
 def test_implb_configs(config, m, epilogue, dtype):
     from fdpp_rewrite.gpu import gemm
@@ -303,6 +307,20 @@ def test_dispatch_through_plan(m):
     x, w, bias, residual = _inputs(m, 688, 1032, "float16", "silu_mul+bias+residual")
     out = _run("auto", x, w, bias, residual, "silu_mul+bias+residual", plan=plan)
     ref, peer = _reference(x, w, bias, residual, True, "float16")
+    _check(out, ref, peer)
+
+
+@pytest.mark.parametrize("m", [1, 8, 9])
+def test_unprofiled_default_plan(m):
+    """A shape no profile holds runs the contract's unprofiled default (no plan given): ImplB with
+    default_implb_config up to M = 8, cuBLASLt above."""
+    from fdpp_rewrite.gpu import gemm
+
+    _skip_unavailable("cublaslt")
+    assert gemm.select(m, gemm.default_plan(688, 1032, "silu_mul")) == ("implb" if m <= 8 else "cublaslt")
+    x, w, bias, residual = _inputs(m, 688, 1032, "bfloat16", "silu_mul+bias+residual")
+    out = _run("auto", x, w, bias, residual, "silu_mul+bias+residual")
+    ref, peer = _reference(x, w, bias, residual, True, "bfloat16")
     _check(out, ref, peer)
 
 
