@@ -1,5 +1,5 @@
-"""The README and docs/ as a user meets them: the two fresh-machine commands, a README of one screenful or two, no
-run logs under docs/, and the README's main-job command run as a user would (on a scratch work folder)."""
+"""The README and docs/ as a user meets them: the two fresh-machine commands (real make targets), no run logs under
+docs/, links that resolve, and the README's main-job command run as a user would (on a scratch work folder)."""
 
 import re
 import subprocess
@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-README_MAX_LINES = 130  # the README is for users; measurements go to docs/benchmarks.md, history to the notes
 
 
 def readme_text():
@@ -22,9 +21,12 @@ def test_readme_names_exactly_two_fresh_machine_commands():
     assert readme_commands() == ["make demo", "make test"]
 
 
-def test_readme_is_short():
-    lines = len(readme_text().splitlines())
-    assert lines < README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/"
+def test_readme_commands_are_make_targets_that_resolve():
+    """What the README tells a user to type exists: make finds each target and every prerequisite (a dry run)."""
+    for command in readme_commands():
+        result = subprocess.run([*command.split(), "-n"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"`{command}` does not resolve: {result.stderr.strip()}"
+        assert "fdpp_rewrite" in result.stdout or "pytest" in result.stdout, (command, result.stdout[-500:])
 
 
 def is_run_log(path: Path) -> bool:
@@ -53,9 +55,10 @@ def test_readme_links_resolve():
 
 
 def test_main_job_prints_verdict_and_text(tmp_path: Path):
-    # `make demo` = setup + `python -m fdpp_rewrite demo`; setup is what this test suite already ran.
+    # `make demo` = setup + `python -m fdpp_rewrite demo`; setup is what this test suite already ran. Five tokens
+    # are enough for a three-word answer; each more is a whole-model step on the CPU reference ops.
     result = subprocess.run([sys.executable, "-m", "fdpp_rewrite", "demo", "--workdir", str(tmp_path),
-                             "--max-new-tokens", "12"], capture_output=True, text=True, timeout=1200)
+                             "--max-new-tokens", "5"], capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "compare verdict for smollm2-135m: PASS" in result.stdout
     answer = re.search(r"^answer: (.+)$", result.stdout, flags=re.MULTILINE)

@@ -1,12 +1,13 @@
 """fdpp::AsyncSoftmaxAttention on the GPU: decode (split-KV), prefill, rowwise, against a float32 reference with
 torch's own low-precision error as the tolerance; odd sizes, GQA, variable lengths, masks, adversarial scores,
 the fallback counter, CUDA-graph capture, the decode's three combines (cluster, combine kernel, last block), and bad
-input."""
+input. Grids over kernel axes are pairwise (tests/helpers/pairwise.py)."""
 
 import pytest
 
 from attention_reference import check_close
 from gpu_kernels import kernels_launched
+from pairwise import pairwise_params
 
 pytestmark = pytest.mark.gpu
 
@@ -65,15 +66,19 @@ def adversarial_inputs(seq, dtype):
 
 DTYPES = [torch.float16, torch.bfloat16]
 HEADS = [(1, 32, 32), (3, 9, 3), (2, 8, 1)]  # (batch, query heads, kv heads): MHA, GQA 3:1, MQA
+SOFTMAXES = ["unified", "synchronized"]
 
 
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("kv_len", [1, 97, 4099])
-@pytest.mark.parametrize("batch,heads,kv_heads", HEADS)
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_matches_reference(dtype, dim, batch, heads, kv_heads, kv_len, softmax):
+def _heads_id(h):
+    return "{}x{}/{}".format(*h)
+
+
+@pytest.mark.parametrize("dtype,dim,bhk,kv_len,softmax", pairwise_params(
+    {"dtype": DTYPES, "dim": [64, 128], "bhk": HEADS, "kv_len": [1, 97, 4099], "softmax": SOFTMAXES},
+    ids={"bhk": _heads_id}))
+def test_decode_matches_reference(dtype, dim, bhk, kv_len, softmax):
     att = _att()
+    batch, heads, kv_heads = bhk
     q, k, v, past = make_inputs(batch, heads, kv_heads, 1, kv_len, dim, dtype, capacity=kv_len + 5,
                                 spread=kv_len > 64)
     counters = att.Counters()
@@ -121,9 +126,8 @@ def test_decode_any_split_count_gives_the_same_result(num_splits):
     check_close(out, q, kr, vr, f"splits={num_splits}", scale=128 ** -0.5, past_len=past)
 
 
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("depth", [2, 4])
+@pytest.mark.parametrize("depth,dim,softmax", pairwise_params(
+    {"depth": [2, 4], "dim": [64, 128], "softmax": SOFTMAXES}))
 def test_decode_pipeline_depths_match_reference(depth, dim, softmax):
     """The split kernel at the 2 and 4 stages decode_stages() picks: more CTAs than SMs (batch 8 x 32 heads, one
     split), and one CTA per SM streaming 33 key tiles (one split forced)."""
@@ -149,11 +153,8 @@ def _hopper():
     return torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("seq", [1, 3])
-@pytest.mark.parametrize("splits", [2, 3, 8])
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,dim,softmax,splits,seq", pairwise_params(
+    {"dtype": DTYPES, "dim": [64, 128], "softmax": SOFTMAXES, "splits": [2, 3, 8], "seq": [1, 3]}))
 def test_decode_cluster_combine_matches_the_combine_kernel(dtype, dim, softmax, splits, seq):
     """The splits of a row block combined inside a thread block cluster (distributed shared memory) against the
     combine kernel: both within the reference tolerance, the same fallback rows; uneven lengths (a sequence
@@ -214,15 +215,14 @@ def test_decode_grid_sized_for_the_cache_handles_short_sequences():
 
 
 # 128 rows x 32-key steps, 64 rows x 64-key steps, 128 rows on warpgroup MMAs (sm_90)
-@pytest.mark.parametrize("config", [1, 2, 4])
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("seq,past_len", [(1000, 0), (97, 0), (300, 200), (129, 4000)])
-@pytest.mark.parametrize("batch,heads,kv_heads", [(1, 4, 4), (3, 9, 3)])
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_prefill_matches_reference(dtype, dim, batch, heads, kv_heads, seq, past_len, softmax, config):
+@pytest.mark.parametrize("dtype,dim,bhk,seq_past,softmax,config", pairwise_params(
+    {"dtype": DTYPES, "dim": [64, 128], "bhk": [(1, 4, 4), (3, 9, 3)],
+     "seq_past": [(1000, 0), (97, 0), (300, 200), (129, 4000)], "softmax": SOFTMAXES, "config": [1, 2, 4]},
+    ids={"bhk": _heads_id, "seq_past": lambda sp: "S{}past{}".format(*sp), "config": lambda c: f"cfg{c}"}))
+def test_prefill_matches_reference(dtype, dim, bhk, seq_past, softmax, config):
     skip_unless_hopper(config)
     att = _att()
+    (batch, heads, kv_heads), (seq, past_len) = bhk, seq_past
     q, k, v, past = make_inputs(batch, heads, kv_heads, seq, past_len + seq, dim, dtype)
     counters = att.Counters()
     out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, counters=counters, prefill_config=config)
@@ -232,13 +232,17 @@ def test_prefill_matches_reference(dtype, dim, batch, heads, kv_heads, seq, past
     assert counters.fallback_rows == 0, "unit-scale scores stay inside every row's anchored window"
 
 
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
+@pytest.mark.parametrize("softmax", SOFTMAXES)
 def test_prefill_wgmma_smoke(softmax):
     """The first check of the sm_90 kernel (scripts/device_job.sh runs it alone before anything else): one block
-    of 128 rows and a ragged second one, against the reference."""
-    skip_unless_hopper(4)
+    of 128 rows and a ragged second one, against the reference. Off sm_90 the forced tile shape is an error, never
+    another shape's result."""
     att = _att()
     q, k, v, past = make_inputs(1, 2, 2, 200, 200, 128, torch.float16)
+    if not _hopper():
+        with pytest.raises(att.FdppError, match="unsupported"):
+            att.attention(q, k, v, past, kernel="prefill", softmax=softmax, prefill_config=4)
+        return
     out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, prefill_config=4)
     kr, vr = reference_view(k, v, past, 200)
     check_close(out, q, kr, vr, f"wgmma smoke {softmax}", scale=128 ** -0.5, past_len=past)
@@ -285,18 +289,6 @@ def test_prefill_rejects_an_unknown_tile_shape(config):
         att.attention(q, k, v, past, kernel="prefill", prefill_config=config)
 
 
-def test_prefill_wgmma_off_hopper_is_refused_not_replaced():
-    """A forced tile shape the GPU cannot run is an error, never another shape's result."""
-    from fdpp_rewrite.errors import FdppError
-
-    if torch.cuda.get_device_capability()[0] == 9:
-        pytest.skip("this GPU runs the wgmma kernel")
-    att = _att()
-    q, k, v, past = make_inputs(1, 4, 4, 64, 64, 128, torch.float16)
-    with pytest.raises(FdppError, match="unsupported"):
-        att.attention(q, k, v, past, kernel="prefill", prefill_config=4)
-
-
 @pytest.mark.parametrize("dim", [64, 128])
 def test_rowwise_float32_matches_reference(dim):
     att = _att()
@@ -331,14 +323,14 @@ def test_mask_mode_none_sees_every_key(kernel):
     check_close(out, q, k, v, f"none {kernel}", scale=64 ** -0.5, mask_mode="none")
 
 
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("kernel,seq,splits", [("decode", 1, 0), ("decode", 1, 1), ("decode", 4, 0),
-                                               ("prefill", 200, 0)])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_adversarial_scores_stay_exact(dtype, kernel, seq, splits, softmax):
+@pytest.mark.parametrize("dtype,path,softmax", pairwise_params(
+    {"dtype": DTYPES, "path": [("decode", 1, 0), ("decode", 1, 1), ("decode", 4, 0), ("prefill", 200, 0)],
+     "softmax": SOFTMAXES}, ids={"path": lambda p: "{}-S{}-splits{}".format(*p)}))
+def test_adversarial_scores_stay_exact(dtype, path, softmax):
     """Scores up to +-1e4, rows mixing in-range and far-out-of-range tiles: never NaN/Inf, always within
     tolerance; the unified kernels send exactly the out-of-window rows to the fallback."""
     att = _att()
+    kernel, seq, splits = path
     q, k, v, past, kr, vr = adversarial_inputs(seq, dtype)
     configs = (0,)
     if kernel == "prefill":  # every tile shape
@@ -389,9 +381,8 @@ def test_decode_low_side_flags_only_rows_that_can_lose_precision(dtype, num_spli
     assert counters.fallback_rows in expected
 
 
-@pytest.mark.parametrize("combine", ["auto", "kernel"])
-@pytest.mark.parametrize("num_splits", [0, 1])
-@pytest.mark.parametrize("seq", [1, 3])
+@pytest.mark.parametrize("seq,num_splits,combine", pairwise_params(
+    {"seq": [1, 3], "num_splits": [0, 1], "combine": ["auto", "kernel"]}))
 def test_decode_fallback_counter_counts_rows(seq, num_splits, combine):
     """The decode kernel's unified max is the calibrated phi: rows outside [phi + guard_lo, phi + guard_hi]."""
     att = _att()
@@ -796,16 +787,15 @@ def _counters_for(q, k):
 LAST_BLOCK_SHAPES = [(2, 8, 8, 1, 7), (3, 12, 2, 4, 3), (3, 9, 3, 1, 5)]
 
 
-@pytest.mark.parametrize("batch,heads,kv_heads,seq,splits", LAST_BLOCK_SHAPES)
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_last_block_combine_equals_the_combine_kernel(dtype, dim, softmax, batch, heads, kv_heads, seq,
-                                                             splits):
+@pytest.mark.parametrize("dtype,dim,softmax,shape", pairwise_params(
+    {"dtype": DTYPES, "dim": [64, 128], "softmax": SOFTMAXES, "shape": LAST_BLOCK_SHAPES},
+    ids={"shape": lambda s: "{}x{}/{}-seq{}-splits{}".format(*s)}))
+def test_decode_last_block_combine_equals_the_combine_kernel(dtype, dim, softmax, shape):
     """The last CTA adds each row's split partials in the combine kernel's order: the same bits, within the
     reference's tolerance. Lengths differ per sequence and the last one's 40 + seq keys leave most of its splits
     empty (they do not count); the counters are zero after every call, so the second call finds them ready."""
     att = _att()
+    batch, heads, kv_heads, seq, splits = shape
     q, k, v, past = make_inputs(batch, heads, kv_heads, seq, 1500, dim, dtype, spread=True)
     past[-1] = 40
     kr, vr = reference_view(k, v, past, seq)
@@ -825,9 +815,7 @@ def test_decode_last_block_combine_equals_the_combine_kernel(dtype, dim, softmax
                                           f"{(out.float() - outs[0].float()).abs().max().item():.3e}"
 
 
-@pytest.mark.parametrize("seq", [1, 4])
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,softmax,seq", pairwise_params({"dtype": DTYPES, "softmax": SOFTMAXES, "seq": [1, 4]}))
 def test_decode_last_block_combine_recomputes_flagged_rows_exactly(dtype, softmax, seq):
     """Scores up to +-1e4 (test_adversarial_scores_stay_exact's keys): the last CTA recomputes the rows whose guard
     bits any split set, exactly and never NaN, and counts them as the combine kernel does."""

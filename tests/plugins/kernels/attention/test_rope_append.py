@@ -5,6 +5,8 @@ formula; untouched cache rows stay bit-exact; CUDA-graph capture; bad input."""
 import numpy as np
 import pytest
 
+from pairwise import pairwise_params
+
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
@@ -38,13 +40,13 @@ def cpu_reference(q, k_new, v_new, k_cache, v_cache, past, inv_freq, rope_dim, i
     return [torch.from_numpy(o).cuda() for o in outs]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("interleaved", [0, 1])
-@pytest.mark.parametrize("dim, rope_fraction", [(64, 1.0), (128, 1.0), (128, 0.5), (64, 0.25), (64, 0.0),
-                                                 (128, 0.0)])
-@pytest.mark.parametrize("table", ["model", "theta"])
-def test_matches_cpu_reference(dim, rope_fraction, interleaved, dtype, table):
+@pytest.mark.parametrize("rope,interleaved,dtype,table", pairwise_params(
+    {"rope": [(64, 1.0), (128, 1.0), (128, 0.5), (64, 0.25), (64, 0.0), (128, 0.0)], "interleaved": [0, 1],
+     "dtype": [torch.float16, torch.bfloat16], "table": ["model", "theta"]},
+    ids={"rope": lambda r: "d{}-rope{}".format(*r)}))
+def test_matches_cpu_reference(rope, interleaved, dtype, table):
     att = _att()
+    dim, rope_fraction = rope
     rope_dim = int(dim * rope_fraction)
     batch, heads, kv_heads, seq, cap, theta = 3, 8, 2, 4, 40, 10000.0
     q, k_new, v_new, k_cache, v_cache = make_inputs(batch, heads, kv_heads, seq, dim, cap, dtype,

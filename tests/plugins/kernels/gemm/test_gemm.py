@@ -1,9 +1,15 @@
 """The flat GEMM (ImplA GEMV, ImplB flat GEMM, ImplC cuBLASLt / CUTLASS, and the dispatch) against a float32
 reference, with a tolerance relative to cuBLAS's own fp16/bf16 error: |ours - ref| <= 2 |torch - ref| (max over
 the output) plus a hair. Odd M, N and K that are not multiples of any tile, every epilogue, both dtypes; the
-output is poisoned with NaN first so an unwritten element fails."""
+output is poisoned with NaN first so an unwritten element fails.
+
+The grids are pairwise (tests/helpers/pairwise.py) over valid combinations only: every pair of axis values a kernel
+can run appears in some case, and no case skips by construction on the H200; each refusal has one case in
+test_refusals_are_one_line_errors."""
 
 import pytest
+
+from pairwise import pairwise_params
 
 pytestmark = pytest.mark.gpu
 
@@ -12,7 +18,9 @@ MS = [1, 3, 5, 7, 9, 13, 64, 100]
 # (n, k): N not a multiple of 16 and K not a multiple of any k_tile; a Llama-sized square; a tiny one.
 SHAPES = [(1000, 1032), (4096, 4096), (40, 200)]
 EPILOGUES = ["none", "bias", "residual", "bias+residual", "silu_mul", "silu_mul+bias+residual"]
-IMPLS = ["impla", "implb", "cublaslt", "cutlass"]
+# The implementations a plan can pick per M (ImplC's CUTLASS has its own smoke test: no profiled shape picks it).
+IMPLS = ["impla", "implb", "cublaslt"]
+MAX_M = {"impla": 8, "implb": 64, "cublaslt": max(MS)}  # the FlatGemm contract's limits (test_gemm_heuristics)
 
 
 def _torch():
@@ -96,16 +104,10 @@ def _skip_unavailable(impl):
         pytest.skip("library built without the CUTLASS headers")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("epilogue", EPILOGUES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("m", MS)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl,m,shape,epilogue,dtype", pairwise_params(
+    {"impl": IMPLS, "m": MS, "shape": SHAPES, "epilogue": EPILOGUES, "dtype": DTYPES},
+    valid=lambda c: c["m"] <= MAX_M[c["impl"]], ids={"shape": lambda s: f"{s[0]}x{s[1]}"}))
 def test_matches_fp32_reference(impl, m, shape, epilogue, dtype):
-    if impl == "impla" and m > 8:
-        pytest.skip("ImplA handles M <= 8")
-    if impl == "implb" and m > 64:
-        pytest.skip("ImplB handles M <= 64")
     _skip_unavailable(impl)
     n, k = shape
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue)
@@ -115,7 +117,19 @@ def test_matches_fp32_reference(impl, m, shape, epilogue, dtype):
     _check(out, ref, peer)
 
 
-# ImplB configs: every n_tile, k_tile per warp 32..256, no overlap (stages 1) to deep, split-K over clusters.
+def test_cutlass_smoke():
+    """ImplC's CUTLASS path (a plan may name it; no profiled shape does): odd M, N and K, the full epilogue, both
+    dtypes."""
+    _skip_unavailable("cutlass")
+    for dtype in DTYPES:
+        x, w, bias, residual = _inputs(13, 1000, 1032, dtype, "silu_mul+bias+residual")
+        out = _run("cutlass", x, w, bias, residual, "silu_mul+bias+residual")
+        ref, peer = _reference(x, w, bias, residual, True, dtype)
+        _check(out, ref, peer)
+
+
+# ImplB configs: every n_tile, k_tile per warp 32..256, no overlap (stages 1) to deep, split-K over clusters; then
+# the warp-tiled configs the H200 profile and default_implb_config pick (engines/profiles/h200.json).
 IMPLB_CONFIGS = [
     {"n_tile": 16, "k_tile": 128, "stages": 1, "split_k": 1},
     {"n_tile": 16, "k_tile": 256, "stages": 2, "split_k": 2},
@@ -124,13 +138,25 @@ IMPLB_CONFIGS = [
     {"n_tile": 32, "k_tile": 256, "stages": 2, "split_k": 1},
     {"n_tile": 64, "k_tile": 32, "stages": 4, "split_k": 2},
     {"n_tile": 64, "k_tile": 128, "stages": 8, "split_k": 1},
+    {"n_tile": 16, "k_tile": 512, "stages": 3, "split_k": 1},
+    {"n_tile": 16, "k_tile": 512, "stages": 3, "split_k": 2},
+    {"n_tile": 32, "k_tile": 256, "stages": 3, "split_k": 1},
+    {"n_tile": 64, "k_tile": 128, "stages": 3, "split_k": 1},
+    {"n_tile": 64, "k_tile": 128, "stages": 3, "split_k": 4},
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("epilogue", ["none", "silu_mul+bias+residual"])
-@pytest.mark.parametrize("m", [1, 7, 13, 33, 64])
-@pytest.mark.parametrize("config", IMPLB_CONFIGS, ids=lambda c: "n{n_tile}k{k_tile}s{stages}x{split_k}".format(**c))
+# One M per instantiated batch-block count (implb_batch_blocks: 1, 2, 3, 4, 6, 8), and 7 (a zero-padded block).
+IMPLB_MS = [1, 7, 13, 20, 29, 33, 64]
+
+
+def _config_id(c):
+    return "n{n_tile}k{k_tile}s{stages}x{split_k}".format(**c)
+
+
+@pytest.mark.parametrize("config,m,epilogue,dtype", pairwise_params(
+    {"config": IMPLB_CONFIGS, "m": IMPLB_MS, "epilogue": ["none", "silu_mul+bias+residual"],
+     "dtype": DTYPES}, ids={"config": _config_id}))
 def test_implb_configs(config, m, epilogue, dtype):
     from fdpp_rewrite.gpu import gemm
 
@@ -149,43 +175,49 @@ BULK_CONFIGS = ([{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows"} for s in (2, 3, 4)]
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows1"} for s in (2, 3)]
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "pair"} for s in (2, 3)])
+SM90_LOADERS = ("tma", "pair")  # the library's sm_90a code; rows and rows1 run anywhere
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul", "silu_mul+bias+residual"])
-@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 13, 16, 17, 40])
-@pytest.mark.parametrize("config", BULK_CONFIGS, ids=lambda c: "{}-s{}".format(c.get("loader", "tma"), c["stages"]))
-@pytest.mark.parametrize("shape", ["short-last-unit", "many-blocks", "k-not-64"])
+def _loader(config):
+    return config.get("loader", "tma")
+
+
+def _bulk_id(c):
+    return f"{_loader(c)}-s{c['stages']}"
+
+
+def _bulk_shape(shape, silu):
+    """(N, K) of a 1024-column pipeline case."""
+    if shape == "short-last-unit":  # a 64-column last unit; silu: N / 2 a multiple of 8
+        return (4112, 3136) if silu else (4104, 2112)
+    if shape == "many-blocks":  # ~10 blocks per CTA (the reduction buffers reused, the ring wrapped many times),
+        return (20008, 1600) if silu else (20000, 1600)  # a 576-column last unit; silu: N / 2 = 10004
+    return (1048, 2072) if silu else (1000, 2072)  # k-not-64: 2072 = 2 x 1024 + 24, a last group of 24 columns
+
+
+def _skip_off_hopper(loader):
+    from fdpp_rewrite.gpu import gemm
+
+    if loader in SM90_LOADERS and gemm.device_info()["cc_major"] != 9:
+        pytest.skip("the TMA and cluster-pair pipelines run on compute capability 9.x (the library's sm_90a code)")
+
+
+@pytest.mark.parametrize("config,m,epilogue,dtype,shape", pairwise_params(
+    {"config": BULK_CONFIGS, "m": [1, 2, 3, 7, 8, 9, 13, 16],
+     "epilogue": ["none", "bias+residual", "silu_mul", "silu_mul+bias+residual"], "dtype": DTYPES,
+     "shape": ["short-last-unit", "many-blocks", "k-not-64"]},
+    valid=lambda c: c["shape"] != "k-not-64" or _loader(c["config"]) != "tma", ids={"config": _bulk_id}))
 def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
     """The 1024-column ImplB pipelines (k_tile 1024, M <= 16; TMA on sm_90, rows anywhere): N not a multiple of 16
     (zero-filled rows past N), K a multiple of 64 but not of k_tile (a short last unit), more 16-row blocks than
-    SMs (up to ~10 per CTA); for rows also a K that is a multiple of 8 only (a partial 32-column group), M = 2,
-    where rows at 3 stages has one reduction buffer (and a barrier after each block's sums), and M = 7, where rows
-    copies a zero eighth activation row. Above M = 16 a 1024-column config is refused with a one-line error (the
-    launcher never substitutes another config; a plan keeps such configs to M <= 16)."""
-    from fdpp_rewrite.gpu import gemm
-
-    rows = config.get("loader") in ("rows", "rows1", "pair")  # cp.async: any K that is a multiple of 8
-    if config.get("loader") in (None, "pair") and gemm.device_info()["cc_major"] != 9:
-        pytest.skip("the TMA and cluster-pair pipelines run on compute capability 9.x (the library's sm_90a code)")
+    SMs (up to ~10 per CTA); for the cp.async loaders also a K that is a multiple of 8 only (a partial 32-column
+    group; the TMA pipeline refuses it: test_refusals_are_one_line_errors), M = 2, where rows at 3 stages has one
+    reduction buffer (and a barrier after each block's sums), and M = 7, where rows copies a zero eighth
+    activation row. Above M = 16 a 1024-column config is refused (test_refusals_are_one_line_errors)."""
+    _skip_off_hopper(_loader(config))
     silu = epilogue.startswith("silu")
-    if shape == "short-last-unit":  # a 64-column last unit; silu: N / 2 a multiple of 8
-        n, k = (4112, 3136) if silu else (4104, 2112)
-    elif shape == "many-blocks":  # ~10 blocks per CTA (the reduction buffers reused, the ring wrapped many times),
-        n, k = (20008, 1600) if silu else (20000, 1600)  # a 576-column last unit; silu: N / 2 = 10004
-    else:
-        if not rows:
-            pytest.skip("the TMA pipeline needs K % 64 == 0 (the rows one takes any multiple of 8)")
-        n, k = (1048, 2072) if silu else (1000, 2072)  # 2072 = 2 x 1024 + 24: a last group of 24 columns
-    if m > 16 and shape != "short-last-unit":
-        pytest.skip("above M = 16 the config is refused; the first shape checks that")
+    n, k = _bulk_shape(shape, silu)
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 7)
-    if m > 16:
-        from fdpp_rewrite.errors import FdppError
-
-        with pytest.raises(FdppError, match="ImplB config handles M <= 16"):
-            _run("implb", x, w, bias, residual, epilogue, config=config)
-        return
     out = _run("implb", x, w, bias, residual, epilogue, config=config)
     ref, peer = _reference(x, w, bias, residual, silu, dtype)
     _check(out, ref, peer)
@@ -194,16 +226,12 @@ def test_implb_1024_column_pipelines(config, m, epilogue, dtype, shape):
 # The pair pipeline where K is whole 512-column units (the other tests' K are not): an odd number of cluster pairs,
 # one unit per K half, none for the second half (K = 512: that rank only sends zeros), 8 units per half (K = 8192),
 # and M up to the kernel's 16 (one or two 8-row batch tiles).
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("epilogue", ["none", "bias+residual", "silu_mul"])
-@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 12, 16])
-@pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("n,k", [(80, 512), (80, 1024), (4104, 4096), (1040, 8192)])
-def test_implb_pair_whole_units(n, k, stages, m, epilogue, dtype):
-    from fdpp_rewrite.gpu import gemm
-
-    if gemm.device_info()["cc_major"] != 9:
-        pytest.skip("the cluster-pair pipeline runs on compute capability 9.x (the library's sm_90a code)")
+@pytest.mark.parametrize("nk,stages,m,epilogue,dtype", pairwise_params(
+    {"nk": [(80, 512), (80, 1024), (4104, 4096), (1040, 8192)], "stages": [2, 3], "m": [1, 2, 3, 7, 8, 9, 12, 16],
+     "epilogue": ["none", "bias+residual", "silu_mul"], "dtype": DTYPES}, ids={"nk": lambda s: f"{s[0]}x{s[1]}"}))
+def test_implb_pair_whole_units(nk, stages, m, epilogue, dtype):
+    _skip_off_hopper("pair")
+    n, k = nk
     config = {"n_tile": 16, "k_tile": 1024, "stages": stages, "split_k": 1, "loader": "pair"}
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 11)
     out = _run("implb", x, w, bias, residual, epilogue, config=config)
@@ -211,34 +239,26 @@ def test_implb_pair_whole_units(n, k, stages, m, epilogue, dtype):
     _check(out, ref, peer)
 
 
-def _ablations_built() -> bool:
-    """Whether the library has the padding ablation (built with FDPP_BENCH_ABLATIONS=ON)."""
+# Each pad_m with M below, at and above a multiple of 8 (the padding ablation's cases).
+@pytest.mark.parametrize("pad_m,m", [(16, 1), (64, 9), (16, 17), (64, 1)])
+def test_implb_padding_ablation_is_exact_math_or_names_its_build_option(pad_m, m):
+    """pad_m 16 and 64 exist in a library built with FDPP_BENCH_ABLATIONS=ON, where they are the same math; any
+    other build refuses them naming the option (the default build, so this never skips)."""
     from fdpp_rewrite.errors import FdppError
 
-    x, w, _, _ = _inputs(1, 64, 64, "float16", "none")
+    x, w, _, _ = _inputs(m, 1000, 1032, "float16", "none")
+    config = {"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1}
     try:
-        _run("implb", x, w, None, None, "none", pad_m=16)
+        out = _run("implb", x, w, None, None, "none", config=config, pad_m=pad_m)
     except FdppError as exc:
-        if "FDPP_BENCH_ABLATIONS" in str(exc):
-            return False
-        raise
-    return True
-
-
-@pytest.mark.parametrize("pad_m", [16, 64])
-@pytest.mark.parametrize("m", [1, 9, 17])
-def test_implb_padding_ablation_is_exact_math(pad_m, m):
-    if not _ablations_built():
-        pytest.skip("the padding ablation is a benchmark build option (cmake -DFDPP_BENCH_ABLATIONS=ON)")
-    x, w, bias, residual = _inputs(m, 1000, 1032, "float16", "none")
-    out = _run("implb", x, w, None, None, "none", config={"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1},
-               pad_m=pad_m)
+        assert "FDPP_BENCH_ABLATIONS=ON" in str(exc) and "\n" not in str(exc), str(exc)
+        return
     ref, peer = _reference(x, w, None, None, False, "float16")
     _check(out, ref, peer)
 
 
-@pytest.mark.parametrize("split_k", [1, 2, 4, 8])
-@pytest.mark.parametrize("m", [1, 4, 8])
+# Every cluster size impla_split_k can pick, each at a different M.
+@pytest.mark.parametrize("split_k,m", [(1, 8), (2, 1), (4, 4), (8, 8)])
 def test_impla_split_k(split_k, m):
     from fdpp_rewrite.gpu import gemm
 
@@ -287,6 +307,20 @@ def test_dispatch_through_plan(m):
     x, w, bias, residual = _inputs(m, 688, 1032, "float16", "silu_mul+bias+residual")
     out = _run("auto", x, w, bias, residual, "silu_mul+bias+residual", plan=plan)
     ref, peer = _reference(x, w, bias, residual, True, "float16")
+    _check(out, ref, peer)
+
+
+@pytest.mark.parametrize("m", [1, 8, 9])
+def test_unprofiled_default_plan(m):
+    """A shape no profile holds runs the contract's unprofiled default (no plan given): ImplB with
+    default_implb_config up to M = 8, cuBLASLt above."""
+    from fdpp_rewrite.gpu import gemm
+
+    _skip_unavailable("cublaslt")
+    assert gemm.select(m, gemm.default_plan(688, 1032, "silu_mul")) == ("implb" if m <= 8 else "cublaslt")
+    x, w, bias, residual = _inputs(m, 688, 1032, "bfloat16", "silu_mul+bias+residual")
+    out = _run("auto", x, w, bias, residual, "silu_mul+bias+residual")
+    ref, peer = _reference(x, w, bias, residual, True, "bfloat16")
     _check(out, ref, peer)
 
 
@@ -403,33 +437,6 @@ def test_programmatic_dependent_launch_chain(first, second, m):
     assert torch.equal(out, expected), "replayed graph with PDL differs from the plain launch"
 
 
-def test_unsupported_inputs_fail_clearly():
-    torch = _torch()
-    from fdpp_rewrite.errors import FdppError
-    from fdpp_rewrite.gpu import gemm
-
-    w = torch.randn(64, 100, device="cuda", dtype=torch.float16)
-    x = torch.randn(2, 100, device="cuda", dtype=torch.float16)
-    with pytest.raises(FdppError, match="multiple of 8"):
-        gemm.linear(x, w, impl="implb")
-    buf = torch.randn(2 * 64 + 1, device="cuda", dtype=torch.float16)
-    w2 = torch.randn(32, 64, device="cuda", dtype=torch.float16)
-    x_misaligned = buf[1:].view(2, 64)
-    with pytest.raises(FdppError, match="16-byte aligned"):
-        gemm.linear(x_misaligned, w2, impl="implb")
-    x9 = torch.randn(9, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(FdppError, match="M <= 8"):
-        gemm.linear(x9, w2, impl="impla")
-    x65 = torch.randn(65, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(FdppError, match="M <= 64"):
-        gemm.linear(x65, w2, impl="implb")
-    x2 = torch.randn(2, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(FdppError, match="n_tile"):
-        gemm.linear(x2, w2, impl="implb", implb_config={"n_tile": 48, "k_tile": 64, "stages": 2, "split_k": 1})
-    with pytest.raises(FdppError, match="float16"):
-        gemm.linear(x.float(), w2.float())
-
-
 @pytest.mark.parametrize("m", [9, 24])
 def test_one_row_block_per_warp_computes_the_same(m):
     """row_blocks = 1 (one 16-row weight block per warp, what the rule's second block is measured against) is the
@@ -443,14 +450,54 @@ def test_one_row_block_per_warp_computes_the_same(m):
     _check(one, ref, peer)
 
 
-def test_a_1024_column_config_past_16_rows_is_refused_not_replaced():
-    """A launcher that cannot run the config it was given says so; it never runs another config instead."""
+def _refusal_case(reason):
+    """(call, the message's expected words) for one reason the GEMM refuses its input."""
+    torch = _torch()
+    from fdpp_rewrite.gpu import gemm
+
+    half = dict(device="cuda", dtype=torch.float16)
+    w = torch.randn(32, 64, **half)
+    bulk = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}
+    if reason == "k-not-multiple-of-8":
+        return lambda: gemm.linear(torch.randn(2, 100, **half), torch.randn(64, 100, **half), impl="implb"), \
+            "multiple of 8"
+    if reason == "misaligned-x":
+        x = torch.randn(2 * 64 + 1, **half)[1:].view(2, 64)
+        return lambda: gemm.linear(x, w, impl="implb"), "16-byte aligned"
+    if reason == "float32":
+        return lambda: gemm.linear(torch.randn(2, 64, device="cuda"), w.float()), "float16"
+    if reason == "impla-m-9":
+        return lambda: gemm.linear(torch.randn(9, 64, **half), w, impl="impla"), "M <= 8"
+    if reason == "implb-m-65":
+        return lambda: gemm.linear(torch.randn(65, 64, **half), w, impl="implb"), "M <= 64"
+    if reason == "n_tile-48":
+        config = {"n_tile": 48, "k_tile": 64, "stages": 2, "split_k": 1}
+        return lambda: gemm.linear(torch.randn(2, 64, **half), w, impl="implb", implb_config=config), "n_tile"
+    if reason == "tma-k-not-64":
+        x, w2, _, _ = _inputs(4, 1000, 2072, "float16", "none")
+        return lambda: _run("implb", x, w2, None, None, "none", config=bulk), "K to be a multiple of 64"
+    # A 1024-column config past 16 rows: the launcher says so and never runs another config instead.
+    loader = reason.split("-")[0]
+    x, w2, _, _ = _inputs(17, 256, 2048, "float16", "none")
+    config = bulk if loader == "tma" else dict(bulk, loader=loader)
+    return lambda: _run("implb", x, w2, None, None, "none", config=config), "ImplB config handles M <= 16"
+
+
+# One case per distinct reason (a launcher that cannot run what it was given says so in one line).
+REFUSALS = ["k-not-multiple-of-8", "misaligned-x", "float32", "impla-m-9", "implb-m-65", "n_tile-48",
+            "tma-k-not-64", "tma-m-17", "rows-m-17", "pair-m-17"]
+
+
+@pytest.mark.parametrize("reason", REFUSALS)
+def test_refusals_are_one_line_errors(reason):
     from fdpp_rewrite.errors import FdppError
 
-    x, w, _, _ = _inputs(17, 256, 2048, "float16", "none")
-    rows = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows"}
-    with pytest.raises(FdppError, match="M <= 16"):
-        _run("implb", x, w, None, None, "none", config=rows)
+    if reason.startswith(SM90_LOADERS):
+        _skip_off_hopper(reason.split("-")[0])
+    call, words = _refusal_case(reason)
+    with pytest.raises(FdppError, match=words) as caught:
+        call()
+    assert "\n" not in str(caught.value)
 
 
 def test_a_plan_for_cublaslt_without_cublaslt_is_an_error():

@@ -4,6 +4,8 @@ input."""
 
 import pytest
 
+from pairwise import pairwise_params
+
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
@@ -37,9 +39,8 @@ def fresh_inputs(shape, dtype, seed):
     return x, weight
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 7, 64])
-@pytest.mark.parametrize("hidden", [576, 4096, 5120])
+@pytest.mark.parametrize("hidden,rows,dtype", pairwise_params(
+    {"hidden": [576, 4096, 5120], "rows": [1, 7, 64], "dtype": [torch.float16, torch.bfloat16]}))
 def test_matches_float64_reference(hidden, rows, dtype):
     x, weight = fresh_inputs((rows, hidden), dtype, seed=hidden * 100 + rows)
     out = torch.full_like(x, float("nan"))

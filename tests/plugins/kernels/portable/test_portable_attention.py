@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from attention_reference import check_close
+from pairwise import pairwise_params
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "attention"))
-from test_attention import DTYPES, HEADS, make_inputs, reference_view  # noqa: E402
+from test_attention import DTYPES, HEADS, SOFTMAXES, _heads_id, make_inputs, reference_view  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -30,13 +31,12 @@ def _portable():
     return portable, attention
 
 
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("kv_len", [1, 97, 4099])
-@pytest.mark.parametrize("batch,heads,kv_heads", HEADS)
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_matches_reference(dtype, dim, batch, heads, kv_heads, kv_len, softmax):
+@pytest.mark.parametrize("dtype,dim,bhk,kv_len,softmax", pairwise_params(
+    {"dtype": DTYPES, "dim": [64, 128], "bhk": HEADS, "kv_len": [1, 97, 4099], "softmax": SOFTMAXES},
+    ids={"bhk": _heads_id}))
+def test_decode_matches_reference(dtype, dim, bhk, kv_len, softmax):
     portable, att = _portable()
+    batch, heads, kv_heads = bhk
     q, k, v, past = make_inputs(batch, heads, kv_heads, 1, kv_len, dim, dtype, capacity=kv_len + 5,
                                 spread=kv_len > 64)
     counters = att.Counters()
@@ -96,13 +96,14 @@ def test_mask_mode_none_sees_every_key():
     check_close(out, q, k, v, "portable none", scale=64 ** -0.5, mask_mode="none")
 
 
-@pytest.mark.parametrize("softmax", ["unified", "synchronized"])
-@pytest.mark.parametrize("seq,splits", [(1, 0), (1, 1), (4, 0), (4, 3)])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_adversarial_scores_stay_exact(dtype, seq, splits, softmax):
+@pytest.mark.parametrize("dtype,seq_splits,softmax", pairwise_params(
+    {"dtype": DTYPES, "seq_splits": [(1, 0), (1, 1), (4, 0), (4, 3)], "softmax": SOFTMAXES},
+    ids={"seq_splits": lambda s: "S{}-splits{}".format(*s)}))
+def test_adversarial_scores_stay_exact(dtype, seq_splits, softmax):
     """Scores up to +-1e4 in one key tile per head group: never NaN/Inf, within tolerance; the unified kernel sends
     exactly the out-of-window rows to the exact fallback, the synchronized one never falls back."""
     portable, att = _portable()
+    seq, splits = seq_splits
     q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
     kr, vr = reference_view(k, v, past, seq)
     k[:, 0, 700] = q[:, 0, 0] * 8

@@ -1,12 +1,14 @@
 """The portable GEMV / flat GEMM (plugins/kernels/portable/, the source the AMD build compiles) on the H200, through
 the checks of the Hopper GEMM tests (tests/plugins/kernels/gemm/test_gemm.py, whose inputs, reference and
 tolerance are reused): every M the portable kernels take, odd N and K, every epilogue, both dtypes, the output
-poisoned with NaN so an unwritten element fails."""
+poisoned with NaN so an unwritten element fails; a pairwise grid over those axes (tests/helpers/pairwise.py)."""
 
 import sys
 from pathlib import Path
 
 import pytest
+
+from pairwise import pairwise_params
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm"))
 from test_gemm import DTYPES, EPILOGUES, SHAPES, _check, _inputs, _reference  # noqa: E402
@@ -29,10 +31,9 @@ def _run(x, w, bias, residual, epilogue):
     return out
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("epilogue", EPILOGUES)
-@pytest.mark.parametrize("shape", SHAPES + [(22016, 4096)], ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("m,shape,epilogue,dtype", pairwise_params(
+    {"m": MS, "shape": SHAPES + [(22016, 4096)], "epilogue": EPILOGUES, "dtype": DTYPES},
+    ids={"shape": lambda s: f"{s[0]}x{s[1]}"}))
 def test_matches_fp32_reference(m, shape, epilogue, dtype):
     n, k = shape
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue)
