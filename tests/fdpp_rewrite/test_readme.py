@@ -58,7 +58,7 @@ def test_main_job_prints_verdict_and_text(tmp_path: Path):
     # `make demo` = setup + `python -m fdpp_rewrite demo`; setup is what this test suite already ran. Five tokens
     # are enough for a three-word answer; each more is a whole-model step on the CPU reference ops.
     result = subprocess.run([sys.executable, "-m", "fdpp_rewrite", "demo", "--workdir", str(tmp_path),
-                             "--max-new-tokens", "5"], capture_output=True, text=True, timeout=1200)
+                             "--max-new-tokens", "5", "--device", "cpu"], capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "compare verdict for smollm2-135m: PASS" in result.stdout
     answer = re.search(r"^answer: (.+)$", result.stdout, flags=re.MULTILINE)

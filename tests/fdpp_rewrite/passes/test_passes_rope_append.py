@@ -133,7 +133,7 @@ def test_query_without_rotation_is_left_alone(exported):
 
 
 def test_cache_writes_not_feeding_the_attention_directly_are_not_matched():
-    """tests/rewrite_graphs.py writes the caches through Transposes (a [B, S, H, D] ScatterND): no candidate."""
+    """tests/helpers/rewrite_graphs.py writes the caches through Transposes (a [B, S, H, D] ScatterND): no candidate."""
     from rewrite_graphs import build_tiny_model
 
     graph = gs.import_onnx(build_tiny_model())
