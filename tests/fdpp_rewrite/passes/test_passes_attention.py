@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from rewrite_graphs import HEAD_DIM, TinyConfig, attention_feeds, build_attention_graph, build_tiny_model, decode_feeds
 
+from fdpp_rewrite.calibration.settings import attention_nodes as layer_nodes
 from fdpp_rewrite.calibration.settings import load_calibration
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.errors import FdppError
@@ -24,7 +25,7 @@ def rewrite_attention(model, calibration=None):
 
 
 def attention_nodes(model):
-    return [n for n in model.graph.node if n.domain == "fdpp" and n.op_type == "AsyncSoftmaxAttention"]
+    return layer_nodes(model.graph.node)
 
 
 def assert_same_outputs(original, rewritten, feeds, atol=2e-5):
