@@ -6,7 +6,7 @@ layer on text B, and the other way round (issue 29's bar: every layer under 0.01
     PYTHONPATH=. python3 scripts/calibration_cross_text.py --device cpu --calibration-tokens 2048 ...
 
 Text A defaults to the built-in KJV Bible, text B to Jane Austen's novels from Debian's r-cran-janeaustenr. Each
-text's calibration split chooses phi (fdpp_rewrite.calibrate.choose_phi); the other text's held-out split is
+text's calibration split chooses phi (fdpp_rewrite.calibration.stats.choose_phi); the other text's held-out split is
 measured with the decode kernel's guard rule. Prints one line a layer and writes cross_text.json with --out;
 exits 1 when some layer is over the bar.
 """
@@ -37,34 +37,34 @@ def main(argv=None) -> int:
 
     import torch
 
-    from fdpp_rewrite import calibrate
+    from fdpp_rewrite.calibration import collect, stats
     from fdpp_rewrite.models import load_model
 
     torch.set_grad_enabled(False)
-    device = calibrate.calibration_device(args.device)
+    device = collect.calibration_device(args.device)
     loaded = load_model(args.model, dtype="float32", num_layers=args.num_layers)
-    tokenizer = loaded.tokenizer or calibrate.ByteTokens(loaded.config.vocab_size)
-    texts = {"A": calibrate.calibration_text(args.text_a, tokenizer),
-             "B": calibrate.calibration_text(args.text_b, tokenizer)}
+    tokenizer = loaded.tokenizer or collect.ByteTokens(loaded.config.vocab_size)
+    texts = {"A": collect.calibration_text(args.text_a, tokenizer),
+             "B": collect.calibration_text(args.text_b, tokenizer)}
     sets = {}
     for key, text in texts.items():
-        sets[f"{key} calibration"] = calibrate.text_chunks(tokenizer, text.calibration, "calibration",
+        sets[f"{key} calibration"] = collect.text_chunks(tokenizer, text.calibration, "calibration",
                                                            args.calibration_tokens, args.chunk)
-        sets[f"{key} held-out"] = calibrate.text_chunks(tokenizer, text.heldout, "heldout", args.heldout_tokens,
+        sets[f"{key} held-out"] = collect.text_chunks(tokenizer, text.heldout, "heldout", args.heldout_tokens,
                                                         args.chunk)
     print(f"cross-text calibration of {args.model} on {device}: A = {texts['A'].name}; B = {texts['B'].name}",
           file=sys.stderr, flush=True)
-    stats = calibrate.collect(device, args.model, loaded, sets, args.chunk, args.num_layers)
+    collected = collect.collect(device, args.model, loaded, sets, args.chunk)
 
     layers, passed = [], True
     print("layer   phi(A)    phi(B)   B held-out at phi(A)   A held-out at phi(B)")
     for i in range(loaded.config.num_layers):
         row = {"layer": i}
         for cal, held in (("A", "B"), ("B", "A")):
-            rmax, rmin, _ = stats[f"{cal} calibration"].layers[i].arrays()
-            hmax, hmin, _ = stats[f"{held} held-out"].layers[i].arrays()
-            phi = calibrate.choose_phi(rmax, rmin)
-            rate = calibrate.fallback_rows(hmax, hmin, phi, calibrate.GUARD_LO, calibrate.GUARD_HI) / hmax.numel()
+            rmax, rmin, _ = collected[f"{cal} calibration"].layers[i].arrays()
+            hmax, hmin, _ = collected[f"{held} held-out"].layers[i].arrays()
+            phi = stats.choose_phi(rmax, rmin)
+            rate = stats.fallback_rows(hmax, hmin, phi, stats.GUARD_LO, stats.GUARD_HI) / hmax.numel()
             row[f"phi_{cal}"] = phi
             row[f"{held}_heldout_fallback_rate_at_phi_{cal}"] = rate
             row[f"{held}_heldout_under_bar"] = rate < BAR

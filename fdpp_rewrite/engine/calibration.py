@@ -1,8 +1,8 @@
 """Calibration through the engine: the model's rewritten graph runs on the engine (cuda: the plugin library's
 kernels in float16; cpu: the reference semantics in float32), and a backend wrapper hands every
 AsyncSoftmaxAttention step's real inputs (query after RoPE, the cache view, past_len) to calibrate's
-ScoreCollector before the kernel runs. The scores are computed with torch on the engine's device, so on a GPU the
-statistics phi needs cost seconds, not the CPU reference model's minutes.
+ScoreCollector (fdpp_rewrite/calibration/stats.py) before the kernel runs. The scores are computed with torch on the
+engine's device, so on a GPU the statistics stay on the GPU beside the kernels.
 
 The collection is outside the engine's hot path: only `calibrate` wraps a backend, an Engine it did not wrap
 runs exactly as before. Each prompt is one Engine.prefill at slot 0 (past_len 0), the same windows the CPU path
@@ -27,7 +27,7 @@ class CollectingBackend:
 
     def __init__(self, inner, layer_of: dict[str, int]):
         self.inner = inner
-        self.layer_of = layer_of  # attention node name -> layer (graph order)
+        self.layer_of = layer_of  # attention node name -> layer (attention_layers)
         self.collector = None
         self.valid_rows: int | None = None
 
@@ -73,9 +73,10 @@ def visible_scores(query, key, past_len, scale: float, valid_rows: int | None = 
 
 
 def attention_layers(nodes: list) -> dict[str, int]:
-    """AsyncSoftmaxAttention node name -> layer, the k-th node in graph order being layer k (as --apply)."""
-    names = [n["name"] for n in nodes if n.get("domain") == "fdpp" and n["op"] == "AsyncSoftmaxAttention"]
-    return {name: i for i, name in enumerate(names)}
+    """AsyncSoftmaxAttention node name -> layer, by the calibration's one numbering (calibration.settings)."""
+    from fdpp_rewrite.calibration.settings import attention_nodes
+
+    return {node["name"]: layer for layer, node in enumerate(attention_nodes(nodes))}
 
 
 class EngineCollector:

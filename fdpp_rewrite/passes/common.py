@@ -15,6 +15,8 @@ from fdpp_rewrite.contracts import register_onnx_schemas
 from fdpp_rewrite.passes.weights import ExternalValues, load_values
 
 # ops that change neither values nor layout (absorbed when walking a chain)
+# the exported graph's input name (the export contract, fdpp_rewrite/onnx_builder.py), not an exporter-made node name
+PAST_LEN_INPUT = "past_len"
 PASS_THROUGH_OPS = ("Identity", "Dropout")
 
 

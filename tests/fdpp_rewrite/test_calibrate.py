@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fdpp_rewrite import calibrate  # noqa: E402
+from fdpp_rewrite.calibration import graph, prefill, stats  # noqa: E402
 from fdpp_rewrite.cli import main  # noqa: E402
 from fdpp_rewrite.errors import FdppError  # noqa: E402
 
@@ -17,13 +17,13 @@ from fdpp_rewrite.errors import FdppError  # noqa: E402
 def test_choose_phi_keeps_every_row_inside_a_feasible_window():
     row_max = torch.tensor([2.0, 3.0, 5.0, 9.0, 14.0])
     row_min = torch.tensor([-70.0, -20.0, -5.0, -30.0, -1.0])
-    phi = calibrate.choose_phi(row_max, row_min, guard_lo=-80.0, guard_hi=60.0)
-    assert calibrate.fallback_rows(row_max, row_min, phi, -80.0, 60.0) == 0
+    phi = stats.choose_phi(row_max, row_min, guard_lo=-80.0, guard_hi=60.0)
+    assert stats.fallback_rows(row_max, row_min, phi, -80.0, 60.0) == 0
     # the feasible interval is [14 - 60, 2 + 80 - 32] = [-46, 50] (the row of min -70 is kept while its max is
     # within guard_lo + low_guard_tail of phi): the median max, 5, is more than 10 from both ends
     assert phi == pytest.approx(5.0, abs=0.1)
     # with a row whose max is low too, the upper end is its min + 80 = 10: phi keeps a margin of 10 from it
-    low = calibrate.choose_phi(torch.cat([row_max, torch.tensor([-60.0])]), torch.cat([row_min, torch.tensor([-70.0])]),
+    low = stats.choose_phi(torch.cat([row_max, torch.tensor([-60.0])]), torch.cat([row_min, torch.tensor([-70.0])]),
                                guard_lo=-80.0, guard_hi=60.0)
     assert low == pytest.approx(0.0, abs=0.1)
 
@@ -32,26 +32,26 @@ def test_guard_window_is_the_contracts_widest():
     from fdpp_rewrite.contracts import attention_guard
 
     guard = attention_guard()
-    assert (calibrate.GUARD_LO, calibrate.GUARD_HI) == (guard.lo_range[0], guard.hi_range[1]) == (-80.0, 60.0)
+    assert (stats.GUARD_LO, stats.GUARD_HI) == (guard.lo_range[0], guard.hi_range[1]) == (-80.0, 60.0)
 
 
 def test_choose_phi_minimizes_fallback_when_no_phi_fits_everything():
     # rows whose [min, max] span more than the window cannot all fit; the choice loses the fewest
     row_max = torch.tensor([0.0] * 50 + [100.0])
     row_min = torch.tensor([-10.0] * 50 + [-10.0])
-    phi = calibrate.choose_phi(row_max, row_min, guard_lo=-20.0, guard_hi=15.0)
-    assert calibrate.fallback_rows(row_max, row_min, phi, -20.0, 15.0) == 1
+    phi = stats.choose_phi(row_max, row_min, guard_lo=-20.0, guard_hi=15.0)
+    assert stats.fallback_rows(row_max, row_min, phi, -20.0, 15.0) == 1
 
 
 def test_anchored_prefill_rule_counts_rows_beyond_their_anchor():
     seq = 600  # 5 query blocks of 128; the last block has 10 key tiles, so anchoring applies
     s = torch.zeros(1, 1, seq, seq)
     s = s.masked_fill(torch.ones(seq, seq).triu(1).bool(), -math.inf)
-    assert calibrate.anchored_prefill_fallbacks(s) == 0
+    assert prefill.anchored_prefill_fallbacks(s) == 0
     s[0, 0, 590, 200] = 20.0  # key 200 is in neither the diagonal tiles nor tile 0 of row 590's block
-    assert calibrate.anchored_prefill_fallbacks(s) == 1
+    assert prefill.anchored_prefill_fallbacks(s) == 1
     s[0, 0, 580, 30] = 20.0  # key 30 is in tile 0: part of the anchor, no fallback
-    assert calibrate.anchored_prefill_fallbacks(s) == 1
+    assert prefill.anchored_prefill_fallbacks(s) == 1
 
 
 def _rewritten_graph(path, layers):
@@ -78,7 +78,7 @@ def test_apply_sets_attributes_in_graph_order(tmp_path):
     _rewritten_graph(path, 3)
     layers = [{"layer": i, "phi": 1.5 + i, "guard_lo": -80.0, "guard_hi": 60.0} for i in range(3)]
     out = tmp_path / "out.onnx"
-    assert calibrate.apply_to_graph({"layers": layers}, path, out) == 3
+    assert graph.apply_to_graph({"layers": layers}, path, out) == 3
     model = onnx.load(str(out))
     for i, node in enumerate(model.graph.node):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -89,7 +89,7 @@ def test_apply_refuses_a_graph_with_another_layer_count(tmp_path):
     path = tmp_path / "m.fdpp.onnx"
     _rewritten_graph(path, 2)
     with pytest.raises(FdppError, match="2 AsyncSoftmaxAttention nodes but the calibration has 3"):
-        calibrate.apply_to_graph({"layers": [{"layer": i, "phi": 0, "guard_lo": -1, "guard_hi": 1}
+        graph.apply_to_graph({"layers": [{"layer": i, "phi": 0, "guard_lo": -1, "guard_hi": 1}
                                              for i in range(3)]}, path, tmp_path / "o.onnx")
 
 
@@ -119,7 +119,7 @@ def test_calibrate_end_to_end_on_real_text(tmp_path, capsys):
         assert math.isfinite(entry["phi"]) and entry["guard_lo"] < entry["guard_hi"]
         assert entry["heldout_rows"] == 9 * 300
     assert (tmp_path / "cal.png").stat().st_size > 10_000
-    from fdpp_rewrite.passes.attention import load_calibration
+    from fdpp_rewrite.calibration.settings import load_calibration
 
     assert len(load_calibration(out)) == 2  # what `rewrite --calibration` reads
     saved = torch.load(qkv)
@@ -174,9 +174,9 @@ def synthetic_rows(seed, rows=200_000, centre=5.0, rare=0, rare_max=-62.0):
 
 
 def test_phi_is_a_quantile_choice_that_rare_rows_do_not_move():
-    clean = calibrate.choose_phi(*synthetic_rows(1))
-    with_tail = calibrate.choose_phi(*synthetic_rows(1, rare=3))
-    exact_extremes = calibrate.choose_phi(*synthetic_rows(1, rare=3), ignored_fraction=0.0)
+    clean = stats.choose_phi(*synthetic_rows(1))
+    with_tail = stats.choose_phi(*synthetic_rows(1, rare=3))
+    exact_extremes = stats.choose_phi(*synthetic_rows(1, rare=3), ignored_fraction=0.0)
     assert abs(with_tail - clean) < 0.5  # 3 rows of 200K are under PHI_IGNORED_FRACTION: ignored
     # keeping every row caps phi at the rare rows' min + 80 = 8, less the margin of 10: phi = -2, 7 below the median
     assert exact_extremes == pytest.approx(-2.0, abs=0.1) and clean == pytest.approx(5.0, abs=0.1)
@@ -188,9 +188,9 @@ def test_phi_from_one_distribution_keeps_the_others_fallback_under_the_budget():
     a = synthetic_rows(2, rare=4, centre=5.0)
     b = synthetic_rows(3, rare=4, centre=7.0, rare_max=-58.0)
     for cal, held in ((a, b), (b, a)):
-        phi = calibrate.choose_phi(*cal)
-        assert calibrate.fallback_rows(*held, phi, calibrate.GUARD_LO, calibrate.GUARD_HI) \
-            <= calibrate.FALLBACK_BUDGET * held[0].numel()
+        phi = stats.choose_phi(*cal)
+        assert stats.fallback_rows(*held, phi, stats.GUARD_LO, stats.GUARD_HI) \
+            <= stats.FALLBACK_BUDGET * held[0].numel()
 
 
 def test_layer_whose_scores_no_phi_covers_is_synchronized():
@@ -199,11 +199,11 @@ def test_layer_whose_scores_no_phi_covers_is_synchronized():
     gen = torch.Generator().manual_seed(4)
     row_max = -100 + 464 * torch.rand(50_000, generator=gen)  # maxima over [-100, 364]
     row_min = torch.clamp(row_max - 400, min=-497.0)
-    phi = calibrate.choose_phi(row_max, row_min)
-    assert calibrate.layer_verdict(row_max, row_min, phi) == "synchronized"
+    phi = stats.choose_phi(row_max, row_min)
+    assert stats.layer_verdict(row_max, row_min, phi) == "synchronized"
     ordinary = synthetic_rows(5)
-    assert calibrate.layer_verdict(*ordinary, calibrate.choose_phi(*ordinary)) == "unified"
-    margins = calibrate.guard_margins(*ordinary, calibrate.choose_phi(*ordinary))
+    assert stats.layer_verdict(*ordinary, stats.choose_phi(*ordinary)) == "unified"
+    margins = stats.guard_margins(*ordinary, stats.choose_phi(*ordinary))
     assert margins["hi"] > 0 and margins["lo"] > 0
 
 
@@ -214,7 +214,7 @@ def test_apply_stamps_the_synchronized_verdict(tmp_path):
     _rewritten_graph(path, 2)
     layers = [{"layer": 0, "phi": 1.0, "guard_lo": -80.0, "guard_hi": 60.0, "softmax": "synchronized"},
               {"layer": 1, "phi": 2.0, "guard_lo": -80.0, "guard_hi": 60.0, "softmax": "unified"}]
-    calibrate.apply_to_graph({"layers": layers}, path, tmp_path / "out.onnx")
+    graph.apply_to_graph({"layers": layers}, path, tmp_path / "out.onnx")
     nodes = onnx.load(str(tmp_path / "out.onnx")).graph.node
     softmax = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("softmax") for n in nodes]
     assert softmax == [b"synchronized", None]  # a unified node keeps the default (no attribute)

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fdpp_rewrite import calibrate  # noqa: E402
+from fdpp_rewrite.calibration import collect, stats  # noqa: E402
 from fdpp_rewrite.engine.calibration import visible_scores  # noqa: E402
 from fdpp_rewrite.models import load_model  # noqa: E402
 
@@ -24,8 +24,8 @@ def _collect_both(source: str, backend: str, lengths=(200, 131), held_lengths=(9
     chunks = _prompts(loaded.config.vocab_size, lengths, 0)
     held = _prompts(loaded.config.vocab_size, held_lengths, 1)
     sets = {"calibration": chunks, "heldout": held}
-    reference = calibrate.collect_with_reference(loaded, sets)
-    engine = calibrate.collect_with_engine(source, backend, sets, max(lengths), None)
+    reference = collect.collect_with_reference(loaded, sets)
+    engine = collect.collect_with_engine(source, backend, sets, max(lengths), None)
     return tuple(reference.values()), tuple(engine.values())
 
 
@@ -47,8 +47,8 @@ def _same_calibration(reference, engine, atol: float):
     for i in range(len(rcal.layers)):
         rmax, rmin, _ = rcal.layers[i].arrays()
         emax, emin, _ = ecal.layers[i].arrays()
-        ref_entry = calibrate.summarize_layer(i, rcal.layers[i], rheld.layers[i], calibrate.choose_phi(rmax, rmin))
-        eng_entry = calibrate.summarize_layer(i, ecal.layers[i], eheld.layers[i], calibrate.choose_phi(emax, emin))
+        ref_entry = stats.summarize_layer(i, rcal.layers[i], rheld.layers[i], stats.choose_phi(rmax, rmin))
+        eng_entry = stats.summarize_layer(i, ecal.layers[i], eheld.layers[i], stats.choose_phi(emax, emin))
         assert eng_entry.keys() == ref_entry.keys()
         assert eng_entry["phi"] == pytest.approx(ref_entry["phi"], abs=atol)
         for key in ("softmax", "calibration_rows", "heldout_rows", "calibration_fallback_rows_decode",
@@ -156,5 +156,5 @@ def test_calibrate_through_a_built_engine_gives_the_reference_calibration(tmp_pa
 
 def test_the_gpu_eta_counts_the_export_and_build_only_without_the_users_engine():
     tokens, layers = 24576, 32
-    assert calibrate.expected_duration(tokens, layers, "cuda") == "about 64 s"
-    assert calibrate.expected_duration(tokens, layers, "cuda", engine_given=True) == "about 4 s"
+    assert collect.expected_duration(tokens, layers, "cuda") == "about 64 s"
+    assert collect.expected_duration(tokens, layers, "cuda", engine_given=True) == "about 4 s"

@@ -9,6 +9,8 @@ import onnxruntime as ort
 import pytest
 from rewrite_graphs import HEAD_DIM, TinyConfig, attention_feeds, build_attention_graph, build_tiny_model, decode_feeds
 
+from fdpp_rewrite.calibration.settings import attention_nodes as layer_nodes
+from fdpp_rewrite.calibration.settings import load_calibration
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.passes import attention, common
@@ -23,7 +25,7 @@ def rewrite_attention(model, calibration=None):
 
 
 def attention_nodes(model):
-    return [n for n in model.graph.node if n.domain == "fdpp" and n.op_type == "AsyncSoftmaxAttention"]
+    return layer_nodes(model.graph.node)
 
 
 def assert_same_outputs(original, rewritten, feeds, atol=2e-5):
@@ -137,7 +139,7 @@ def test_calibration_sets_phi_and_guards_per_layer(tmp_path):
     layers = [{"layer": 1, "phi": 3.5, "guard_lo": -20.0, "guard_hi": 15.0},
               {"layer": 0, "phi": -2.0, "guard_lo": -30.0, "guard_hi": 12.0}]
     path.write_text(json.dumps({"schema": "fdpp-calibration/1", "layers": layers}))
-    rewritten, _ = rewrite_attention(model, attention.load_calibration(path))
+    rewritten, _ = rewrite_attention(model, load_calibration(path))
     got = [(a["phi"], a["guard_lo"], a["guard_hi"]) for a in map(node_attributes, attention_nodes(rewritten))]
     assert got == [(-2.0, -30.0, 12.0), (3.5, -20.0, 15.0)]  # graph order = layer order
     assert_same_outputs(model, rewritten, decode_feeds(cfg))  # phi changes speed, never results
@@ -152,7 +154,7 @@ def test_synchronized_verdict_is_stamped_on_its_layer_only(tmp_path):
     layers = [{"layer": 0, "phi": 0.0, "guard_lo": -80.0, "guard_hi": 60.0, "softmax": "synchronized"},
               {"layer": 1, "phi": 0.0, "guard_lo": -80.0, "guard_hi": 60.0, "softmax": "unified"}]
     path.write_text(json.dumps({"schema": "fdpp-calibration/1", "layers": layers}))
-    rewritten, report = rewrite_attention(model, attention.load_calibration(path))
+    rewritten, report = rewrite_attention(model, load_calibration(path))
     stamped = [node_attributes(n).get("softmax") for n in attention_nodes(rewritten)]
     assert stamped == ["synchronized", None] and any("synchronized" in note for note in report.notes)
     ref_ops.COUNTERS.reset()
@@ -177,7 +179,7 @@ def test_bad_calibration(tmp_path, content, message):
     path = tmp_path / "calib.json"
     path.write_text(json.dumps(content))
     with pytest.raises(FdppError, match=message):
-        rewrite_attention(build_tiny_model(TinyConfig(layers=2)), attention.load_calibration(path))
+        rewrite_attention(build_tiny_model(TinyConfig(layers=2)), load_calibration(path))
 
 
 def test_no_attention_at_all():

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fdpp_rewrite.contracts import node_attributes
-from fdpp_rewrite.passes import attention, common
+from fdpp_rewrite.passes import attention, attention_match, common
 from fdpp_rewrite.ref_ops import make_reference_session
 
 BATCH, SEQ, KV_LEN, D = 2, 5, 7, 64
@@ -174,9 +174,9 @@ def test_nan_guard_is_recognised_only_with_zero_and_the_probabilities():
     common.sanitize(graph)
     where = next(n for n in graph.nodes if n.op == "Where")
     probs = next(n for n in graph.nodes if n.op == "Softmax").outputs[0]
-    assert attention.is_nan_guard(graph, where, probs)
+    assert attention_match.is_nan_guard(graph, where, probs)
     other = gs.Variable("other", dtype=np.float32)
-    assert not attention.is_nan_guard(graph, where, other)  # guards a different tensor
+    assert not attention_match.is_nan_guard(graph, where, other)  # guards a different tensor
 
 
 def test_the_dynamo_chain_is_proven_from_shapes_not_assumed():
@@ -185,10 +185,10 @@ def test_the_dynamo_chain_is_proven_from_shapes_not_assumed():
     graph = gs.import_onnx(model)
     common.sanitize(graph)
     scores = next(n for n in graph.nodes if n.op == "MatMul")
-    _, key_t = attention.strip_scalar_factors(graph, scores.inputs[1])
-    assert attention.untransposed_key(graph, key_t) is not None
+    _, key_t = attention_match.strip_scalar_factors(graph, scores.inputs[1])
+    assert attention_match.untransposed_key(graph, key_t) is not None
     key_t.shape = None
-    assert attention.untransposed_key(graph, key_t) is None
+    assert attention_match.untransposed_key(graph, key_t) is None
 
 
 def test_contract_says_a_fully_masked_row_is_exactly_zero():
