@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fdpp_rewrite.cli_args import add_force
 from fdpp_rewrite.errors import FdppError, require_gpu
-from fdpp_rewrite.profile_measure import GRAPH_ITERS, M_GRID, TIMINGS, profile_shape
+from fdpp_rewrite.profile_measure import GRAPH_ITERS, M_GRID, TIMINGS, device_facts, profile_shape
 from fdpp_rewrite.profile_plan import SEARCH_MS, check_existing_profile, merge_profile, model_shapes
 from fdpp_rewrite.profile_plot import plot_entry
 from fdpp_rewrite.profiles import gpu_slug
@@ -56,14 +56,6 @@ def add_arguments(parser) -> None:
     add_force(parser, "(re-measure) shapes already in the profile and their plots")
 
 
-def _device_facts(torch) -> dict:
-    from fdpp_rewrite.gpu import gemm
-
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    info = gemm.device_info()
-    return dict(info, name=props.name, cc=f"{info['cc_major']}.{info['cc_minor']}")
-
-
 def _command_line() -> str:
     return "python -m fdpp_rewrite " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
@@ -80,7 +72,7 @@ def run(args) -> int:
 
     from fdpp_rewrite.gpu import gemm
     from fdpp_rewrite.gpu.gemm_timing import Timer
-    device = _device_facts(torch)
+    device = device_facts(torch)
     slug = gpu_slug(device["name"])
     out = args.out or engines_dir() / "profiles" / f"{slug}.json"
     plots = args.plots or engines_dir() / "profiles" / "plots" / slug

@@ -201,3 +201,12 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
         "retimed": retimed,
         "implb_alternatives": alternatives,
     })
+
+
+def device_facts(torch) -> dict:
+    """What the search and the profile header need of this GPU: the library's device_info, name and cc."""
+    from fdpp_rewrite.gpu import gemm
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    info = gemm.device_info()
+    return dict(info, name=props.name, cc=f"{info['cc_major']}.{info['cc_minor']}")
