@@ -41,6 +41,9 @@ class GemmNode:
     shape: tuple  # (n, k, dtype)
     epilogue: str
     attrs: dict
+    # whether attrs' plan was chosen for this shape: False for a tensor-parallel shard's node, whose [N, K] is a
+    # slice of the one the rewriter stamped a plan for
+    stamped: bool = True
 
 
 @dataclass
@@ -57,16 +60,25 @@ class GemmPlans:
         return "; ".join(sorted(self.sources)) or None
 
 
-def gemm_nodes(plan: dict, shapes: dict, prefix: str = "") -> dict:
-    """prefix + node name -> GemmNode of every FlatGemm of a lowered plan; shapes: node name -> (n, k, dtype)."""
-    return {prefix + node["name"]: GemmNode(tuple(shapes[node["name"]]), node["attrs"].get("epilogue", "none"),
-                                            dict(node["attrs"]))
-            for node in plan["nodes"] if node["domain"] == "fdpp" and node["op"] == "FlatGemm"}
+def gemm_nodes(plan: dict, shapes: dict, prefix: str = "", rewritten_shapes: dict | None = None) -> dict:
+    """prefix + node name -> GemmNode of every FlatGemm of a lowered plan; shapes: node name -> (n, k, dtype);
+    rewritten_shapes: the shapes the rewriter saw (the unsharded graph's), where they may differ."""
+    nodes = {}
+    for node in plan["nodes"]:
+        if node["domain"] == "fdpp" and node["op"] == "FlatGemm":
+            shape = tuple(shapes[node["name"]])
+            stamped = rewritten_shapes is None or tuple(rewritten_shapes.get(node["name"], ())) == shape
+            nodes[prefix + node["name"]] = GemmNode(shape, node["attrs"].get("epilogue", "none"), dict(node["attrs"]),
+                                                    stamped)
+    return nodes
 
 
 def attributes_choice(name: str, attrs: dict) -> GemmChoice:
-    """The plan a node's attributes carry, checked against the FlatGemm contract (defaults filled in)."""
-    full = load_contract("FlatGemm").validate_attributes(attrs, where=f"node {name}")
+    """The plan a node's attributes carry, checked against the FlatGemm contract (defaults filled in). Attributes
+    the engine adds to a lowered node (a tensor-parallel shard's all_reduce) are not the contract's and not read."""
+    contract = load_contract("FlatGemm")
+    full = contract.validate_attributes({key: value for key, value in attrs.items() if key in contract.attributes},
+                                        where=f"node {name}")
     return GemmChoice(**{key: full[key] for key in PLAN_ATTRIBUTES})
 
 
@@ -98,7 +110,7 @@ def resolve_cuda_plans(nodes: dict, device_name: str, profile=None, measure: Cal
     for name, node in sorted(nodes.items()):
         if explicit is not None:
             choice, read = _profile_choice(explicit, node), explicit
-        elif label_gpu(str(node.attrs.get("profile", ""))) == device_name:
+        elif node.stamped and label_gpu(str(node.attrs.get("profile", ""))) == device_name:
             choice, read = attributes_choice(name, node.attrs), None
         else:
             if committed is None:
@@ -157,10 +169,16 @@ def resolve_cpu_plans(nodes: dict, profile=None) -> GemmPlans:
 
 
 def profiler(device: dict) -> Callable:
-    """measure() for resolve_cuda_plans on this GPU: the profiler's quick search (imported here, only when a shape
-    needs it). device: gpu.device.gpu_facts()."""
-    from fdpp_rewrite.gpu.gemm_timing import Timer
-    from fdpp_rewrite.profile_measure import profile_shape
+    """measure() for resolve_cuda_plans on this GPU: the profiler's quick search, imported (and its timer made) at
+    the first shape that needs it, not before. device: gpu.device.gpu_facts()."""
+    timers = []
 
-    timer = Timer(reps=10)
-    return lambda shape: profile_shape(*shape, timer, device, quick=True)
+    def measure(shape):
+        from fdpp_rewrite.gpu.gemm_timing import Timer
+        from fdpp_rewrite.profile_measure import profile_shape
+
+        if not timers:
+            timers.append(Timer(reps=10))
+        return profile_shape(*shape, timers[0], device, quick=True)
+
+    return measure

@@ -232,7 +232,7 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
     check_ops(plan)
     op_types = [node["op"] for node in plan["nodes"]]
     glue_ops = {"rms_norm": op_types.count("RMSNorm"), "rope_append": op_types.count("RopeAppend")}
-    shapes = gemm_shapes(plan, arrays)
+    unsharded_shapes = gemm_shapes(plan, arrays)  # the shapes the rewriter chose the nodes' plans for
     library = library_facts()
     manifest = {
         "format": "fdpp-engine", "format_version": FORMAT_VERSION, "fdpp_rewrite_version": __version__,
@@ -254,7 +254,7 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
     rank_shapes = [gemm_shapes(rank_plan, rank_arrays) for rank_plan, rank_arrays in ranks]
     nodes = {}
     for rank, ((rank_plan, _), shapes) in enumerate(zip(ranks, rank_shapes)):
-        nodes.update(gemm_nodes(rank_plan, shapes, prefix=f"{rank}/"))
+        nodes.update(gemm_nodes(rank_plan, shapes, prefix=f"{rank}/", rewritten_shapes=unsharded_shapes))
     if backend == "cuda":
         if library is None:
             raise FdppError("the cuda backend needs the plugin library; build it (cmake) or set FDPP_PLUGIN_LIB")

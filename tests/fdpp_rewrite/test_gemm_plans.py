@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.gemm_plans import GemmNode, resolve_cpu_plans, resolve_cuda_plans
+from fdpp_rewrite.gemm_plans import GemmNode, gemm_nodes, resolve_cpu_plans, resolve_cuda_plans
 from fdpp_rewrite.profiles import UNPROFILED_DEFAULT, load_profile
 from fdpp_rewrite.resources import profile_path
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
@@ -48,6 +48,18 @@ def test_cuda_plans_take_the_nodes_attributes_when_stamped_for_this_gpu():
     assert resolved.plans["o"] == {"m1": 3, "m2": 40, "implc": "cublaslt", "implb": {
         "n_tile": 32, "k_tile": 256, "stages": 3, "split_k": 2, "loader": "tma"}}
     assert resolved.source == "h200.json (NVIDIA H200)" and resolved.profile_file is None
+
+
+def test_a_shards_node_is_not_served_by_the_plan_stamped_for_the_whole_shape():
+    """A tensor-parallel shard's [N / 2, K]: its stamped attributes were chosen for [N, K], so the shard's shape is
+    resolved through the profile (here the committed H200 one, which has it), not taken from the node."""
+    shard = (6144, 4096, "float16")  # llama2-7b's qkv [12288, 4096] on 2 ranks
+    nodes = gemm_nodes({"nodes": [{"name": "g", "domain": "fdpp", "op": "FlatGemm", "attrs": stamped()}]},
+                       {"g": shard}, prefix="1/", rewritten_shapes={"g": (12288, 4096, "float16")})
+    assert nodes["1/g"].stamped is False
+    resolved = resolve_cuda_plans(nodes, "NVIDIA H200", measure=refuse)
+    assert resolved.plans["1/g"] == load_profile(profile_path("h200.json")).lookup(*shard).plan() != \
+        resolve_cuda_plans({"g": GemmNode(shard, "none", stamped())}, "NVIDIA H200").plans["g"]
 
 
 def test_cuda_plans_profile_only_the_shapes_no_profile_has():
@@ -114,3 +126,29 @@ def test_a_profile_with_a_non_integer_threshold_is_refused_by_the_build(tmp_path
         path = write_profile(tmp_path / "bad.json", m1=bad)
         with pytest.raises(FdppError, match="m1 must be an integer"):
             resolve_cpu_plans({"a": GemmNode(ODD, "none", stamped())}, path)
+
+
+def test_cpu_build_applies_its_profile_and_refuses_a_missing_one(tmp_path):
+    """`build --backend cpu --profile P`: P's plans in plan.json; a missing P is a one-line error, nothing written."""
+    from fdpp_rewrite.engine.build import build_engine
+    from fdpp_rewrite.export import export_model
+    from fdpp_rewrite.profile_plan import model_shapes
+    from fdpp_rewrite.models import get_config
+    from fdpp_rewrite.rewrite import rewrite_file
+
+    exported = tmp_path / "model.onnx"
+    export_model("tiny-llama", exported, dtype="float16", max_cache=32, progress=False)
+    rewritten = rewrite_file(exported, stream=io.StringIO())
+    with pytest.raises(FdppError, match="no profile at .*missing.json") as info:
+        build_engine(rewritten, tmp_path / "engine", backend="cpu", profile=tmp_path / "missing.json")
+    assert "\n" not in str(info.value) and not (tmp_path / "engine").exists()
+
+    entries = [{"n": n, "k": k, "dtype": "float16", "m1": 1, "m2": 7, "silu_mul": None,
+                "implb": {"n_tile": 16, "k_tile": 64, "stages": 2, "split_k": 1}}
+               for n, k in sorted({(n, k) for _, n, k in model_shapes(get_config("tiny-llama"))})]
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"schema": PROFILE_SCHEMA, "gpu": "NVIDIA H200", "shapes": entries}))
+    manifest = build_engine(rewritten, tmp_path / "engine", backend="cpu", profile=path, stream=io.StringIO())
+    plans = json.loads((tmp_path / "engine" / "plan.json").read_text())["gemm_plans"]
+    assert plans and {(p["m1"], p["m2"], p["implb"]["n_tile"]) for p in plans.values()} == {(1, 7, 16)}
+    assert manifest["profile"] == str(path) and manifest["profile_sha256"]
