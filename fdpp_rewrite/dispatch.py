@@ -1,7 +1,9 @@
 """The FlatGemm dispatch rule in Python: which implementation serves a GEMM of M rows under a plan.
 
-It is the C ABI's `fdpp_gemm_select` (plugins/kernels/gemm/gemm_heuristics.h `select_impl`), written once here for
-the profiler, the CPU reference and the rewriter; tests/fdpp_rewrite/test_dispatch.py checks the two agree over a
+The kernel's owner of this rule is the C++ `select_impl` (plugins/kernels/gemm/gemm_heuristics.h, the C ABI's
+`fdpp_gemm_select`), whose limits are generated from the FlatGemm contract (plugins/common/contract_constants.cmake).
+This module is its one Python mirror, for the profiler, the CPU reference, the rewriter and gpu/gemm.py; it reads
+the same limits from the same contract, and tests/fdpp_rewrite/test_dispatch.py pins the two rules equal over a
 grid of M and plans. A plan is anything with `m1`, `m2` and optionally `implc` keys: a profile entry, a FlatGemm node's
 attributes, `GemmChoice.attributes()`.
 
@@ -12,10 +14,18 @@ attributes, `GemmChoice.attributes()`.
 
 from __future__ import annotations
 
+from fdpp_rewrite.contracts import load_contract
 from fdpp_rewrite.errors import FdppError
 
-IMPLA_MAX_M = 8   # ImplA (GEMV) keeps M accumulators per row in registers
-IMPLB_MAX_M = 64  # ImplB (flat GEMM): at most 8 batch blocks of 8 on the MMA's N side
+# The most rows each implementation takes, read once from the FlatGemm contract's "limits" (the C++ is generated
+# from the same field): ImplA (GEMV) keeps M accumulators per row in registers; ImplB (flat GEMM) puts at most 8
+# batch blocks of 8 on the MMA's N side; its k_tile 1024 pipelines hold 2.
+_LIMITS = load_contract("FlatGemm").raw["limits"]
+IMPLA_MAX_M = int(_LIMITS["impla_max_m"])
+IMPLB_MAX_M = int(_LIMITS["implb_max_m"])
+IMPLB_1024_MAX_M = int(_LIMITS["implb_1024_max_m"])
+# The implementations, in the order of gemm_heuristics.h's Impl enum (the C ABI codes 1..4; gpu/gemm.py numbers
+# them from this tuple).
 IMPLS = ("impla", "implb", "cublaslt", "cutlass")
 # The plan's implc spellings -> the implementation it names ("cublas" in the contract means cuBLASLt).
 IMPLC_NAMES = {"cublaslt": "cublaslt", "cublas": "cublaslt", "cutlass": "cutlass"}

@@ -1,8 +1,11 @@
-"""GEMM profiles: engines/profiles/<gpu>.json (schema in engines/profiles/README.md), written on the GPU by
-`fdpp_rewrite profile`, read by the rewriter to put M1/M2 and the ImplB tiles on every FlatGemm node.
+"""GEMM profiles: the one reader of engines/profiles/<gpu>.json (schema in engines/profiles/README.md), written on
+the GPU by `fdpp_rewrite profile`. Every consumer of a GEMM plan reads it here: the rewriter (M1/M2 and the ImplB
+tiles on every FlatGemm node) and the build (fdpp_rewrite.gemm_plans). It imports nothing of the profiler: an
+entry's plans are stored complete, the silu_mul one included, and only validated here.
 
-    profile = load_profile("engines/profiles/h200.json")
+    profile = load_profile(profile_path("h200.json"))
     choice = profile.lookup(n=2048, k=576, dtype="float16")      # GemmChoice or None
+    choice.for_epilogue("silu_mul").plan()                        # {"m1", "m2", "implb": {...}, "implc"}
     choices, label, warnings = resolve_choices(shapes, explicit_path=None)
 """
 
@@ -15,15 +18,38 @@ from pathlib import Path
 from fdpp_rewrite.contracts import contract_path, load_contract
 from fdpp_rewrite.dispatch import describe_plan
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.profile import fused_decode_plan
 from fdpp_rewrite.resources import display_path, profile_path
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
 DEFAULT_PROFILE = profile_path("h200.json")  # the committed profile the rewriter uses without --profile
 UNPROFILED = "unprofiled-default"
 DTYPES = ("float16", "bfloat16", "float32")
+IMPLB_FIELDS = ("n_tile", "k_tile", "stages", "split_k")  # integers; "loader" is a word
+PROFILE_COMMAND = "python -m fdpp_rewrite profile <preset>"
 
 
+def gpu_slug(name: str) -> str:
+    """A GPU's profile file stem: 'NVIDIA H200' -> 'h200'; 'NVIDIA GeForce RTX 4090' -> 'geforce-rtx-4090'."""
+    slug = name.lower().replace("nvidia", "").strip()
+    return "-".join(part for part in slug.replace("_", " ").split() if part) or "gpu"
+
+
+def committed_profile(gpu_name: str) -> Path:
+    """The profile committed (and packaged) for a GPU: engines/profiles/<slug>.json, in a checkout or a wheel."""
+    return profile_path(f"{gpu_slug(gpu_name)}.json")
+
+
+def profile_label(name: str, gpu: str) -> str:
+    """What a FlatGemm's `profile` attribute says of its plan's origin: '<profile file> (<gpu>)'."""
+    return f"{name} ({gpu})"
+
+
+def label_gpu(label: str) -> str | None:
+    """The GPU a `profile` attribute names (profile_label's inverse), None for 'unprofiled-default' or another text:
+        'h200.json (NVIDIA H200)' -> 'NVIDIA H200'"""
+    if not label.endswith(")") or " (" not in label:
+        return None
+    return label[label.rindex(" (") + 2:-1] or None
 @dataclass(frozen=True)
 class GemmChoice:
     """What one [N, K, dtype] gets: the FlatGemm attributes other than the epilogue."""
@@ -38,7 +64,7 @@ class GemmChoice:
     profile: str
     implb_loader: str = "tma"
     # what a node of this shape with the silu_mul epilogue gets instead, where it differs: its decode batches in
-    # one launch (fdpp_rewrite.profile.fused_decode_plan); not an attribute
+    # one launch (stored in the entry by the profiler: fdpp_rewrite.profile_plan.fused_decode_plan); not an attribute
     silu_mul: GemmChoice | None = field(default=None, compare=False, repr=False)
 
     def attributes(self) -> dict:
@@ -48,6 +74,12 @@ class GemmChoice:
 
     def for_epilogue(self, epilogue: str) -> GemmChoice:
         return self.silu_mul if epilogue == "silu_mul" and self.silu_mul is not None else self
+
+    def plan(self) -> dict:
+        """The plan as an engine's plan.json and the C ABI take it (gpu/gemm.py's Plan)."""
+        return {"m1": self.m1, "m2": self.m2, "implc": self.implc,
+                "implb": {"n_tile": self.implb_n_tile, "k_tile": self.implb_k_tile, "stages": self.implb_stages,
+                          "split_k": self.implb_split_k, "loader": self.implb_loader}}
 
 
 def _unprofiled_default() -> GemmChoice:
@@ -82,62 +114,97 @@ class Profile:
 
     @property
     def label(self) -> str:
-        return f"{self.path.name} ({self.gpu})"
+        return profile_label(self.path.name, self.gpu)
 
     def lookup(self, n: int, k: int, dtype: str) -> GemmChoice | None:
         return self.shapes.get((int(n), int(k), dtype))
 
 
-def _require(condition: bool, path: Path, what: str) -> None:
+def _malformed(path, what: str) -> FdppError:
+    return FdppError(f"profile {path} is malformed: {what}; re-run `{PROFILE_COMMAND}` on the GPU")
+
+
+def _require(condition: bool, path, what: str) -> None:
     if not condition:
-        raise FdppError(f"profile {path} is malformed: {what}; re-run `python -m fdpp_rewrite profile` on the GPU")
+        raise _malformed(path, what)
 
 
-def _choice(plan: dict, label: str, silu_mul: GemmChoice | None = None) -> GemmChoice:
-    """A profile entry's plan (m1, m2, implb, implc) as node attributes."""
+def _integer(value, path, where: str) -> int:
+    """A JSON integer (not 1.5, not 1e309, not true): a plan's thresholds and tiles are counts."""
+    _require(isinstance(value, int) and not isinstance(value, bool), path,
+             f"{where} must be an integer, got {json.dumps(value)}")
+    return value
+
+
+def _word(value, path, where: str) -> str:
+    _require(isinstance(value, str), path, f"{where} must be a string, got {json.dumps(value)}")
+    return value
+
+
+def _choice(plan, label: str, path, where: str, silu_mul: GemmChoice | None = None) -> GemmChoice:
+    """A stored plan (m1, m2, implb, implc) as node attributes, every value type-checked here and range-checked
+    against the FlatGemm contract by the caller."""
+    _require(isinstance(plan, dict), path, f"{where} must be an object")
+    for key in ("m1", "m2", "implb"):
+        _require(key in plan, path, f"{where} lacks '{key}'")
     implb = plan["implb"]
-    return GemmChoice(m1=int(plan["m1"]), m2=int(plan["m2"]), implb_n_tile=int(implb["n_tile"]),
-                      implb_k_tile=int(implb["k_tile"]), implb_stages=int(implb["stages"]),
-                      implb_split_k=int(implb["split_k"]), implc=str(plan.get("implc", "cublaslt")), profile=label,
-                      implb_loader=str(implb.get("loader", "tma")), silu_mul=silu_mul)
+    _require(isinstance(implb, dict) and all(key in implb for key in IMPLB_FIELDS), path,
+             f"{where}.implb must be an object with {', '.join(IMPLB_FIELDS)}")
+    tiles = {key: _integer(implb[key], path, f"{where}.implb.{key}") for key in IMPLB_FIELDS}
+    implc = _word(plan.get("implc", "cublaslt"), path, f"{where}.implc")
+    return GemmChoice(m1=_integer(plan["m1"], path, f"{where}.m1"), m2=_integer(plan["m2"], path, f"{where}.m2"),
+                      implb_n_tile=tiles["n_tile"], implb_k_tile=tiles["k_tile"], implb_stages=tiles["stages"],
+                      implb_split_k=tiles["split_k"], implc=implc,
+                      profile=label, implb_loader=_word(implb.get("loader", "tma"), path, f"{where}.implb.loader"),
+                      silu_mul=silu_mul)
+
+
+def entry_choice(entry, label: str, path="the profile", where: str = "entry") -> tuple:
+    """((n, k, dtype), GemmChoice) of one profile entry, its stored silu_mul plan attached, every value checked
+    (types here, ranges against the FlatGemm contract). The build uses it for the entries it measures itself."""
+    _require(isinstance(entry, dict), path, f"{where} must be an object")
+    for key in ("n", "k", "dtype"):
+        _require(key in entry, path, f"{where} lacks '{key}'")
+    n, k = _integer(entry["n"], path, f"{where}.n"), _integer(entry["k"], path, f"{where}.k")
+    dtype = entry["dtype"]
+    _require(n > 0 and k > 0 and dtype in DTYPES, path, f"{where} has n={n}, k={k}, dtype={dtype!r}")
+    _require("silu_mul" in entry, path, f"{where} lacks 'silu_mul' (the plan of its silu_mul nodes, or null)")
+    silu = entry["silu_mul"]
+    silu_mul = None if silu is None else _choice(silu, label, path, f"{where}.silu_mul")
+    choice = _choice(entry, label, path, where, silu_mul=silu_mul)
+    contract = load_contract("FlatGemm")
+    try:
+        for checked in filter(None, (choice, silu_mul)):
+            contract.validate_attributes(checked.attributes(), where=f"profile {Path(str(path)).name} {where}")
+    except FdppError as exc:
+        raise FdppError(f"profile {path} is malformed: {exc}") from exc
+    return (n, k, dtype), choice
 
 
 def load_profile(path) -> Profile:
-    """Read and validate a profile file (every value checked against the FlatGemm contract)."""
+    """Read and validate a profile file (every value typed and checked against the FlatGemm contract); a file of
+    another schema, an old one included, is a one-line error saying to re-run the profiler."""
     path = Path(path)
     if not path.is_file():
-        raise FdppError(f"no profile at {path}; run `python -m fdpp_rewrite profile <preset>` on the GPU, "
-                        "or omit --profile for the unprofiled default")
+        raise FdppError(f"no profile at {path}; run `{PROFILE_COMMAND}` on the GPU, or omit --profile")
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise FdppError(f"profile {path} is not valid JSON ({exc}); re-run `python -m fdpp_rewrite profile`") from exc
-    _require(isinstance(data, dict) and data.get("schema") == PROFILE_SCHEMA, path,
-             f"expected \"schema\": \"{PROFILE_SCHEMA}\"")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FdppError(f"profile {path} is not valid JSON ({exc}); re-run `{PROFILE_COMMAND}`") from exc
+    schema = data.get("schema") if isinstance(data, dict) else None
+    _require(schema == PROFILE_SCHEMA, path, f"expected \"schema\": \"{PROFILE_SCHEMA}\", got {json.dumps(schema)}"
+             + (" (an older profile: its entries lack the stored silu_mul plan)" if schema == "fdpp-profile/1" else ""))
     for key in ("gpu", "shapes"):
         _require(key in data, path, f"missing '{key}'")
+    _require(isinstance(data["gpu"], str) and data["gpu"], path, "'gpu' must name the GPU")
     _require(isinstance(data["shapes"], list), path, "'shapes' must be a list")
-    contract = load_contract("FlatGemm")
-    label = f"{path.name} ({data['gpu']})"
+    label = profile_label(path.name, data["gpu"])
     shapes = {}
     for index, entry in enumerate(data["shapes"]):
-        where = f"shapes[{index}]"
-        try:
-            n, k, dtype = int(entry["n"]), int(entry["k"]), str(entry["dtype"])
-            fused = fused_decode_plan(entry)
-            choice = _choice(entry, label, silu_mul=_choice(fused, label) if fused else None)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FdppError(f"profile {path} is malformed: {where} lacks or mistypes {exc}; re-run "
-                            "`python -m fdpp_rewrite profile` on the GPU") from exc
-        _require(n > 0 and k > 0 and dtype in DTYPES, path, f"{where} has n={n}, k={k}, dtype={dtype!r}")
-        _require((n, k, dtype) not in shapes, path, f"{where} repeats [{n}, {k}] {dtype}")
-        try:
-            for checked in filter(None, (choice, choice.silu_mul)):
-                contract.validate_attributes(checked.attributes(), where=f"profile {path.name} {where}")
-        except FdppError as exc:
-            raise FdppError(f"profile {path} is malformed: {exc}") from exc
-        shapes[(n, k, dtype)] = choice
-    return Profile(path=path, gpu=str(data["gpu"]), compute_capability=str(data.get("compute_capability", "")),
+        key, choice = entry_choice(entry, label, path, f"shapes[{index}]")
+        _require(key not in shapes, path, f"shapes[{index}] repeats [{key[0]}, {key[1]}] {key[2]}")
+        shapes[key] = choice
+    return Profile(path=path, gpu=data["gpu"], compute_capability=str(data.get("compute_capability", "")),
                    presets=tuple(data.get("presets", ())), shapes=shapes)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from fdpp_rewrite import __version__
 from fdpp_rewrite.atomic import AtomicOutputs, rename_external_data
+from fdpp_rewrite.cli_args import add_force, add_gemm_profile
 from fdpp_rewrite.contracts import ALL_OP_NAMES, DOMAIN, load_contract, register_onnx_schemas, validate_node
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.onnx_files import load_structure
@@ -48,15 +49,13 @@ def parse_require(text: str | None) -> tuple[str, ...]:
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="the exported model (model.onnx, standard ops)")
     parser.add_argument("-o", "--output", help="where to write (default: <name>.fdpp.onnx beside the input)")
-    parser.add_argument("--profile", help="GEMM profile (engines/profiles/<gpu>.json); every [N, K] of the model "
-                                          "must be in it. Default: engines/profiles/h200.json if it covers the "
-                                          "model, else the unprofiled default (with a warning)")
+    add_gemm_profile(parser)
     parser.add_argument("--calibration", help="per-layer phi and guards from `fdpp_rewrite calibrate` "
                                               "(default: phi=0, guard [-60, 10])")
     parser.add_argument("--require", metavar="PATTERNS",
                         help=f"comma-separated patterns ({', '.join(REQUIRABLE)}) that must be replaced everywhere; "
                              "one left behind is an error (default: a partial rewrite with a warning)")
-    parser.add_argument("--force", action="store_true", help="overwrite the output if it exists")
+    add_force(parser, "the output")
 
 
 @dataclass

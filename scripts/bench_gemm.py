@@ -16,7 +16,7 @@ Two timings of every implementation, both reported:
 - "flushed": CUDA events around one launch after an L2 flush (median of --reps), the implementations of one
   (shape, M) interleaved rep by rep; a GEMM after unrelated work.
 Plans (M1, M2, ImplB config) come from --profile when it has the shape, else they are measured here with the
-profiler's own procedure (fdpp_rewrite.profile.profile_shape) and its --timing (default graph).
+profiler's own procedure (fdpp_rewrite.profile_measure.profile_shape) and its --timing (default graph).
 """
 
 import argparse
@@ -68,7 +68,7 @@ QUICK_PLAN_MS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256]
 
 
 def plan_for(n, k, dtype, profile, timer, device, timing, quick):
-    from fdpp_rewrite.profile import M_GRID, profile_shape
+    from fdpp_rewrite.profile_measure import M_GRID, profile_shape
 
     if profile is not None:
         for entry in profile.get("shapes", []):
@@ -88,7 +88,8 @@ def main():
 
     from fdpp_rewrite.gpu import gemm
     from fdpp_rewrite.gpu.gemm_timing import Timer, safe_time
-    from fdpp_rewrite.profile import ShapeBench, _device_facts, weight_copies
+    from fdpp_rewrite.profile_measure import ShapeBench, device_facts, weight_copies
+    from fdpp_rewrite.profiles import load_profile
 
     out_dir = args.out
     results_path = out_dir / "results.json"
@@ -99,8 +100,10 @@ def main():
     unknown = [name for name in args.shapes.split(",") if name and name not in SHAPES]
     if unknown:
         raise FdppError(f"unknown shape {unknown[0]!r}; choose from {', '.join(SHAPES)}")
+    if args.profile:
+        load_profile(args.profile)  # one validated reader: a bad file is a one-line error before any timing
     profile = json.loads(args.profile.read_text()) if args.profile else None
-    device = _device_facts(torch)
+    device = device_facts(torch)
     timer = Timer(reps=args.reps)
     if not gemm.cublaslt_available():
         print("warning: libcublasLt not found; ImplC cuBLASLt columns will be empty", file=sys.stderr)
@@ -214,7 +217,7 @@ def bench_point(gemm, timer, bench, plan, name, n, k, m, copies):
     """One (shape, M) row: every implementation flushed (interleaved) and in a graph over rotating weights."""
     from fdpp_rewrite.errors import FdppError
     from fdpp_rewrite.gpu.gemm_timing import capture_graph, safe_time
-    from fdpp_rewrite.profile import GRAPH_ITERS
+    from fdpp_rewrite.profile_measure import GRAPH_ITERS
 
     impls = {"dispatched": dict(impl="auto", plan=plan), "impla": dict(impl="impla"),
              "implb": dict(impl="implb", config=plan["implb"]), "cublaslt": dict(impl="cublaslt"),

@@ -4,8 +4,9 @@ backend).
 Lowering, in order: read the graph without its weights; turn Constant nodes into initializers; drop nodes no
 output needs; check every op is one the interpreter knows (the glue ops fdpp::RMSNorm and fdpp::RopeAppend come
 from the rewriter's passes; a graph rewritten without them runs their standard-op form); give every FlatGemm the
-plan the GPU's profile has for its [N, K] (profiling the shapes the profile lacks, here and now: an engine never
-runs an unprofiled GEMM); write the folder atomically (a temporary folder beside it, renamed into place):
+plan resolved by fdpp_rewrite.gemm_plans (the rewriter's, or the GPU's profile, profiling the shapes no profile
+has, here and now: an engine never runs an unprofiled GEMM); write the folder atomically (a temporary folder
+beside it, renamed into place):
 
     manifest.json        format version, backend, GPU name / compute capability / driver, plugin library ABI and
                          sha256, profile sha256, source ONNX sha256, dtype, limits, model config, tokenizer
@@ -33,6 +34,7 @@ from fdpp_rewrite.engine import FORMAT_VERSION, hf_interface, ops
 from fdpp_rewrite.engine.folder import check_output, replace_folder, temp_folder
 from fdpp_rewrite.dtypes import numpy_dtype_name, onnx_dtype_name
 from fdpp_rewrite.errors import FdppError, cannot_load
+from fdpp_rewrite.gemm_plans import gemm_nodes, profiler, resolve_cpu_plans, resolve_cuda_plans
 from fdpp_rewrite.gpu.device import gpu_facts, library_facts, sha256_file
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
@@ -182,13 +184,7 @@ def check_ops(plan: dict) -> None:
         raise FdppError(f"the graph uses ops the engine does not support: {', '.join(unknown)}")
 
 
-# ---- GEMM plans ---------------------------------------------------------------------------------------------
-
-def silu_mul_gemms(plan: dict) -> set:
-    """The names of the FlatGemm nodes with the silu_mul epilogue."""
-    return {node["name"] for node in plan["nodes"] if node["domain"] == "fdpp" and node["op"] == "FlatGemm"
-            and node["attrs"].get("epilogue") == "silu_mul"}
-
+# ---- GEMM shapes (their plans: fdpp_rewrite.gemm_plans) -------------------------------------------------------
 
 def gemm_shapes(plan: dict, arrays: dict) -> dict:
     """node name -> (n, k, dtype) of every FlatGemm."""
@@ -201,64 +197,6 @@ def gemm_shapes(plan: dict, arrays: dict) -> dict:
             dtype = numpy_dtype_name(weight.dtype, "unknown")
             shapes[node["name"]] = (int(weight.shape[0]), int(weight.shape[1]), dtype)
     return shapes
-
-
-def _plan_of(choice: dict) -> dict:
-    return {"m1": int(choice["m1"]), "m2": int(choice["m2"]), "implb": dict(choice["implb"]),
-            "implc": choice.get("implc", "cublaslt")}
-
-
-def gpu_gemm_plans(shapes: dict, profile_path: Path | None, device: dict, stream=sys.stdout,
-                   silu_mul: set = frozenset()):
-    """node -> plan for this GPU, profiling (quick search) every shape the profile lacks; the nodes named in
-    silu_mul get their shape's one-launch decode plan where it has one (fused_decode_plan). Returns (plans,
-    profile path used or None, the entries measured now)."""
-    from fdpp_rewrite import REPO_ROOT
-    from fdpp_rewrite.profile import fused_decode_plan, gpu_slug
-
-    default = REPO_ROOT / "engines" / "profiles" / f"{gpu_slug(device['name'])}.json"
-    path = Path(profile_path) if profile_path else default
-    entries = {}
-    if path.is_file():
-        data = json.loads(path.read_text())
-        if data.get("gpu") != device["name"]:
-            raise FdppError(f"profile {path} is for {data.get('gpu')}, this GPU is {device['name']}; pass --profile "
-                            "for this GPU or omit it to profile every shape here")
-        entries = {(int(e["n"]), int(e["k"]), e["dtype"]): e for e in data["shapes"]}
-    elif profile_path:
-        raise FdppError(f"no profile at {path}; omit --profile to profile the shapes on this GPU")
-    missing = sorted({s for s in shapes.values() if s not in entries})
-    measured = []
-    if missing:
-        import time
-
-        from fdpp_rewrite.gpu.gemm_timing import Timer
-        from fdpp_rewrite.profile import profile_shape
-
-        timer = Timer(reps=10)
-        for index, (n, k, dtype) in enumerate(missing, 1):
-            started = time.perf_counter()
-            entry = profile_shape(n, k, dtype, timer, device, quick=True)
-            entries[(n, k, dtype)] = entry
-            measured.append({key: entry[key] for key in ("n", "k", "dtype", "m1", "m2", "implb", "implc")})
-            print(f"profiled GEMM {index}/{len(missing)} [N={n}, K={k}] {dtype}: m1={entry['m1']} m2={entry['m2']} "
-                  f"({time.perf_counter() - started:.1f} s)", file=stream, flush=True)
-    plans = {name: _plan_of((name in silu_mul and fused_decode_plan(entries[shape])) or entries[shape])
-             for name, shape in shapes.items()}
-    return plans, (path if path.is_file() else None), measured
-
-
-def node_gemm_plans(plan: dict) -> dict:
-    """node -> the plan the rewriter stamped on it (the cpu backend records these; it runs no kernel)."""
-    plans = {}
-    for node in plan["nodes"]:
-        if node["domain"] == "fdpp" and node["op"] == "FlatGemm":
-            a = node["attrs"]
-            plans[node["name"]] = {"m1": a["m1"], "m2": a["m2"], "implc": a.get("implc", "cublaslt"),
-                                   "implb": {"n_tile": a.get("implb_n_tile", 64), "k_tile": a.get("implb_k_tile", 64),
-                                             "stages": a.get("implb_stages", 2), "split_k": a.get("implb_split_k", 1),
-                                             "loader": a.get("implb_loader", "tma")}}
-    return plans
 
 
 # ---- the command --------------------------------------------------------------------------------------------
@@ -294,7 +232,7 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
     check_ops(plan)
     op_types = [node["op"] for node in plan["nodes"]]
     glue_ops = {"rms_norm": op_types.count("RMSNorm"), "rope_append": op_types.count("RopeAppend")}
-    shapes = gemm_shapes(plan, arrays)
+    unsharded_shapes = gemm_shapes(plan, arrays)  # the shapes the rewriter chose the nodes' plans for
     library = library_facts()
     manifest = {
         "format": "fdpp-engine", "format_version": FORMAT_VERSION, "fdpp_rewrite_version": __version__,
@@ -314,23 +252,23 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
     else:
         ranks = [(plan, arrays)]
     rank_shapes = [gemm_shapes(rank_plan, rank_arrays) for rank_plan, rank_arrays in ranks]
+    nodes = {}
+    for rank, ((rank_plan, _), shapes) in enumerate(zip(ranks, rank_shapes)):
+        nodes.update(gemm_nodes(rank_plan, shapes, prefix=f"{rank}/", rewritten_shapes=unsharded_shapes))
     if backend == "cuda":
         if library is None:
             raise FdppError("the cuda backend needs the plugin library; build it (cmake) or set FDPP_PLUGIN_LIB")
         device = gpu_facts()
         manifest["gpu"] = {"name": device["name"], "compute_capability": device["cc"], "driver": device["driver"],
                            "num_sms": device["num_sms"]}
-        every_shape = {f"{rank}/{name}": shape for rank, shapes in enumerate(rank_shapes) for name, shape in
-                       shapes.items()}
-        every_silu_mul = {f"{rank}/{name}" for rank, (rank_plan, _) in enumerate(ranks)
-                          for name in silu_mul_gemms(rank_plan)}
-        plans, profile_used, measured = gpu_gemm_plans(every_shape, profile, device, stream, every_silu_mul)
-        rank_plans = [{name: plans[f"{rank}/{name}"] for name in shapes} for rank, shapes in enumerate(rank_shapes)]
-        manifest["profile"] = str(profile_used) if profile_used else None
-        manifest["profile_sha256"] = sha256_file(profile_used) if profile_used else None
-        manifest["gemm_shapes_profiled_now"] = measured
+        resolved = resolve_cuda_plans(nodes, device["name"], profile, profiler(device), stream)
     else:
-        rank_plans = [node_gemm_plans(rank_plan) for rank_plan, _ in ranks]
+        resolved = resolve_cpu_plans(nodes, profile)
+    manifest["profile"] = resolved.source
+    manifest["profile_sha256"] = sha256_file(resolved.profile_file) if resolved.profile_file else None
+    manifest["gemm_shapes_profiled_now"] = resolved.measured
+    rank_plans = [{name: resolved.plans[f"{rank}/{name}"] for name in shapes}
+                  for rank, shapes in enumerate(rank_shapes)]
     for (rank_plan, rank_arrays), plans, shapes in zip(ranks, rank_plans, rank_shapes):
         _finish_plan(rank_plan, rank_arrays, plans, shapes)
     if not tensor_parallel:

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.resources import SOURCE_ROOT
 
 INSTALL_MIGRAPHX = ("the migraphx backend needs AMD MIGraphX's Python module `migraphx` (ROCm's migraphx package, "
                     "e.g. `apt install migraphx` on a ROCm system); install it or use --backend cuda or cpu")
@@ -33,10 +34,15 @@ def import_migraphx():
 
 
 def adapter_library() -> ctypes.CDLL:
-    """libfdpp_migraphx.so, from $FDPP_MIGRAPHX_LIB or build/ of this checkout."""
-    from fdpp_rewrite import REPO_ROOT
-
-    path = Path(os.environ.get(LIBRARY_ENV) or Path(REPO_ROOT) / "build" / "libfdpp_migraphx.so")
+    """libfdpp_migraphx.so, from $FDPP_MIGRAPHX_LIB or build/ of this checkout (an installed package has no
+    build/: it needs the variable)."""
+    if os.environ.get(LIBRARY_ENV):
+        path = Path(os.environ[LIBRARY_ENV])
+    elif SOURCE_ROOT is not None:
+        path = SOURCE_ROOT / "build" / "libfdpp_migraphx.so"
+    else:
+        raise FdppError(f"the migraphx backend needs libfdpp_migraphx.so; build it in a checkout (cmake "
+                        f"-DFDPP_HIP=ON) and set {LIBRARY_ENV} to its path")
     if not path.exists():
         raise FdppError(f"the migraphx backend needs {path}; build it with `cmake -B build -DFDPP_HIP=ON "
                         f"-DMIGraphX_INCLUDE_DIR=/opt/rocm/include && cmake --build build` or set {LIBRARY_ENV}")

@@ -13,19 +13,15 @@ import glob
 import os
 import sys
 
-from fdpp_rewrite.contracts import load_contract
+from fdpp_rewrite import dispatch
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.gpu import lib as _lib
 
-IMPLS = {"auto": 0, "impla": 1, "implb": 2, "cublaslt": 3, "cutlass": 4}
+# The C ABI's fdpp_gemm_impl codes: 0 = auto (dispatch by the plan), then dispatch.IMPLS in gemm_heuristics.h's order.
+IMPLS = {"auto": 0, **{name: code for code, name in enumerate(dispatch.IMPLS, start=1)}}
 IMPL_NAMES = {v: k for k, v in IMPLS.items()}
 EPILOGUES = {"none": 0, "silu_mul": 1}
 PDL = {True: 0, False: 1}  # fdpp_pdl: AUTO (on where the GPU runs the sm_90a code), OFF
-# The most rows each implementation takes: the FlatGemm contract's limits, which the C++ is generated from.
-_LIMITS = load_contract("FlatGemm").raw["limits"]
-IMPLA_MAX_M = int(_LIMITS["impla_max_m"])
-IMPLB_MAX_M = int(_LIMITS["implb_max_m"])
-IMPLB_1024_MAX_M = int(_LIMITS["implb_1024_max_m"])
 
 
 # How a k_tile 1024 config streams the weight (the C ABI's loader codes): "tma", the tensor memory accelerator

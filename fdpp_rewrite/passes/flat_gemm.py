@@ -7,9 +7,10 @@
         -> anything else                                epilogue "none"
     ==> FlatGemm(x, W^T [N, K], bias?, residual?)
 
-The weight is stored transposed ([N, K]: the layout the kernels read, rows = output features). M1/M2 and the
-ImplB tiles come from the profile per (N, K, dtype) (fdpp_rewrite.profiles.resolve_choices); a silu_mul node may
-get its shape's one-launch decode plan instead (fdpp_rewrite.profile.fused_decode_plan).
+The weight is stored transposed ([N, K]: the layout the kernels read, rows = output features). Every node gets a
+complete plan, M1/M2 and the ImplB tiles, from the profile per (N, K, dtype) (fdpp_rewrite.profiles.resolve_choices);
+a silu_mul node gets the silu_mul plan its profile entry stores (its decode batches in one launch). The build reads
+these attributes back (fdpp_rewrite.gemm_plans).
 """
 
 from __future__ import annotations

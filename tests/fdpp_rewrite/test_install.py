@@ -1,11 +1,20 @@
 """The package as a user installs it: the wheel carries the contracts, profiles and calibrations, declares its
-dependencies and the `fdpp` script, and works from a fresh venv in another directory; plus the lookups of
-fdpp_rewrite.resources in this checkout."""
+dependencies and the `fdpp` script, and works from a fresh venv in another directory (export, rewrite,
+build --backend cpu, run); the installed rewrite reads the packaged engines/profiles/h200.json where it covers the
+shapes, and the cuda build's plan resolution (fdpp_rewrite.gemm_plans) finds the packaged H200 profile for a
+device named "NVIDIA H200", with no GPU; plus the lookups of fdpp_rewrite.resources in this checkout.
 
+Dependencies come from this interpreter (venv --system-site-packages, pip --no-index --no-deps). The wheel is
+built from a copy of the checkout's files (tracked and new, not ignored), so that no build output of an earlier
+run (build/python) can slip into it."""
+
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -77,29 +86,48 @@ def _canonical_data_files() -> set:
     return {str(path.relative_to(ROOT)) for pattern in resources.DATA_GLOBS for path in ROOT.glob(pattern)}
 
 
-def test_wheel_in_a_fresh_venv_from_another_directory(tmp_path):
-    dist = tmp_path / "dist"
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)],
-        cwd=tmp_path)
-    (wheel,) = dist.glob("fdpp_rewrite-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    packaged = {name[len("fdpp_rewrite/data/"):] for name in names if name.startswith("fdpp_rewrite/data/")}
-    assert packaged == _canonical_data_files() and any(p.endswith("contract.json") for p in packaged)
-    assert "fdpp_rewrite/cli.py" in names and "fdpp_rewrite/passes/flat_gemm.py" in names
+def _copy_checkout(target: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target / name)
 
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The wheel, and a venv that has it installed: {"wheel", "venv", "python", "fdpp", "work", "env"}."""
+    if shutil.which("git") is None:
+        pytest.skip("copies the checkout's files with git ls-files")
+    tmp_path = tmp_path_factory.mktemp("install")
+    source, dist = tmp_path / "src", tmp_path / "dist"
+    _copy_checkout(source)
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
+         str(source)], cwd=tmp_path)
+    (wheel,) = dist.glob("fdpp_rewrite-*.whl")
     # A venv that sees the installed dependencies (torch, onnx, ...) but not this checkout; without pip of its own,
     # so that its setuptools does not shadow the one torch needs. --no-index: every declared dependency must be
     # there already, the package itself comes from the wheel.
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], cwd=tmp_path)
     python = venv / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", str(wheel)],
+    run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--no-deps", str(wheel)],
         cwd=tmp_path)
-
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "FDPP_PLUGIN_LIB")}
-    fdpp = str(venv / "bin" / "fdpp")
+    return {"wheel": wheel, "venv": venv, "python": python, "fdpp": str(venv / "bin" / "fdpp"), "work": work,
+            "env": env}
+
+
+def test_wheel_in_a_fresh_venv_from_another_directory(installed):
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    packaged = {name[len("fdpp_rewrite/data/"):] for name in names if name.startswith("fdpp_rewrite/data/")}
+    assert packaged == _canonical_data_files() and any(p.endswith("contract.json") for p in packaged)
+    assert "fdpp_rewrite/cli.py" in names and "fdpp_rewrite/passes/flat_gemm.py" in names
+
+    work, env, fdpp, python, venv = (installed[key] for key in ("work", "env", "fdpp", "python", "venv"))
     assert "export" in run([fdpp, "--help"], cwd=work, env=env)
     assert fdpp_rewrite.__version__ in run([str(python), "-m", "fdpp_rewrite", "--version"], cwd=work, env=env)
     where = run([str(python), "-c", "import fdpp_rewrite.resources as r; print(r.SOURCE_ROOT, r.data_root())"],
@@ -110,6 +138,55 @@ def test_wheel_in_a_fresh_venv_from_another_directory(tmp_path):
     log = run([fdpp, "rewrite", "x.onnx"], cwd=work, env=env)
     assert (work / "x.onnx").is_file() and (work / "x.fdpp.onnx").is_file()
     assert "h200.json has no entry" in log  # the packaged h200 profile was read (it lacks tiny-llama's shapes)
+
+    run([str(python), "-m", "fdpp_rewrite", "build", "x.fdpp.onnx", "-o", "engine", "--backend", "cpu"], cwd=work,
+        env=env)
+    manifest = json.loads((work / "engine" / "manifest.json").read_text())
+    assert manifest["backend"] == "cpu" and manifest["profile"] == "unprofiled-default"
+    plans = json.loads((work / "engine" / "plan.json").read_text())["gemm_plans"]
+    assert plans and all({"m1", "m2", "implb", "implc"} <= set(plan) for plan in plans.values())
+    out = run([str(python), "-m", "fdpp_rewrite", "run", "engine", "--token-ids", "1,2,3", "--max-new-tokens", "3"],
+              cwd=work, env=env)
+    assert "3 tokens" in out and "cpu backend" in out
+
+
+# Run in the installed package: the plans a cuda build of the rewritten 1-layer smollm2 gets on an H200, and the
+# plan of a node no rewrite stamped for the H200, both without measuring anything.
+RESOLVE = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import fdpp_rewrite
+    from fdpp_rewrite.engine.build import gemm_shapes, read_graph
+    from fdpp_rewrite.gemm_plans import GemmNode, gemm_nodes, resolve_cuda_plans
+    from fdpp_rewrite.profiles import UNPROFILED_DEFAULT
+
+    def refuse(shape):
+        raise SystemExit(f"profiled {shape}: the packaged profile should cover it")
+
+    plan, arrays = read_graph(Path(sys.argv[1]))
+    stamped = resolve_cuda_plans(gemm_nodes(plan, gemm_shapes(plan, arrays)), "NVIDIA H200", measure=refuse)
+    node = GemmNode((22016, 4096, "float16"), "silu_mul", dict(UNPROFILED_DEFAULT.attributes(), epilogue="silu_mul"))
+    packaged = resolve_cuda_plans({"gate_up": node}, "NVIDIA H200", measure=refuse)
+    print(json.dumps({"package": fdpp_rewrite.__file__, "stamped_source": stamped.source,
+                      "stamped_plans": len(stamped.plans), "packaged_source": packaged.source,
+                      "packaged_file": str(packaged.profile_file), "gate_up": packaged.plans["gate_up"]}))
+""")
+
+
+def test_the_installed_rewrite_and_cuda_plans_use_the_packaged_h200_profile(installed):
+    work, env, python = installed["work"], installed["env"], installed["python"]
+    fdpp = [str(python), "-m", "fdpp_rewrite"]
+    run(fdpp + ["export", "smollm2-135m", "--dtype", "float16", "--layers", "1", "--max-cache", "16",
+                "--random-init", "-o", "smol/model.onnx"], cwd=work, env=env)
+    log = run(fdpp + ["rewrite", "smol/model.onnx"], cwd=work, env=env)
+    assert "profile: engines/profiles/h200.json" in log and "unprofiled" not in log
+    facts = json.loads(run([str(python), "-c", RESOLVE, "smol/model.fdpp.onnx"], cwd=work, env=env).splitlines()[-1])
+    package = Path(facts["package"]).parent
+    assert package.is_relative_to(installed["venv"])
+    assert facts["stamped_source"] == "h200.json (NVIDIA H200)" and facts["stamped_plans"] == 5  # 4 + lm_head
+    assert facts["packaged_file"] == str(package / "data" / "engines" / "profiles" / "h200.json")
+    assert facts["packaged_source"] == "engines/profiles/h200.json"
+    assert (facts["gate_up"]["m2"], facts["gate_up"]["implb"]["loader"]) == (16, "pair")  # the stored silu_mul plan
 
 
 def test_sdist_carries_the_data_files(tmp_path):

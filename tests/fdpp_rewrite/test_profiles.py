@@ -9,6 +9,7 @@ from fdpp_rewrite.dispatch import select_impl
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.profiles import UNPROFILED, UNPROFILED_DEFAULT, load_profile, resolve_choices
 from fdpp_rewrite.resources import plugin_library_path
+from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
 QKV, O_PROJ = (960, 576, "float16"), (576, 576, "float16")
 
@@ -16,11 +17,11 @@ QKV, O_PROJ = (960, 576, "float16"), (576, 576, "float16")
 def shape_entry(n, k, dtype="float16", m1=2, m2=24, **implb):
     tiles = {"n_tile": 64, "k_tile": 128, "stages": 2, "split_k": 1, **implb}
     return {"n": n, "k": k, "dtype": dtype, "m1": m1, "m2": m2, "implb": tiles, "implc": "cutlass",
-            "curves": {"m": [1, 2], "impla_us": [3.0, 5.0], "cublas_us": [4.0, 4.1]}}
+            "curves": {"m": [1, 2], "impla_us": [3.0, 5.0], "cublas_us": [4.0, 4.1]}, "silu_mul": None}
 
 
 def write_profile(path, entries, **extra):
-    data = {"schema": "fdpp-profile/1", "gpu": "NVIDIA H200", "compute_capability": "9.0", "num_sms": 132,
+    data = {"schema": PROFILE_SCHEMA, "gpu": "NVIDIA H200", "compute_capability": "9.0", "num_sms": 132,
             "created": "2026-11-29T00:00:00Z", "command": "python -m fdpp_rewrite profile smollm2-135m",
             "presets": ["smollm2-135m"], "shapes": entries, **extra}
     path.write_text(json.dumps(data))
@@ -41,16 +42,27 @@ def test_load_and_lookup(tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"schema": "fdpp-profile/0"}, "expected \"schema\""),
     ({"shapes": {}}, "must be a list"),
-    ({"shapes": [{"n": 960, "k": 576, "dtype": "float16", "m1": 1}]}, "lacks or mistypes"),
+    ({"shapes": [{"n": 960, "k": 576, "dtype": "float16", "m1": 1, "silu_mul": None}]}, "shapes\\[0\\] lacks .m2."),
     ({"shapes": [shape_entry(960, 576, m1=30, m2=24)]}, "m1 <= m2"),
     ({"shapes": [shape_entry(960, 576, n_tile=48)]}, "implb_n_tile"),
     ({"shapes": [shape_entry(960, 576, dtype="int8")]}, "dtype='int8'"),
     ({"shapes": [shape_entry(960, 576), shape_entry(960, 576)]}, "repeats"),
+    ({"schema": "fdpp-profile/1"}, "an older profile.*re-run `python -m fdpp_rewrite profile"),
+    ({"shapes": [shape_entry(960, 576, m1=1e309)]}, r"shapes\[0\].m1 must be an integer, got Infinity"),
+    ({"shapes": [shape_entry(960, 576, m1=1.5)]}, r"shapes\[0\].m1 must be an integer, got 1.5"),
+    ({"shapes": [shape_entry(960, 576, m1=True)]}, r"shapes\[0\].m1 must be an integer, got true"),
+    ({"shapes": [shape_entry(960, 576, stages=2.0)]}, r"implb.stages must be an integer, got 2.0"),
+    ({"shapes": [dict(shape_entry(960, 576), n="960")]}, r"shapes\[0\].n must be an integer"),
+    ({"shapes": [{k: v for k, v in shape_entry(960, 576).items() if k != "silu_mul"}]}, "lacks 'silu_mul'"),
+    ({"shapes": [dict(shape_entry(960, 576), silu_mul={"m1": 0, "m2": 1.5, "implb": shape_entry(1, 1)["implb"]})]},
+     r"shapes\[0\].silu_mul.m2 must be an integer"),
+    ({"shapes": [dict(shape_entry(960, 576), silu_mul=dict(shape_entry(1, 1), m1=9, m2=3))]}, "m1 <= m2"),
 ])
 def test_malformed_profiles(tmp_path, change, message):
     path = write_profile(tmp_path / "bad.json", [shape_entry(960, 576)], **change)
-    with pytest.raises(FdppError, match=message):
+    with pytest.raises(FdppError, match=message) as info:
         load_profile(path)
+    assert "\n" not in str(info.value)  # one line
 
 
 def test_not_json_and_missing(tmp_path):
@@ -142,7 +154,7 @@ def test_unprofiled_node_tiles_run_on_every_shape_and_gpu(k, device):
 def test_the_committed_h200_profile_covers_every_real_size_preset():
     """No engine of a real-size preset runs unprofiled on the H200: every fused GEMM shape is in the profile."""
     from fdpp_rewrite.models import PRESETS, get_config
-    from fdpp_rewrite.profile import model_shapes
+    from fdpp_rewrite.profile_plan import model_shapes
     from fdpp_rewrite.profiles import DEFAULT_PROFILE
 
     profile = load_profile(DEFAULT_PROFILE)
@@ -162,3 +174,23 @@ def test_a_silu_mul_node_gets_the_one_launch_decode_plan_of_its_shape(tmp_path):
     assert (fused.m1, fused.m2, fused.implb_loader, fused.implc) == (choice.m1, 16, "pair", choice.implc)
     load_contract("FlatGemm").validate_attributes(fused.attributes(), where="the fused plan")
     assert "silu_mul" not in fused.attributes()
+
+
+def test_the_committed_h200_profile_stores_each_silu_mul_plan_as_the_profiler_computes_it():
+    """The stored silu_mul plans are the profiler's fused_decode_plan of each entry's own search data: converting
+    the file (schema 2) changed no number."""
+    from fdpp_rewrite.profile_plan import complete_entry
+    from fdpp_rewrite.profiles import DEFAULT_PROFILE
+
+    data = json.loads(DEFAULT_PROFILE.read_text())
+    assert data["schema"] == PROFILE_SCHEMA
+    assert [complete_entry(entry) for entry in data["shapes"]] == data["shapes"]
+    assert sum(entry["silu_mul"] is not None for entry in data["shapes"]) > 0
+
+
+def test_gpu_slug_and_labels():
+    from fdpp_rewrite.profiles import gpu_slug, label_gpu, profile_label
+
+    assert gpu_slug("NVIDIA H200") == "h200" and gpu_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
+    assert label_gpu(profile_label("h200.json", "NVIDIA H200")) == "NVIDIA H200"
+    assert label_gpu(UNPROFILED) is None and label_gpu("x (") is None

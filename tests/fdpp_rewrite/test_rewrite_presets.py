@@ -7,10 +7,11 @@ pattern the whole model has."""
 import onnx
 import pytest
 
-from fdpp_rewrite import REPO_ROOT, cli
+from fdpp_rewrite import cli
 from fdpp_rewrite.models import get_config
+from fdpp_rewrite.resources import profile_path
 
-H200_PROFILE = REPO_ROOT / "engines" / "profiles" / "h200.json"
+H200_PROFILE = profile_path("h200.json")
 # Weight matmuls per layer after the projection fusion: qkv, o, gate_up, down (OPT: qkv, o, fc1, fc2).
 FLAT_GEMMS_PER_LAYER = 4
 

@@ -6,6 +6,10 @@
 // writes engines/profiles/<gpu>.json; the rewriter copies a shape's m1/m2/ImplB config into the plugin node;
 // at run time dispatch is select_impl(), a comparison of M against two integers.
 //
+// select_impl is the owner of the dispatch rule: its limits (kImplAMaxM, kImplBMaxM) are generated from the
+// FlatGemm contract by plugins/common/contract_constants.cmake. fdpp_rewrite/dispatch.py is its one Python mirror
+// (reading the same contract); tests/fdpp_rewrite/test_dispatch.py pins the two equal over a grid of M and plans.
+//
 // Plain C++17, no CUDA headers: the CPU tests exercise it through the C ABI (fdpp_gemm_select etc.).
 #pragma once
 

@@ -13,6 +13,7 @@ from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.passes import common, flat_gemm, projection_fusion
 from fdpp_rewrite.ref_ops import make_reference_session
+from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
 K, N = 8, 6
 
@@ -110,7 +111,10 @@ def test_silu_mul_epilogue_after_fusion(tmp_path, gate_first):
 
 def test_a_silu_mul_node_takes_its_shapes_one_launch_decode_plan(tmp_path):
     """The same [N, K] with the silu_mul epilogue and without: the silu_mul node keeps M <= 16 on ImplB (no
-    SiLU-mul pass after an ImplC GEMM: fdpp_rewrite.profile.fused_decode_plan), the plain one the profile's plan."""
+    SiLU-mul pass after an ImplC GEMM): the silu_mul plan its profile entry stores, computed by the profiler
+    (fdpp_rewrite.profile_plan.complete_entry) when it wrote the entry; the plain one the entry's own plan."""
+    from fdpp_rewrite.profile_plan import complete_entry
+
     rng = np.random.default_rng(5)
     weights = {"wgu": rng.standard_normal((K, 2 * N)).astype(np.float32), "split": np.array([N, N], np.int64),
                "w": rng.standard_normal((K, 2 * N)).astype(np.float32)}
@@ -122,13 +126,13 @@ def test_a_silu_mul_node_takes_its_shapes_one_launch_decode_plan(tmp_path):
                        weights)
     tiles = {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1}
     profile = tmp_path / "gpu.json"
-    profile.write_text(json.dumps({"schema": "fdpp-profile/1", "gpu": "Test GPU", "shapes": [
+    profile.write_text(json.dumps({"schema": PROFILE_SCHEMA, "gpu": "Test GPU", "shapes": [complete_entry(
         {"n": 2 * N, "k": K, "dtype": "float32", "m1": 0, "m2": 8, "implc": "cublaslt",
          "implb": dict(tiles, loader="rows"),
          "implb_search": {"m": [1, 2, 4, 8, 16], "top": [{"config": dict(tiles, loader="pair"),
                                                           "us": [10.0, 10.0, 10.0, 10.5, 12.0]}]},
          "curves": {"m": [1, 2, 4, 8, 16], "implb_us": [10.0, 10.0, 10.0, 10.0, 14.0],
-                    "cublaslt_us": [11.0, 11.0, 11.0, 11.0, 11.5]}}]}))
+                    "cublaslt_us": [11.0, 11.0, 11.0, 11.0, 11.5]}})]}))
     rewritten, report = run_pass(model, profile=profile)
     plans = {node_attributes(n)["epilogue"]: node_attributes(n) for n in gemm_nodes(rewritten)}
     assert (plans["silu_mul"]["m2"], plans["silu_mul"]["implb_loader"]) == (16, "pair")
@@ -178,9 +182,9 @@ def test_float16_weights_stay_float16(tmp_path):
 def test_profile_attributes_reach_the_node(tmp_path):
     model, _ = linear_residual_model()
     profile = tmp_path / "gpu.json"
-    profile.write_text(json.dumps({"schema": "fdpp-profile/1", "gpu": "Test GPU", "shapes": [
+    profile.write_text(json.dumps({"schema": PROFILE_SCHEMA, "gpu": "Test GPU", "shapes": [
         {"n": N, "k": K, "dtype": "float32", "m1": 3, "m2": 40, "implc": "cublaslt",
-         "implb": {"n_tile": 32, "k_tile": 256, "stages": 3, "split_k": 2}}]}))
+         "implb": {"n_tile": 32, "k_tile": 256, "stages": 3, "split_k": 2}, "silu_mul": None}]}))
     rewritten, report = run_pass(model, profile=profile)
     attrs = node_attributes(gemm_nodes(rewritten)[0])
     assert (attrs["m1"], attrs["m2"], attrs["implb_n_tile"], attrs["implb_k_tile"], attrs["implb_stages"],
@@ -191,9 +195,9 @@ def test_profile_attributes_reach_the_node(tmp_path):
 def test_profile_for_another_model(tmp_path):
     model, _ = linear_residual_model()
     profile = tmp_path / "gpu.json"
-    profile.write_text(json.dumps({"schema": "fdpp-profile/1", "gpu": "Test GPU", "shapes": [
+    profile.write_text(json.dumps({"schema": PROFILE_SCHEMA, "gpu": "Test GPU", "shapes": [
         {"n": 4096, "k": 4096, "dtype": "float16", "m1": 3, "m2": 40,
-         "implb": {"n_tile": 32, "k_tile": 256, "stages": 3, "split_k": 2}}]}))
+         "implb": {"n_tile": 32, "k_tile": 256, "stages": 3, "split_k": 2}, "silu_mul": None}]}))
     with pytest.raises(FdppError, match=rf"no entry for \[{N}, {K}\] float32 \(a profile for another model\?\)"):
         run_pass(model, profile=profile)
 

@@ -224,11 +224,12 @@ def test_a_1024_column_config_serves_at_most_16_rows():
 
 
 def test_the_kernel_limits_come_from_the_contract():
+    from fdpp_rewrite import dispatch
     from fdpp_rewrite.contracts import load_contract
 
     limits = load_contract("FlatGemm").raw["limits"]
     g = gemm()
-    assert (g.IMPLA_MAX_M, g.IMPLB_MAX_M, g.IMPLB_1024_MAX_M) == (
+    assert (dispatch.IMPLA_MAX_M, dispatch.IMPLB_MAX_M, dispatch.IMPLB_1024_MAX_M) == (
         limits["impla_max_m"], limits["implb_max_m"], limits["implb_1024_max_m"])
     wide = plan(100, 1000)
     assert g.select(limits["impla_max_m"], wide) == "impla" and g.select(limits["impla_max_m"] + 1, wide) == "implb"
