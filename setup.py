@@ -1,5 +1,5 @@
 """The wheel carries the op contracts, the committed GPU profiles and the calibrations as fdpp_rewrite/data/,
-copied at build time from where the repository keeps them (DESIGN.md's layout), at the same relative paths:
+copied at build time from where the repository keeps them (docs/design.md's layout), at the same relative paths:
     plugins/FlatGemmPlugin/contract.json -> fdpp_rewrite/data/plugins/FlatGemmPlugin/contract.json
 An editable install copies nothing: it reads the checkout (fdpp_rewrite.resources.data_root). The rest of the
 package's metadata is in pyproject.toml."""

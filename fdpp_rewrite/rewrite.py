@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from fdpp_rewrite import __version__
 from fdpp_rewrite.atomic import AtomicOutputs, rename_external_data
+from fdpp_rewrite.calibration.settings import load_calibration
 from fdpp_rewrite.cli_args import add_force, add_gemm_profile
 from fdpp_rewrite.contracts import ALL_OP_NAMES, DOMAIN, load_contract, register_onnx_schemas, validate_node
 from fdpp_rewrite.errors import FdppError
@@ -87,7 +88,7 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
     register_onnx_schemas()
     if any(node.domain == DOMAIN for node in model.graph.node):
         raise FdppError("this model already has fdpp nodes (it is a rewrite); pass the exported model instead")
-    settings = attention.load_calibration(calibration) if calibration else None
+    settings = load_calibration(calibration) if calibration else None
     store = store or WeightStore()
     with progress.stage("import graph"):
         graph = gs.import_onnx(model)
@@ -223,7 +224,6 @@ def rewrite_file(model_path, output=None, profile=None, calibration=None, force=
     rewrite leaves neither, and an old output replaced with --force stays whole until the new one is done."""
     import onnx
 
-    from fdpp_rewrite.passes import attention
     from fdpp_rewrite.passes.weights import WeightStore, _location
     from fdpp_rewrite.profiles import load_profile
 
@@ -242,7 +242,7 @@ def rewrite_file(model_path, output=None, profile=None, calibration=None, force=
             raise FdppError(f"{model_path} keeps its weights in {model_path.parent / location}, which is missing; "
                             "put it beside the model or re-export")
     if calibration:
-        attention.load_calibration(calibration)
+        load_calibration(calibration)
     if profile:
         load_profile(profile)
     weight_bytes = sum(_tensor_bytes(init) for init in model.graph.initializer)

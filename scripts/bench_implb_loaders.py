@@ -40,7 +40,7 @@ def main():
     import torch
 
     from fdpp_rewrite.gpu.gemm_timing import Timer, capture_graph
-    from fdpp_rewrite.profile import ShapeBench, weight_copies
+    from fdpp_rewrite.profile_measure import ShapeBench, weight_copies
 
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from fdpp_rewrite.calibration.settings import OP
 from fdpp_rewrite.contracts import load_contract
 
+_WINDOW = load_contract(OP).raw["fp16_prefill_window"]
 # The float16 prefill's window above its anchor (the attention contract's fp16_prefill_window).
-PREFILL_FP16_HI = float(load_contract(OP).raw["fp16_prefill_window"]["guard_hi"])
+PREFILL_FP16_HI = float(_WINDOW["guard_hi"])
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,9 @@ class AnchoredTiling:
     anchor_tiles: int  # tiles that anchor a row's max: the diagonal ones and tile 0
 
 
-# The anchored kernel's tiling: PrefillTraits<D> in plugins/kernels/attention/attention_traits.cuh (kBlockM with two
-# m16 fragments per warp, kBlockN, kAnchorTiles). The C ABI does not report it; the attention contract is where it
-# belongs (a prefill_anchor field the traits assert against), then this reads it from there.
-ANCHORED_TILING = AnchoredTiling(block_m=128, block_n=64, anchor_tiles=4)
+# The anchored kernel's tiling, from the attention contract: PrefillTraits<D> (attention_traits.cuh) takes kBlockN and
+# kAnchorTiles from the same fields and asserts its 128-row kBlockM equals block_m.
+ANCHORED_TILING = AnchoredTiling(*(int(_WINDOW[key]) for key in ("block_m", "block_n", "anchor_tiles")))
 
 
 def anchored_prefill_fallbacks(s, tiling: AnchoredTiling = ANCHORED_TILING) -> int:

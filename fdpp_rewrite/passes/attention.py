@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.calibration.settings import (DEFAULT_SETTINGS, OP, SoftmaxSettings, attention_nodes,
-                                               load_calibration, node_attributes_with)
+                                               node_attributes_with)
 from fdpp_rewrite.contracts import DOMAIN, load_contract
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.passes.attention_mask import bias_input, dtypes_differ, mask_mode, onnx_dtype
@@ -20,7 +20,7 @@ from fdpp_rewrite.passes.attention_match import AttentionMatch, match_attention,
 from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, collect_matches, is_constant,
                                         producer)
 
-__all__ = ["run", "remaining_attention", "looks_like_attention", "load_calibration", "SUPPORTED", "DEFAULT_PHI",
+__all__ = ["run", "remaining_attention", "looks_like_attention", "SUPPORTED", "DEFAULT_PHI",
            "DEFAULT_GUARD_LO", "DEFAULT_GUARD_HI"]  # what rewrite.py reads from the pass
 
 DEFAULT_PHI, DEFAULT_GUARD_LO, DEFAULT_GUARD_HI = DEFAULT_SETTINGS.phi, DEFAULT_SETTINGS.guard_lo, \

@@ -27,11 +27,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract
-from fdpp_rewrite.passes.common import (NameMaker, PassReport, ancestors, constant_value, is_constant, is_standard,
-                                        producer, rank, static_dim)
+from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, ancestors, constant_value, is_constant,
+                                        is_standard, producer, rank, static_dim)
 
 OP = "RopeAppend"
-PAST_LEN_INPUT = "past_len"  # the exported graph's input (the export contract, fdpp_rewrite/onnx_builder.py)
 SHAPE_ONLY_OPS = ("Shape", "Size")
 TABLE_ATOL = 2e-3  # cos/sin tables may be rounded to float16 by the export (half an ulp at 1.0 is 4.9e-4)
 

@@ -15,6 +15,7 @@
 
 #include <type_traits>
 
+#include "fdpp_contract_constants.h"
 #include "kernels/attention/attention_common.cuh"
 #include "kernels/attention/attention_fallback.cuh"
 #include "kernels/attention/attention_softmax_state.cuh"
@@ -27,11 +28,11 @@ template <int D>
 struct PrefillSm90Traits {
   static constexpr int kConsumerWarps = 8;  // two warpgroups
   static constexpr int kThreads = (kConsumerWarps + 1) * 32;
-  static constexpr int kBlockM = 128;  // query rows per CTA (64 per warpgroup, 16 per warp)
-  static constexpr int kBlockN = 64;   // keys per tile
+  static constexpr int kBlockM = contract::kAttentionPrefillAnchorBlockM;  // query rows per CTA (64 per warpgroup)
+  static constexpr int kBlockN = contract::kAttentionPrefillBlockN;  // keys per tile
   static constexpr int kNT = kBlockN / 8;
   static constexpr int kStages = 4;
-  static constexpr int kAnchorTiles = 4;  // as the mma.sync kernel: 3 diagonal tiles + tile 0
+  static constexpr int kAnchorTiles = contract::kAttentionPrefillAnchorTiles;  // as the mma.sync kernel
   static constexpr int kChunks = D / 8;   // 16-byte chunks per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;

@@ -1,6 +1,8 @@
 // Tile shapes of the tensor-core attention kernels, with the invariants the kernels rely on.
 #pragma once
 
+#include "fdpp_contract_constants.h"
+
 namespace fdpp {
 namespace attn {
 
@@ -58,11 +60,11 @@ struct PrefillTraits {
   static constexpr int kRowsPerWarp = RowsPerWarp;  // 32 (two m16 fragments) or 16 (one: 64-row blocks)
   static constexpr int kMTiles = kRowsPerWarp / 16;
   static constexpr int kBlockM = kWarps * kRowsPerWarp;  // 128 (or 64) query rows per CTA
-  static constexpr int kBlockN = 64;                     // keys per tile (one cp.async stage)
+  static constexpr int kBlockN = contract::kAttentionPrefillBlockN;  // keys per tile (one cp.async stage)
   static constexpr int kStepN = StepN;  // keys per compute step: 32 keeps the scores in 32 registers (64 spills)
   static constexpr int kNTiles = kStepN / 8;
   static constexpr int kStages = 2;
-  static constexpr int kAnchorTiles = 4;  // unified variant: 3 diagonal tiles + tile 0 anchor each row's max
+  static constexpr int kAnchorTiles = contract::kAttentionPrefillAnchorTiles;  // diagonal tiles + tile 0
   static constexpr int kRowBytes = D * 2;
   static constexpr int kChunks = D / 8;
   static constexpr int kRowsPerPass = kThreads / kChunks;
@@ -71,6 +73,8 @@ struct PrefillTraits {
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
 
   static_assert(D == 64 || D == 128, "prefill supports head_dim 64 and 128");
+  static_assert(kRowsPerWarp != 32 || kBlockM == contract::kAttentionPrefillAnchorBlockM,
+                "the anchored 128-row kernel's tile is the contract's (calibrate simulates it from there)");
   static_assert(kRowsPerWarp == 16 || kRowsPerWarp == 32, "one or two m16 fragments per warp");
   static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row % 8) must stay fixed across a thread's passes");
   static_assert(kBlockN % kRowsPerPass == 0 && kBlockM % kRowsPerPass == 0, "whole passes per tile");

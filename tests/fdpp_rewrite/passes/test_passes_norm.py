@@ -111,7 +111,7 @@ def test_near_misses_are_left_alone(options, reason):
 
 
 def test_hand_built_float32_model_norms_all_replaced():
-    """tests/helpers/rewrite_graphs.py writes the Cast-free float32 chain: every norm of every layer, and the final one."""
+    """tests/helpers/rewrite_graphs.py writes the Cast-free float32 chain: every norm of every layer and the last."""
     cfg = TinyConfig()
     model = build_tiny_model(cfg)
     rewritten, report = rewrite_norms(model)

@@ -131,9 +131,9 @@ def test_require_names_the_patterns(monkeypatch, tiny_path, capsys):
 
 def test_profile_for_another_model(monkeypatch, tiny_path, tmp_path, capsys):
     profile = tmp_path / "llama2-7b-h200.json"
-    profile.write_text(json.dumps({"schema": "fdpp-profile/1", "gpu": "NVIDIA H200", "shapes": [
+    profile.write_text(json.dumps({"schema": "fdpp-profile/2", "gpu": "NVIDIA H200", "shapes": [
         {"n": 12288, "k": 4096, "dtype": "float16", "m1": 2, "m2": 32,
-         "implb": {"n_tile": 64, "k_tile": 64, "stages": 2, "split_k": 1}}]}))
+         "implb": {"n_tile": 64, "k_tile": 64, "stages": 2, "split_k": 1}, "silu_mul": None}]}))
     assert run_command(monkeypatch, "rewrite", str(tiny_path), "--profile", str(profile)) == 2
     err = capsys.readouterr().err
     cfg = TinyConfig()  # the smallest shape first: the lm_head's [vocab, hidden]

@@ -240,13 +240,18 @@ def test_the_kernel_limits_come_from_the_contract():
         g.check_implb_config(pair, m=limits["implb_1024_max_m"] + 1, k=4096, max_smem=H200["max_smem"], cc_major=9)
 
 
-def test_the_contract_names_every_loader_limit_the_code_enforces():
-    """The FlatGemm contract says what each implb_loader serves; the pair loader once read M <= 8 there while the
-    code took 16."""
+def test_every_loader_the_contract_allows_serves_exactly_the_1024_limit():
+    """Every implb_loader choice of the FlatGemm contract runs M = limits.implb_1024_max_m and refuses one row more
+    (the pair loader once took 16 while the contract said 8)."""
     from fdpp_rewrite.contracts import load_contract
 
-    doc = load_contract("FlatGemm").attributes["implb_loader"]["doc"]
-    assert "M <= 8" not in doc and "implb_1024_max_m" in doc
+    contract = load_contract("FlatGemm")
+    limit = contract.raw["limits"]["implb_1024_max_m"]
+    for loader in contract.attributes["implb_loader"]["choices"]:
+        config = {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1, "loader": loader}
+        gemm().check_implb_config(config, m=limit, k=4096, max_smem=H200["max_smem"], cc_major=9)
+        with pytest.raises(FdppError, match=f"M <= {limit}"):
+            gemm().check_implb_config(config, m=limit + 1, k=4096, max_smem=H200["max_smem"], cc_major=9)
 
 
 def test_row_blocks_is_the_rule_or_one():
