@@ -11,6 +11,7 @@ from fdpp_rewrite.errors import FdppError
 
 HINT = "export one with `python -m fdpp_rewrite export <preset>`"
 BROKEN = "re-export it (`python -m fdpp_rewrite export`) or re-run rewrite"
+FIND_DATA = "copy it beside the model again, re-export or re-run rewrite"  # a missing or cut-short .data file
 
 
 def load_structure(path, hint: str = HINT):
@@ -45,7 +46,7 @@ def check_external_data(path: Path, model) -> None:
     """Every external tensor of `model` (read from `path`) lies inside its data file.
 
     e.g. a model.onnx.data cut short by a failed copy ->
-    FdppError("model.onnx.data is truncated (it has 1000000 bytes, tensor 'w' ends at byte 1169408); copy it ...")
+    FdppError("cannot load model.onnx: its weights file model.onnx.data is truncated (it has 1000000 bytes, ...")
     """
     import onnx
 
@@ -57,13 +58,12 @@ def check_external_data(path: Path, model) -> None:
         data = path.parent / fields.get("location", "")
         if data not in sizes:
             if not data.is_file():
-                raise FdppError(f"{path} keeps its weights in {data}, which is missing; put it beside the model or "
-                                "re-export")
+                raise FdppError(f"cannot load {path}: it keeps its weights in {data}, which is missing; {FIND_DATA}")
             sizes[data] = data.stat().st_size
         end = int(fields.get("offset", 0)) + _external_length(tensor, fields)
         if end > sizes[data]:
-            raise FdppError(f"{data} is truncated (it has {sizes[data]} bytes, tensor '{tensor.name}' ends at byte "
-                            f"{end}); copy it again or re-export the model (`python -m fdpp_rewrite export`)")
+            raise FdppError(f"cannot load {path}: its weights file {data} is truncated (it has {sizes[data]} bytes, "
+                            f"tensor '{tensor.name}' ends at byte {end}); {FIND_DATA}")
 
 
 def _external_length(tensor, fields: dict) -> int:

@@ -311,8 +311,9 @@ def test_rewrite_of_truncated_external_data(made, capsys, tmp_path):
     data = (made[0].parent / "model.onnx.data").read_bytes()
     (tmp_path / "model.onnx.data").write_bytes(data[: len(data) // 3])
     line = one_error(capsys, ["rewrite", str(tmp_path / "model.onnx")])
-    assert line.startswith(f"error: {tmp_path / 'model.onnx.data'} is truncated (it has {len(data) // 3} bytes, "), line
-    assert "copy it again or re-export the model" in line
+    assert line.startswith(f"error: cannot load {tmp_path / 'model.onnx'}: its weights file "
+                           f"{tmp_path / 'model.onnx.data'} is truncated (it has {len(data) // 3} bytes, "), line
+    assert line.endswith("copy it beside the model again, re-export or re-run rewrite"), line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
 
 
