@@ -334,3 +334,25 @@ def test_sampling_options_are_refused_as_arguments(made, capsys, option, value, 
     out, err = capsys.readouterr()
     assert info.value.code == 2 and out == ""
     assert error_line(err) == f"error: argument {option}: {words}; see `python -m fdpp_rewrite run --help`"
+
+
+def test_verify_checks_every_rank_of_a_tensor_parallel_engine(capsys, tmp_path):
+    from fdpp_rewrite.export import export_model
+    from fdpp_rewrite.rewrite import rewrite_file
+
+    model = tmp_path / "qwen2.onnx"
+    export_model("tiny-qwen2", model, dtype="float32", max_cache=32, progress=False)  # 4 query heads, 2 KV heads
+    engine = tmp_path / "tp"
+    build_engine(rewrite_file(model, stream=io.StringIO()), engine, backend="cpu", max_batch=2, max_seq=32,
+                 tensor_parallel=2, stream=io.StringIO())
+    assert cli.main(["verify", str(engine)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{engine / rank / 'weights.safetensors'}: " in out for rank in ("rank_0", "rank_1")), out
+    corrupt(engine / "rank_1" / "weights.safetensors")
+    line = one_error(capsys, ["verify", str(engine)])
+    assert line.startswith(f"error: {engine / 'rank_1' / 'weights.safetensors'} does not match the sha256"), line
+    with pytest.raises(FdppError, match="rank_1/weights.safetensors does not match"):
+        verify_weights(engine, read_manifest(engine))
+    edit_json(engine / "rank_0" / "manifest.json", _set("max_batch", 0))
+    line = one_error(capsys, ["verify", str(engine)])
+    assert "rank_0/manifest.json: max_batch is 0, expected an integer >= 1" in line, line
