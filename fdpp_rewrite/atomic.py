@@ -25,9 +25,10 @@ from fdpp_rewrite.errors import FdppError
 PARTIAL = ".partial-"
 
 
-def temp_name(path: Path, pid: int | None = None) -> Path:
-    """e.g. engines/m/model.onnx.data -> engines/m/model.onnx.data.partial-4242"""
-    return path.with_name(f"{path.name}{PARTIAL}{os.getpid() if pid is None else pid}")
+def temp_name(path: Path, pid: int | None = None, marker: str = PARTIAL) -> Path:
+    """e.g. engines/m/model.onnx.data -> engines/m/model.onnx.data.partial-4242 (`marker` tells what kind of
+    temporary it is; engine folders use their own, engine/folder.py)"""
+    return path.with_name(f"{path.name}{marker}{os.getpid() if pid is None else pid}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -40,13 +41,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def leftovers(path: Path) -> list[Path]:
-    """Temporary files of `path` whose writer is gone (killed or crashed)."""
+def leftovers(path: Path, marker: str = PARTIAL) -> list[Path]:
+    """Temporaries of `path` (temp_name with `marker`) whose writer is gone (killed or crashed)."""
     if not path.parent.is_dir():
         return []
     found = []
-    pattern = re.compile(re.escape(path.name + PARTIAL) + r"(\d+)$")
-    for candidate in path.parent.glob(glob.escape(path.name + PARTIAL) + "*"):
+    pattern = re.compile(re.escape(path.name + marker) + r"(\d+)$")
+    for candidate in path.parent.glob(glob.escape(path.name + marker) + "*"):
         match = pattern.match(candidate.name)
         if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
             found.append(candidate)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import signal
 import sys
@@ -39,6 +40,7 @@ COMMANDS = {
     "demo": ("fdpp_rewrite.demo", "the whole CPU pipeline on smollm2-135m: export, rewrite, compare, generate"),
     "profile": ("fdpp_rewrite.profile", "profile GEMM implementations per [N, K] on this GPU (needs a GPU)"),
     "calibrate": ("fdpp_rewrite.calibrate", "choose phi and guard bounds per layer from real text"),
+    "verify": ("fdpp_rewrite.engine.verify", "check an engine folder in full: manifest, plan and weights sha256"),
 }
 
 # Modules with more COMMANDS tables, used when installed.
@@ -64,6 +66,26 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_ERROR, f"error: {message}; see `{self.prog} --help`\n")
+
+
+def number(kind=float, *, at_least=None, above=None, at_most=None):
+    """An argparse type: a finite number of `kind` (int or float) within bounds, so that nan, inf and values out of
+    range are refused as the arguments are read (one line, exit 2), e.g. `type=number(float, above=0, at_most=1)`."""
+    bounds = [f">= {at_least}" if at_least is not None else "", f"> {above}" if above is not None else "",
+              f"<= {at_most}" if at_most is not None else ""]
+    wanted = " ".join(["an integer" if kind is int else "a number", " and ".join(b for b in bounds if b)]).strip()
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if ((kind is float and not math.isfinite(value)) or (at_least is not None and value < at_least)
+                or (above is not None and value <= above) or (at_most is not None and value > at_most)):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text}")
+        return value
+
+    return parse
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

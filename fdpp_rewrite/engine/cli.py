@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from fdpp_rewrite.cli import number
+from fdpp_rewrite.cli_args import add_engine_backend, add_force, add_gemm_profile
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.serve import server
 
@@ -31,12 +33,11 @@ def add_build_arguments(parser) -> None:
     parser.add_argument("--backend", choices=["auto", "cuda", "cpu", "migraphx", "tensorrt"], default="auto",
                         help="cuda (this GPU's kernels), cpu (the reference ops), migraphx (AMD, docs/amd.md), "
                              "tensorrt (a TensorRT plan file, docs/tensorrt.md), auto: cuda when a GPU is visible")
-    parser.add_argument("--profile", type=Path, help="GEMM profile (default engines/profiles/<gpu>.json); shapes it "
-                                                     "lacks are profiled during the build")
+    add_gemm_profile(parser)
     parser.add_argument("--tensor-parallel", type=int, metavar="N",
                         help="shard the model over N ranks, one GPU each (1, 2, 4 or 8; docs/tensor-parallel.md); "
                              "default: one unsharded engine")
-    parser.add_argument("--force", action="store_true", help="replace the engine folder if it exists")
+    add_force(parser, "the output if it is an engine folder or an empty folder (anything else is refused)")
 
 
 def add_run_arguments(parser) -> None:
@@ -47,14 +48,16 @@ def add_run_arguments(parser) -> None:
                         help="a file of prompts, one per line, decoded as one batch (default: none)")
     source.add_argument("--token-ids",
                         help="a prompt as comma-separated token ids, for engines without a tokenizer (default: none)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set with this mass")
+    parser.add_argument("--max-new-tokens", type=number(int, at_least=1), default=64)
+    parser.add_argument("--temperature", type=number(float, at_least=0), default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top-k", type=number(int, at_least=0), default=0,
+                        help="sample among the k most likely tokens (0: all)")
+    parser.add_argument("--top-p", type=number(float, above=0, at_most=1), default=1.0,
+                        help="sample from the smallest set with this mass, in (0, 1]")
     parser.add_argument("--seed", type=int, help="seed of the sampler (default: none, a fresh seed)")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     parser.add_argument("--system", help="a system message for --chat (default: none)")
-    parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
+    add_engine_backend(parser)
 
 
 def add_bench_arguments(parser) -> None:
@@ -71,7 +74,7 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--ablate", action="store_true", help="also run the engine with each technique switched to "
                         "its baseline, one at a time, and print what each buys (cuda backend)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here (default: print only)")
-    parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
+    add_engine_backend(parser)
 
 
 def run_build(args) -> int:
