@@ -60,24 +60,27 @@ def sdpa_attention(attrs):
 
 
 class Wrapper(Backend):
-    """A backend that lowers through `inner` except where a subclass says otherwise."""
+    """A backend that lowers through `inner` except for the nodes its `replace` gives a step."""
 
     def __init__(self, inner: Backend):
         self.inner, self.name, self.device = inner, inner.name, inner.device
 
     def lower_local(self, op_type: str, attrs: dict, name: str):
-        return self.inner.lower_local(op_type, attrs, name)
+        fn = self.replace(op_type, attrs, name)
+        return fn if fn is not None else self.inner.lower_local(op_type, attrs, name)
+
+    def replace(self, op_type: str, attrs: dict, name: str):
+        """This wrapper's step for the node, or None to keep the inner backend's."""
+        return None
 
 
 class TorchKernels(Wrapper):
     """`--kernels torch`: cuBLAS GEMMs with unfused epilogues and SDPA attention (the module docstring)."""
 
-    def lower_local(self, op_type: str, attrs: dict, name: str):
+    def replace(self, op_type: str, attrs: dict, name: str):
         if op_type == "FlatGemm":
             return torch_flat_gemm(attrs)
-        if op_type == "AsyncSoftmaxAttention":
-            return sdpa_attention(attrs)
-        return self.inner.lower_local(op_type, attrs, name)
+        return sdpa_attention(attrs) if op_type == "AsyncSoftmaxAttention" else None
 
 
 class Ablation(Wrapper):
@@ -94,27 +97,27 @@ class Ablation(Wrapper):
 class SynchronizedSoftmax(Ablation):
     description = "asynchronized softmax -> synchronized (per-tile max, rescaled partials)"
 
-    def lower_local(self, op_type: str, attrs: dict, name: str):
-        if op_type == "AsyncSoftmaxAttention":
-            attrs = {**attrs, "softmax": "synchronized"}
-        return self.inner.lower_local(op_type, attrs, name)
+    def replace(self, op_type: str, attrs: dict, name: str):
+        if op_type != "AsyncSoftmaxAttention":
+            return None
+        return self.inner.lower_local(op_type, {**attrs, "softmax": "synchronized"}, name)
 
 
 class CublasLtGemm(Ablation):
     description = "ImplA/ImplB -> cuBLASLt for every GEMM (epilogues still fused)"
 
-    def lower_local(self, op_type: str, attrs: dict, name: str):
-        if op_type == "FlatGemm":  # M1 = M2 = 0: every M dispatches to ImplC
-            return self.inner.flat_gemm(attrs, name, {**self.inner.gemm_plan(name), "m1": 0, "m2": 0})
-        return self.inner.lower_local(op_type, attrs, name)
+    def replace(self, op_type: str, attrs: dict, name: str):
+        if op_type != "FlatGemm":
+            return None
+        return self.inner.flat_gemm(attrs, name, {**self.inner.gemm_plan(name), "m1": 0, "m2": 0})  # all ImplC
 
 
 class StaticDispatch(Ablation):
     description = "profiled per-shape dispatch -> ImplB with its default config for every shape"
 
-    def lower_local(self, op_type: str, attrs: dict, name: str):
+    def replace(self, op_type: str, attrs: dict, name: str):
         if op_type != "FlatGemm":
-            return self.inner.lower_local(op_type, attrs, name)
+            return None
         self.inner.gemm_plan(name)  # the same refusal as the engine for a GEMM build did not profile
         made = []  # the GEMM on the default plan of the weight's [N, K], made at the first (traced) call
 
@@ -133,11 +136,11 @@ class StaticDispatch(Ablation):
 class UnfusedGlue(Ablation):
     description = "fused GEMM epilogues and RMSNorm kernel -> separate torch ops"
 
-    def lower_local(self, op_type: str, attrs: dict, name: str):
+    def replace(self, op_type: str, attrs: dict, name: str):
         if op_type == "RMSNorm":
             return torch_rms_norm(attrs)
         if op_type != "FlatGemm":
-            return self.inner.lower_local(op_type, attrs, name)
+            return None
         epilogue = attrs.get("epilogue", "none")
         gemm = self.inner.flat_gemm({**attrs, "epilogue": "none"}, name, self.inner.gemm_plan(name))
 
@@ -150,10 +153,8 @@ class UnfusedGlue(Ablation):
 class SdpaAttention(Ablation):
     description = "fdpp attention -> torch SDPA (cuDNN / memory-efficient)"
 
-    def lower_local(self, op_type: str, attrs: dict, name: str):
-        if op_type == "AsyncSoftmaxAttention":
-            return sdpa_attention(attrs)
-        return self.inner.lower_local(op_type, attrs, name)
+    def replace(self, op_type: str, attrs: dict, name: str):
+        return sdpa_attention(attrs) if op_type == "AsyncSoftmaxAttention" else None
 
 
 # bench --ablate's names, in the order it runs them
