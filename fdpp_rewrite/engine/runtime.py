@@ -68,10 +68,14 @@ class Engine:
             self._load(backend, use_graphs, wrapper)
 
     def _load(self, backend: str, use_graphs: bool, wrapper) -> None:
+        """Load the folder read_manifest just read (a rank folder of a tensor-parallel engine: it holds the
+        weights) on `backend`."""
         from safetensors.torch import load_file
 
         from fdpp_rewrite.engine.backends import CpuBackend, CudaBackend
+        from fdpp_rewrite.engine.manifest import verify_weights
 
+        verify_weights(self.folder, self.manifest)
         if backend == "cuda":
             check_device(self.manifest, self.folder)
         elif backend != "cpu":
