@@ -116,7 +116,7 @@ class Engine:
 
             self.hf_feeds = HfFeeds(self.plan["inputs"], self.cache_names, self.max_batch, self.max_seq, device)
         self.use_graphs = use_graphs and backend == "cuda"
-        self.cache = ProgramCache(self.nodes, self.weights, self.host_values, self.use_graphs)
+        self.traced = ProgramCache(self.nodes, self.weights, self.host_values, self.use_graphs)
         tensor_parallel = self.manifest.get("tensor_parallel", 1) > 1
         # prompt passes are captured, except for Hugging Face graphs (their feeds are built per pass) and ranks
         self.graph_prefill = self.use_graphs and self.hf_feeds is None and not tensor_parallel
@@ -159,19 +159,19 @@ class Engine:
 
     @property
     def programs(self) -> dict:
-        return self.cache.programs
+        return self.traced.programs
 
     @property
     def graphs(self) -> dict:
-        return self.cache.decode_graphs
+        return self.traced.decode_graphs
 
     @property
     def prefill_graphs(self) -> dict:
-        return self.cache.prefill_graphs
+        return self.traced.prefill_graphs
 
     @property
     def mixed_steps(self) -> dict:
-        return self.cache.mixed_steps
+        return self.traced.mixed_steps
 
     @property
     def device(self):
@@ -190,7 +190,7 @@ class Engine:
 
     def forward(self, feeds: dict, cache_program: bool):
         """logits for these feeds: a traced Program of the same shapes when there is one, else a trace."""
-        return self.cache.forward(self.program_key(feeds), feeds, self.backend, cache_program)
+        return self.traced.forward(self.program_key(feeds), feeds, self.backend, cache_program)
 
     def program_key(self, feeds: dict) -> tuple:
         """((batch, seq), KV view length) of a step: the shapes a traced Program is specialized to (for a Hugging
@@ -256,8 +256,8 @@ class Engine:
         logits = self.forward(feeds, cache_program=self.hf_feeds is None or start == 0)
         if graphs:
             program = self.programs[self.program_key(feeds)]
-            self.prefill_graphs[key] = self.cache.capture(program, feeds,
-                                                          lambda out: out[0].index_select(0, self.prefill_last))
+            self.prefill_graphs[key] = self.traced.capture(program, feeds,
+                                                           lambda out: out[0].index_select(0, self.prefill_last))
         return logits[0, seq - 1]
 
     def decode_buckets(self, batch: int) -> tuple[int, int]:
@@ -293,7 +293,7 @@ class Engine:
 
     def capture(self, key, feeds) -> None:
         """Record the bucket's Program into a CUDA graph (recording runs nothing: the step already ran)."""
-        self.graphs[key] = self.cache.capture(self.programs[self.program_key(feeds)], feeds)
+        self.graphs[key] = self.traced.capture(self.programs[self.program_key(feeds)], feeds)
 
     # -- slot-level work (the server's scheduler) ----------------------------------------------------------------
 
@@ -404,12 +404,12 @@ class Engine:
         bucket_batch, padded, slot, kv_len = key
         feeds = self._mixed_feeds(input_ids, past, kv_len)
         layout = mixed.MixedLayout(batch=bucket_batch, slot=slot, chunk=padded)
-        outputs, program = self.cache.trace(feeds, self.backend, layout=layout)
+        outputs, program = self.traced.trace(feeds, self.backend, layout=layout)
         out = outputs["logits"][0].index_select(0, rows)
         if not self.use_graphs:
             self.mixed_steps[key] = (program, None)
             return out
-        self.mixed_steps[key] = self.cache.capture(program, feeds, lambda logits: logits[0].index_select(0, rows))
+        self.mixed_steps[key] = self.traced.capture(program, feeds, lambda logits: logits[0].index_select(0, rows))
         return out
 
     def assume_length(self, slot: int, length: int) -> None:
