@@ -70,8 +70,9 @@ def main(argv=None) -> int:
     import torch
 
     from bench_hf import hf_model
+    from fdpp_rewrite.engine.buckets import pick
     from fdpp_rewrite.engine.cli import _tokenizer
-    from fdpp_rewrite.engine.runtime import Engine, pick
+    from fdpp_rewrite.engine.runtime import Engine
     from fdpp_rewrite.gpu.attention import read_library_counters
 
     started = time.perf_counter()

@@ -5,17 +5,12 @@ A backend turns one fdpp node into a step function: `backend.lower(op_type, attr
 cuda FlatGemm takes its dispatch plan from the engine's plan.json (what build profiled for this GPU), never from
 a default: an engine never runs an unprofiled GEMM.
 
-`baseline=True` (either backend) is the engine a careful team would write with stock libraries, the peer the
-issue's benchmark and ablation compare against: the same graph, norms, RoPE and CUDA graphs, but FlatGemm
-becomes torch's GEMM (cuBLAS) with SiLU-mul and the residual as separate ops, and the attention torch's
-scaled_dot_product_attention over the cache view (cuDNN / memory-efficient, as torch dispatches a masked call).
-
-`ablate=NAME` (cuda) switches one technique back to its baseline and keeps the others (ABLATIONS says which);
-`bench --ablate` runs each in turn to show what each technique buys end to end.
+Every backend is a Backend: `lower` applies the tensor-parallel all-reduce after a FlatGemm, `lower_local` is
+the node's step on this rank. The stock-torch peer (`--kernels torch`) and `bench --ablate`'s engines are wrapper
+backends around these two (ablations.py); this module has only the product's kernels and reference math.
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 import torch
@@ -25,15 +20,6 @@ from fdpp_rewrite.engine import mixed, ops
 from fdpp_rewrite.errors import FdppError
 
 FDPP_OPS = ("FlatGemm", "AsyncSoftmaxAttention", "RMSNorm", "RopeAppend")
-
-# ablation -> what it switches back to its baseline (one technique each; the rest of the engine unchanged)
-ABLATIONS = {
-    "synchronized-softmax": "asynchronized softmax -> synchronized (per-tile max, rescaled partials)",
-    "cublaslt-gemm": "ImplA/ImplB -> cuBLASLt for every GEMM (epilogues still fused)",
-    "static-dispatch": "profiled per-shape dispatch -> ImplB with its default config for every shape",
-    "unfused-glue": "fused GEMM epilogues and RMSNorm kernel -> separate torch ops",
-    "sdpa-attention": "fdpp attention -> torch SDPA (cuDNN / memory-efficient)",
-}
 
 
 def _flat_gemm_math(x, weight, bias, residual, epilogue: str):
@@ -49,7 +35,7 @@ def _flat_gemm_math(x, weight, bias, residual, epilogue: str):
     return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
 
 
-def _gemm_inputs(attrs, inputs):
+def gemm_inputs(attrs, inputs):
     """(x, weight, bias, residual) from a FlatGemm node's inputs."""
     x, weight = inputs[0], inputs[1]
     rest = list(inputs[2:])
@@ -83,47 +69,6 @@ def rope_append_torch(attrs, query, k_new, v_new, key_cache, value_cache, past_l
     return q_out, key_cache, value_cache
 
 
-def torch_flat_gemm(attrs):
-    """FlatGemm as stock torch: the GEMM (cuBLAS on a GPU), then SiLU-mul or the residual add as their own ops."""
-    epilogue = attrs.get("epilogue", "none")
-
-    def flat_gemm(*inputs):
-        x, weight, bias, residual = _gemm_inputs(attrs, inputs)
-        y = F.linear(x, weight, bias)
-        if epilogue == "silu_mul":
-            gate, up = y.chunk(2, dim=-1)
-            return F.silu(gate) * up
-        return y + residual if epilogue == "residual" else y
-    return flat_gemm
-
-
-def sdpa_attention(attrs):
-    """AsyncSoftmaxAttention (mask_mode past_len) as torch's scaled_dot_product_attention with a boolean mask
-    built on the device from past_len (key j visible to query i iff j <= past_len[b] + i)."""
-    if attrs.get("mask_mode") != "past_len":
-        raise FdppError(f"the baseline attention takes mask_mode past_len, not {attrs.get('mask_mode')!r}")
-    scale = float(attrs["scale"])
-
-    def attention(query, key, value, past_len, out=None):
-        batch, heads, seq, _ = query.shape
-        length = key.shape[2]
-        last = past_len.reshape(batch, 1, 1, 1) + torch.arange(seq, device=query.device).reshape(1, 1, seq, 1)
-        mask = torch.arange(length, device=query.device).reshape(1, 1, 1, length) <= last
-        result = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
-                                                enable_gqa=heads != key.shape[1])
-        return result if out is None else out.copy_(result)
-    return attention
-
-
-def baseline_lowering(op_type: str, attrs: dict):
-    """The stock-torch step of a FlatGemm or an attention node (baseline=True), or None for other ops."""
-    if op_type == "FlatGemm":
-        return torch_flat_gemm(attrs)
-    if op_type == "AsyncSoftmaxAttention":
-        return sdpa_attention(attrs)
-    return None
-
-
 def all_reduced(fn, attrs: dict, name: str):
     """A FlatGemm of a tensor-parallel rank (attribute all_reduce, tensor_parallel.py): its output is this rank's
     partial sum, summed over the ranks in place (NCCL on the current stream, so a CUDA graph captures it)."""
@@ -147,27 +92,35 @@ def node_softmax(attrs: dict) -> str:
     return attrs.get("softmax", "unified")
 
 
-class CpuBackend:
+class Backend:
+    """fdpp node -> step function. `lower` is what the interpreter calls; a FlatGemm of a tensor-parallel rank is
+    all-reduced after the step `lower_local` gives (wrappers in ablations.py override lower_local only, so the
+    all-reduce comes after their epilogues too)."""
+
+    name: str
+    device: torch.device
+
+    def lower(self, op_type: str, attrs: dict, name: str):
+        fn = self.lower_local(op_type, attrs, name)
+        return all_reduced(fn, attrs, name) if op_type == "FlatGemm" else fn
+
+    def lower_local(self, op_type: str, attrs: dict, name: str):
+        raise NotImplementedError
+
+
+class CpuBackend(Backend):
     """The reference semantics on the CPU (float32 math; what CI tests the lowering and the cache logic with)."""
 
     name = "cpu"
 
-    def __init__(self, gemm_plans: dict | None = None, baseline: bool = False):
+    def __init__(self, gemm_plans: dict | None = None):
         self.device = torch.device("cpu")
         self.gemm_plans = gemm_plans or {}
-        self.baseline = baseline
 
-    def lower(self, op_type: str, attrs: dict, name: str):
-        fn = self._lower(op_type, attrs, name)
-        return all_reduced(fn, attrs, name) if op_type == "FlatGemm" else fn
-
-    def _lower(self, op_type: str, attrs: dict, name: str):
-        fn = baseline_lowering(op_type, attrs) if self.baseline else None
-        if fn is not None:
-            return fn
+    def lower_local(self, op_type: str, attrs: dict, name: str):
         if op_type == "FlatGemm":
             epilogue = attrs.get("epilogue", "none")
-            return lambda *inputs: _flat_gemm_math(*_gemm_inputs(attrs, inputs), epilogue)
+            return lambda *inputs: _flat_gemm_math(*gemm_inputs(attrs, inputs), epilogue)
         if op_type == "AsyncSoftmaxAttention":
             from fdpp_rewrite.ref_ops import async_softmax_attention
 
@@ -181,90 +134,42 @@ class CpuBackend:
                 return result if out is None else out.copy_(result)
             return attention
         if op_type == "RMSNorm":
-            eps = float(attrs.get("epsilon", 1e-5))
-            return lambda x, weight: ops.rms_norm_torch(x, weight, eps)
+            return torch_rms_norm(attrs)
         if op_type == "RopeAppend":
             return lambda *inputs: rope_append_torch(attrs, *inputs)
         raise FdppError(f"the cpu backend has no fdpp::{op_type}")
 
 
-class CudaBackend:
+def torch_rms_norm(attrs: dict):
+    """fdpp::RMSNorm as torch ops (the cpu backend; the unfused-glue ablation on cuda)."""
+    eps = float(attrs.get("epsilon", 1e-5))
+    return lambda x, weight: ops.rms_norm_torch(x, weight, eps)
+
+
+class CudaBackend(Backend):
     """The plugin library's kernels on the current CUDA device. Every launch goes on torch's current stream and
     allocates through torch, so a step is capturable in a CUDA graph."""
 
     name = "cuda"
 
-    def __init__(self, gemm_plans: dict, softmax: str = "unified", baseline: bool = False,
-                 ablate: str | None = None, last_block_combine: bool = True):
+    def __init__(self, gemm_plans: dict):
         from fdpp_rewrite.errors import require_gpu
 
         require_gpu("the cuda engine backend")
-        if ablate is not None and ablate not in ABLATIONS:
-            raise FdppError(f"unknown ablation {ablate!r}; use one of {', '.join(ABLATIONS)}")
         self.device = torch.device("cuda")
         self.gemm_plans = gemm_plans
-        self.ablate = ablate
-        self.softmax = "synchronized" if ablate == "synchronized-softmax" else softmax
-        self.baseline = baseline
-        # last_block_combine: the decode attention's splits are added by their last CTA instead of a combine kernel
-        # where no cluster fits (one launch less); it recomputes a guard-flagged row with the whole CTA, as the
-        # combine kernel does (docs/notes-attention.md). Multi-head attention only (see the attention lowering).
-        self.last_block_combine = last_block_combine
-        # Its counters: one zeroed buffer for all layers (their calls run in order on one stream and each leaves it
-        # zeroed), the last of this list; a larger one is appended while tracing a larger shape. Earlier ones stay
-        # alive: the graphs captured with them keep their addresses.
+        # The multi-head decode attention adds its splits in their last CTA instead of a combine kernel where no
+        # cluster fits (one launch less); it recomputes a guard-flagged row with the whole CTA, as the combine kernel
+        # does (docs/notes-attention.md). Its counters: one zeroed buffer for all layers (their calls run in order on
+        # one stream and each leaves it zeroed), the last of this list; a larger one is appended while tracing a
+        # larger shape. Earlier ones stay alive: the graphs captured with them keep their addresses.
         self.combine_counter_buffers = []
 
-    def lower(self, op_type: str, attrs: dict, name: str):
-        fn = self._lower(op_type, attrs, name)
-        return all_reduced(fn, attrs, name) if op_type == "FlatGemm" else fn
-
-    def _lower(self, op_type: str, attrs: dict, name: str):
-        fn = baseline_lowering(op_type, attrs) if self.baseline else None
-        if self.ablate == "sdpa-attention" and op_type == "AsyncSoftmaxAttention":
-            fn = sdpa_attention(attrs)
-        if self.ablate == "unfused-glue" and op_type == "RMSNorm":
-            eps = float(attrs.get("epsilon", 1e-5))
-            fn = lambda x, weight: ops.rms_norm_torch(x, weight, eps)  # noqa: E731
-        if fn is not None:
-            return fn
+    def lower_local(self, op_type: str, attrs: dict, name: str):
         if op_type == "FlatGemm":
-            return self._flat_gemm(attrs, name)
+            return self.flat_gemm(attrs, name, self.gemm_plan(name))
         if op_type == "AsyncSoftmaxAttention":
-            from fdpp_rewrite.gpu import attention as gpu_attention
-
-            options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
-            # a layer calibrate marked synchronized stays so; the others take the engine's choice (or ablation)
-            softmax = "synchronized" if node_softmax(attrs) == "synchronized" else self.softmax
-
-            sizes = {}  # (query shape, dtype, key shape) -> combine counters the call needs
-
-            def combine_counters(query, key):
-                """The engine's counters buffer for a call of these shapes, so that its decode combines in one kernel
-                (the last-block combine); None where it needs none, or where a capture meets a shape that was not
-                traced first (no allocation inside a capture: that call keeps the combine kernel)."""
-                shape = (tuple(query.shape), query.dtype, tuple(key.shape))
-                if shape not in sizes:
-                    sizes[shape] = gpu_attention.combine_counters_size(query, key)
-                need, buffers = sizes[shape], self.combine_counter_buffers
-                if need and (not buffers or buffers[-1].numel() < need):
-                    if torch.cuda.is_current_stream_capturing():
-                        return None
-                    buffers.append(torch.zeros(need, dtype=torch.int32, device=self.device))
-                return buffers[-1] if need else None
-
-            def attention(query, key, value, mask=None, out=None):
-                past_len = mask if options["mask_mode"] == "past_len" else None
-                bias = mask if options["mask_mode"] == "bias" else None
-                if out is None and query.shape[2] > 1:  # a prompt pass: tokens-major, free to transpose back
-                    out = mixed.tokens_major(*query.shape, query)
-                # GQA keeps the combine kernel: its last block would recompute a group's flagged rows one after
-                # another, where the combine kernel gives each row a CTA (4x slower when every row is flagged)
-                last_block = self.last_block_combine and query.shape[1] == key.shape[1]
-                return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax, out=out,
-                                               combine_counters=combine_counters(query, key) if last_block else None,
-                                               **options)
-            return attention
+            return self._attention(attrs)
         if op_type == "RMSNorm":
             from fdpp_rewrite.gpu import norm
 
@@ -274,38 +179,61 @@ class CudaBackend:
             return self._rope_append(attrs)
         raise FdppError(f"the cuda backend has no fdpp::{op_type}")
 
-    def _flat_gemm(self, attrs, name):
-        from fdpp_rewrite.gpu import gemm
+    def _attention(self, attrs):
+        from fdpp_rewrite.gpu import attention as gpu_attention
 
+        options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
+        softmax = node_softmax(attrs)  # synchronized where calibrate found no phi for the layer
+        sizes = {}  # (query shape, dtype, key shape) -> combine counters the call needs
+
+        def combine_counters(query, key):
+            """The engine's counters buffer for a call of these shapes, so that its decode combines in one kernel
+            (the last-block combine); None where it needs none, or where a capture meets a shape that was not
+            traced first (no allocation inside a capture: that call keeps the combine kernel)."""
+            shape = (tuple(query.shape), query.dtype, tuple(key.shape))
+            if shape not in sizes:
+                sizes[shape] = gpu_attention.combine_counters_size(query, key)
+            need, buffers = sizes[shape], self.combine_counter_buffers
+            if need and (not buffers or buffers[-1].numel() < need):
+                if torch.cuda.is_current_stream_capturing():
+                    return None
+                buffers.append(torch.zeros(need, dtype=torch.int32, device=self.device))
+            return buffers[-1] if need else None
+
+        def attention(query, key, value, mask=None, out=None):
+            past_len = mask if options["mask_mode"] == "past_len" else None
+            bias = mask if options["mask_mode"] == "bias" else None
+            if out is None and query.shape[2] > 1:  # a prompt pass: tokens-major, free to transpose back
+                out = mixed.tokens_major(*query.shape, query)
+            # GQA keeps the combine kernel: its last block would recompute a group's flagged rows one after
+            # another, where the combine kernel gives each row a CTA
+            counters = combine_counters(query, key) if query.shape[1] == key.shape[1] else None
+            return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax, out=out,
+                                           combine_counters=counters, **options)
+        return attention
+
+    def gemm_plan(self, name: str) -> dict:
+        """The dispatch plan build profiled for FlatGemm `name` (never a default: an engine runs no unprofiled GEMM)."""
         plan = self.gemm_plans.get(name)
         if plan is None:
             raise FdppError(f"FlatGemm node {name} has no profiled plan in the engine; rebuild the engine")
+        return plan
+
+    def flat_gemm(self, attrs: dict, name: str, plan: dict):
+        """FlatGemm `name` on the library's GEMM with `plan`, its SiLU-mul epilogue fused and its residual added
+        through the kernel's own pointer."""
+        from fdpp_rewrite.gpu import gemm
+
         epilogue = attrs.get("epilogue", "none")
         if epilogue not in ("none", "silu_mul", "residual"):
             raise FdppError(f"FlatGemm {name}: unknown epilogue {epilogue!r}")
-        if self.ablate == "cublaslt-gemm":
-            plan = {**plan, "m1": 0, "m2": 0}
-        unfused = self.ablate == "unfused-glue"
         # the C ABI's epilogue codes are none and silu_mul; a residual is added through its own pointer
-        kernel_epilogue = "silu_mul" if epilogue == "silu_mul" and not unfused else "none"
-        static_plans = {}  # static-dispatch: the default plan of the weight's [N, K], made at the first (traced) call
+        kernel_epilogue = "silu_mul" if epilogue == "silu_mul" else "none"
 
         def flat_gemm(*inputs):
-            x, weight, bias, residual = _gemm_inputs(attrs, inputs)
-            step_plan = plan
-            if self.ablate == "static-dispatch":
-                if not static_plans:
-                    default = gemm.default_plan(weight.shape[0], weight.shape[1], kernel_epilogue)
-                    static_plans["plan"] = {**default, "m1": 0, "m2": gemm.IMPLB_MAX_M}
-                step_plan = static_plans["plan"]
-            if unfused:
-                y = gemm.linear(x.contiguous(), weight, bias, None, epilogue="none", plan=step_plan)
-                if epilogue == "silu_mul":
-                    gate, up = y.chunk(2, dim=-1)
-                    return F.silu(gate) * up
-                return y + residual if epilogue == "residual" else y
+            x, weight, bias, residual = gemm_inputs(attrs, inputs)
             residual = None if residual is None else residual.contiguous()
-            return gemm.linear(x.contiguous(), weight, bias, residual, epilogue=kernel_epilogue, plan=step_plan)
+            return gemm.linear(x.contiguous(), weight, bias, residual, epilogue=kernel_epilogue, plan=plan)
         return flat_gemm
 
     def _rope_append(self, attrs):

@@ -3,9 +3,9 @@ sees it (sampling and the token readback included in every step).
 
 Per (batch, context): random prompt ids (seed 0), one warm-up generation (it traces and captures the buckets the
 run visits), then the timed generation. `--kernels fdpp torch` runs each point with this project's kernels and
-then with the stock-torch baseline (backends.py: cuBLAS GEMMs with unfused epilogues, SDPA attention; the same
-graph, norms, RoPE and CUDA graphs) and prints the ratios. `--ablate` also runs the engine once per ablation
-(backends.ABLATIONS: one technique switched back to its baseline, everything else unchanged) and prints what
+then with the stock-torch baseline (ablations.TorchKernels: cuBLAS GEMMs with unfused epilogues, SDPA attention;
+the same graph, norms, RoPE and CUDA graphs) and prints the ratios. `--ablate` also runs the engine once per ablation
+(ablations.ABLATIONS: one technique switched back to its baseline, everything else unchanged) and prints what
 each technique buys: fdpp's tokens/s over the ablated engine's, per point.
 
 Reported: decode tokens/s (batch / mean step); ms per step (mean and median); first-token time (prefill of every
@@ -107,7 +107,7 @@ def count_kernels(engine, batch: int) -> dict:
 
 
 def bench_point(engine, batch: int, context: int, new_tokens: int, roofline: bool) -> dict:
-    from fdpp_rewrite.engine.runtime import Sampler
+    from fdpp_rewrite.engine.sampling import Sampler
 
     vocab = engine.vocab_size or 1000
     rng = random.Random(0)
@@ -143,19 +143,19 @@ def add_roofline(points: list, bandwidth: float) -> None:
 
 def configurations(kernels: list, ablate: bool) -> list:
     """(label, Engine options) of each engine the bench runs, in order: fdpp, each ablation, torch."""
-    from fdpp_rewrite.engine.backends import ABLATIONS
+    from fdpp_rewrite.engine.ablations import ABLATIONS, TorchKernels
 
     runs = [("fdpp", {})] if "fdpp" in kernels or ablate else []
     if ablate:
-        runs += [(f"-{name}", {"ablate": name}) for name in ABLATIONS]
+        runs += [(f"-{name}", {"wrapper": wrapper}) for name, wrapper in ABLATIONS.items()]
     if "torch" in kernels or ablate:
-        runs.append(("torch", {"baseline": True}))
+        runs.append(("torch", {"wrapper": TorchKernels}))
     return runs
 
 
 def print_ablation(points: list, stream=None) -> None:
     """What each technique buys: fdpp tokens/s over the tokens/s with that technique switched off."""
-    from fdpp_rewrite.engine.backends import ABLATIONS
+    from fdpp_rewrite.engine.ablations import ABLATIONS
 
     ours = {(p["batch"], p["context"]): p for p in points if p["kernels"] == "fdpp"}
     ablated = [p for p in points if p["kernels"].startswith("-") and (p["batch"], p["context"]) in ours]
@@ -166,8 +166,8 @@ def print_ablation(points: list, stream=None) -> None:
         mine = ours[(p["batch"], p["context"])]
         name = p["kernels"][1:]
         buys = mine["tokens_per_s"] / p["tokens_per_s"]
-        print(f"  batch {p['batch']:>2} context {p['context']:>5}  {name:<20} {buys:.3f}x  ({ABLATIONS[name]})",
-              file=stream)
+        print(f"  batch {p['batch']:>2} context {p['context']:>5}  {name:<20} {buys:.3f}x  "
+              f"({ABLATIONS[name].description})", file=stream)
 
 
 def print_table(points: list, stream=None) -> None:

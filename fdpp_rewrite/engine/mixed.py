@@ -13,8 +13,8 @@ The graph's past_len input is then [B + 1]: the B decode lengths, then the chunk
 RopeAppend rotates the query in place, and both attention calls write into one output whose memory is laid out
 [1, B + C, H, D], so the graph's Transpose back to tokens-major is free and the o_proj GEMM reads it as is.
 
-Example (llama2-7b, H200, 8 layers, graph replays at context 512): a decode step of 16 sequences took 1.38 ms and
-the mixed step of 15 of them with a 128-token chunk 1.79 ms; run apart, each pass would stream every weight.
+Example: 15 sequences decoding and a 128-token chunk of a 16th (batch bucket 16) run as one pass of input_ids
+[1, 16 + 128] that streams every weight once; run apart, the decode step and the chunk's pass would each stream them.
 
 A graph qualifies only when past_len reaches nothing but those two ops, the caches nothing but RopeAppend, and the
 attention reads the caches RopeAppend wrote (llama, mistral, qwen, chatglm exports). Absolute position embeddings

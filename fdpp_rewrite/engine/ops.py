@@ -291,18 +291,3 @@ def rotary(x, cos, sin, interleaved: bool):
     half = x.shape[-1] // 2
     x0, x1 = x[..., :half], x[..., half:]
     return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
-
-
-def attention_torch(query, key, value, past_len, scale: float):
-    """Softmax attention of query [B, Hq, S, D] against key/value [B, Hkv, L, D] with the past_len causal mask
-    (key j visible to query i iff j <= past_len[b] + i), in float32."""
-    batch, heads, seq, _ = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    k = key.float().repeat_interleave(group, dim=1)
-    v = value.float().repeat_interleave(group, dim=1)
-    scores = torch.matmul(query.float(), k.transpose(-1, -2)) * scale
-    last = past_len.reshape(batch, 1, 1, 1) + torch.arange(seq, device=query.device).reshape(1, 1, seq, 1)
-    visible = torch.arange(length, device=query.device).reshape(1, 1, 1, length) <= last
-    probs = torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
-    return torch.matmul(probs, v).to(query.dtype)

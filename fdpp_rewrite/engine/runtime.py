@@ -1,172 +1,81 @@
-"""The engine runtime: load an engine folder, own the KV cache, prefill, decode with CUDA graphs, sample.
+"""The engine runtime: load an engine folder, run one forward pass per step with CUDA graphs, the slot API.
 
     engine = Engine.load("engines/smollm2")                 # checks format, GPU and library build
     result = engine.generate([ids_a, ids_b], max_new_tokens=32, sampler=Sampler())
     result.tokens                                           # the new ids of each sequence (stop id excluded)
 
-Sequence b lives in cache slot b; its length is past_len[b] on the GPU (and mirrored on the host, where it is
-known without a readback: prompt length + steps). A decode step feeds the graph the views
-cache[:Bb, :, :Lb] of its bucket (see the package docstring); the first step of a bucket is traced (and is the
-step itself), then the bucket's Program is captured once into a CUDA graph whose static inputs are the token and
-past_len buffers, and every later step of that bucket is one replay. The only host synchronization of a step is
-reading the sampled tokens. A prompt pass (or chunk) of up to MAX_GRAPH_PREFILL tokens is likewise captured per
-(slot, prefill bucket, KV bucket) on its first run and replayed after: replaying a traced Program from Python costs
-about 15 ms of host time per pass for a 32-layer model, several times the GPU work of a short chunk.
+Sequence b lives in cache slot b (kv_cache.py: its length on the GPU and mirrored on the host). A decode step
+feeds the graph the cache views of its bucket (buckets.py); the first step of a bucket is traced (and is the step
+itself), then the bucket's Program is captured once into a CUDA graph whose static inputs are the token and
+past_len buffers, and every later step of that bucket is one replay (programs.py). The only host synchronization
+of a step is reading the sampled tokens. A prompt pass (or chunk) of up to MAX_GRAPH_PREFILL tokens is likewise
+captured per (slot, prefill bucket, KV bucket) on its first run and replayed after: replaying a traced Program
+from Python costs host time per layer, more than the GPU work of a short chunk.
 
 Slot-level work, for a server that admits and retires sequences one at a time (fdpp_rewrite.serve):
 `prefill_chunk` runs part of a prompt into a slot after the tokens already there, `decode_slots` steps only the
-given slots, `mixed_step` does both in one pass (mixed.py), `release` frees a slot. `generate` and `decode` keep the
-whole-batch form.
+given slots, `mixed_step` does both in one pass (mixed.py), `release` frees a slot. `generate` (generation.py) and
+`decode` keep the whole-batch form. A tensor-parallel engine's rank 0 mirrors each of these calls to the other
+ranks (tp_group.py).
+
+The modules this one uses are its public surface too: Sampler, GenerateResult, pick and upload import from here.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from fdpp_rewrite.engine import mixed
-from fdpp_rewrite.engine.interpreter import prepare_nodes, trace
+from fdpp_rewrite.engine import buckets, generation, mixed
+from fdpp_rewrite.engine.buckets import MAX_GRAPH_PREFILL, pick
+from fdpp_rewrite.engine.generation import GenerateResult
+from fdpp_rewrite.engine.interpreter import prepare_nodes
+from fdpp_rewrite.engine.kv_cache import SlotCache, upload
 from fdpp_rewrite.engine.manifest import check_device, read_manifest
+from fdpp_rewrite.engine.programs import ProgramCache
+from fdpp_rewrite.engine.sampling import Sampler
+from fdpp_rewrite.engine.tensor_parallel import rank_folder_name
+from fdpp_rewrite.engine.tp_group import Leader, mirrored
 from fdpp_rewrite.errors import FdppError
 
-MIN_KV_BUCKET = 128
-MIN_PREFILL_BUCKET = 16
-# Prompts longer than this are prefilled in chunks (prefill_chunk): one pass over a 32K prompt with 32 KV heads
-# would exceed the prefill attention's launch grid (kv heads x row blocks <= 65535), and chunks bound the
-# activations too.
-MAX_PREFILL_CHUNK = 8192
-# Prompt passes up to this many (padded) tokens are replayed from CUDA graphs; a longer pass is compute-bound
-# enough that the host time does not matter, and its graph would pin a large activation pool.
-MAX_GRAPH_PREFILL = 2048
+__all__ = ["Engine", "GenerateResult", "Sampler", "pick", "upload"]
+
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def batch_buckets(max_batch: int) -> list[int]:
-    """1, 2, 4, ... below max_batch, then max_batch. Example: max_batch 12 -> [1, 2, 4, 8, 12]."""
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
-    return sizes + [max_batch]
-
-
-def kv_buckets(max_seq: int) -> list[int]:
-    """128, 256, ... below max_seq, then max_seq. Example: max_seq 1000 -> [128, 256, 512, 1000]."""
-    sizes, length = [], MIN_KV_BUCKET
-    while length < max_seq:
-        sizes.append(length)
-        length *= 2
-    return sizes + [max_seq]
-
-
-def prefill_buckets(max_seq: int) -> list[int]:
-    """Prompt lengths a prefill is padded to: 16, 32, ... below max_seq, then max_seq."""
-    sizes, length = [], MIN_PREFILL_BUCKET
-    while length < max_seq:
-        sizes.append(length)
-        length *= 2
-    return sizes + [max_seq]
-
-
-def pick(value: int, buckets: list[int]) -> int:
-    return next(b for b in buckets if b >= value)
-
-
-def upload(values, device) -> torch.Tensor:
-    """int64 `values` (a list or a CPU tensor) on `device` with no host synchronization: staged in pinned memory and
-    copied on the current stream. A plain torch.tensor(..., device="cuda"), or a copy_ from pageable memory, first
-    waits for every kernel queued on the stream: the GPU would idle while the host prepares the next step."""
-    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
-class Sampler:
-    """Greedy (temperature 0) or sampled with temperature, top-k and top-p from a seeded generator."""
-
-    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None):
-        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-            raise FdppError(f"sampling needs temperature >= 0, top-k >= 0 and 0 < top-p <= 1 (got {temperature}, "
-                            f"{top_k}, {top_p})")
-        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
-        self.generator = None
-
-    def __call__(self, logits):
-        """logits [B, V] -> token ids [B] (int64, on logits' device)."""
-        if self.temperature == 0:
-            return logits.argmax(dim=-1)
-        if self.generator is None or self.generator.device != logits.device:
-            self.generator = torch.Generator(device=logits.device)
-            self.generator.manual_seed(self.seed if self.seed is not None else torch.seed())
-        scores = logits.float() / self.temperature
-        if self.top_k:
-            kth = torch.topk(scores, min(self.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if self.top_p < 1:
-            ordered, order = torch.sort(scores, dim=-1, descending=True)
-            probs = torch.softmax(ordered, dim=-1)
-            drop = probs.cumsum(-1) - probs > self.top_p  # keep the smallest prefix whose mass reaches top_p
-            scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-        probs = torch.softmax(scores, dim=-1)
-        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-
-
-@dataclass
-class GenerateResult:
-    tokens: list                      # new ids per sequence, the stop id excluded
-    first_token_s: float = 0.0        # prefill of every prompt + the first sampled tokens
-    step_s: list = field(default_factory=list)  # wall seconds of each decode step (sampling and readback included)
-
-
-def mirrored(method):
-    """A state-changing call rank 0 of a tensor-parallel engine first broadcasts to the other ranks (not the calls
-    it makes itself: prefill's chunks are part of the prefill the followers run)."""
-    @functools.wraps(method)
-    def call(self, *args):
-        if self.leader is not None and not self._inside_call:
-            self.leader.broadcast(method.__name__, args, self.active)
-        self._inside_call += 1
-        try:
-            return method(self, *args)
-        finally:
-            self._inside_call -= 1
-    return call
-
-
 class Engine:
-    def __init__(self, folder, backend: str | None = None, use_graphs: bool = True, softmax: str = "unified",
-                 baseline: bool = False, ablate: str | None = None):
+    """An engine folder loaded on `backend` ("cuda" or "cpu"; default the manifest's). `wrapper`: a class that
+    wraps the backend (ablations.py: TorchKernels for the stock-torch peer, an ablation for bench --ablate)."""
+
+    def __init__(self, folder, backend: str | None = None, use_graphs: bool = True, wrapper=None):
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         backend = backend or self.manifest["backend"]
-        self.leader, self._inside_call = None, 0  # leader: rank 0 of a tensor-parallel engine (tensor_parallel.py)
+        self.leader, self._inside_call = None, 0  # leader: rank 0 of a tensor-parallel engine (tp_group.py)
         if self.manifest.get("tensor_parallel"):
-            from fdpp_rewrite.engine.tensor_parallel import Leader, rank_folder_name
-
-            self.leader = Leader(self.folder, self.manifest, {"backend": backend, "use_graphs": use_graphs,
-                                                              "softmax": softmax, "baseline": baseline,
-                                                              "ablate": ablate})
+            options = {"backend": backend, "use_graphs": use_graphs, "wrapper": wrapper}
+            self.leader = Leader(type(self), self.folder, self.manifest, options)
             try:
                 self.folder = self.folder / rank_folder_name(0)
                 self.manifest = read_manifest(self.folder)
-                self._load(backend, use_graphs, softmax, baseline, ablate)
+                self._load(backend, use_graphs, wrapper)
             except FdppError as exc:
                 self.leader.confirm(f"rank 0: {exc}")
             self.leader.confirm(None)
         else:
-            self._load(backend, use_graphs, softmax, baseline, ablate)
+            self._load(backend, use_graphs, wrapper)
 
-    def _load(self, backend: str, use_graphs: bool, softmax: str, baseline: bool, ablate: str | None) -> None:
+    def _load(self, backend: str, use_graphs: bool, wrapper) -> None:
+        """Load the folder read_manifest just read (a rank folder of a tensor-parallel engine: it holds the
+        weights) on `backend`."""
         from safetensors.torch import load_file
 
         from fdpp_rewrite.engine.backends import CpuBackend, CudaBackend
+        from fdpp_rewrite.engine.manifest import verify_weights
 
+        verify_weights(self.folder, self.manifest)
         if backend == "cuda":
             check_device(self.manifest, self.folder)
         elif backend != "cpu":
@@ -175,12 +84,9 @@ class Engine:
             self.plan = json.loads((self.folder / "plan.json").read_text())
         except json.JSONDecodeError:
             raise FdppError(f"{self.folder}/plan.json is not valid JSON (a truncated engine?); rebuild it") from None
-        if backend == "cuda":
-            self.backend = CudaBackend(self.plan["gemm_plans"], softmax, baseline=baseline, ablate=ablate)
-        elif ablate is not None:
-            raise FdppError("--ablate needs the cuda backend (it switches GPU kernels)")
-        else:
-            self.backend = CpuBackend(baseline=baseline)
+        self.backend = CudaBackend(self.plan["gemm_plans"]) if backend == "cuda" else CpuBackend()
+        if wrapper is not None:
+            self.backend = wrapper(self.backend)
         device = self.backend.device
         try:
             tensors = load_file(str(self.folder / "weights.safetensors"), device="cpu")
@@ -197,38 +103,32 @@ class Engine:
         self.max_batch, self.max_seq = self.manifest["max_batch"], self.manifest["max_seq"]
         self.num_layers = self.plan["num_layers"]
         self.vocab_size = self.plan["vocab_size"]
-        shape = (self.max_batch, self.plan["num_kv_heads"], self.max_seq, self.plan["head_dim"])
-        self.cache_names = self.plan["cache_inputs"]
-        self.caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in self.cache_names]
-        self.past_len = torch.zeros(self.max_batch, dtype=torch.int64, device=device)
+        self.kv = SlotCache(self.plan["cache_inputs"], self.max_batch, self.max_seq, self.plan["num_kv_heads"],
+                            self.plan["head_dim"], self.dtype, device)
         self.step_ids = torch.zeros(self.max_batch, 1, dtype=torch.int64, device=device)
-        self.lengths = [0] * self.max_batch
         self.active = 0
-        self.batch_buckets, self.kv_buckets = batch_buckets(self.max_batch), kv_buckets(self.max_seq)
-        self.prefill_buckets = prefill_buckets(self.max_seq)
+        self.batch_buckets = buckets.batch_buckets(self.max_batch)
+        self.kv_buckets = buckets.kv_buckets(self.max_seq)
+        self.prefill_buckets = buckets.prefill_buckets(self.max_seq)
         self.hf_feeds = None  # a Hugging Face graph's inputs (hf_interface.py); None for our exporter's graphs
         if self.plan.get("interface") == "hf":
             from fdpp_rewrite.engine.hf_interface import HfFeeds
 
             self.hf_feeds = HfFeeds(self.plan["inputs"], self.cache_names, self.max_batch, self.max_seq, device)
-        self.programs = {}   # ((batch, seq), kv_len) -> Program, for decode and prefill buckets
         self.use_graphs = use_graphs and backend == "cuda"
-        self.graphs = {}     # (batch bucket, kv bucket) -> (CUDAGraph, logits tensor it writes)
-        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        # prompt passes: (slot, prefill bucket, kv bucket) -> (CUDAGraph, [1, V] logits of the pass's last token);
-        # not for Hugging Face graphs (their feeds are built per pass) or tensor-parallel ranks
-        self.graph_prefill = self.use_graphs and self.hf_feeds is None and self.manifest.get("tensor_parallel", 1) == 1
-        self.prefill_graphs = {}
+        self.traced = ProgramCache(self.nodes, self.weights, self.host_values, self.use_graphs)
+        tensor_parallel = self.manifest.get("tensor_parallel", 1) > 1
+        # prompt passes are captured, except for Hugging Face graphs (their feeds are built per pass) and ranks
+        self.graph_prefill = self.use_graphs and self.hf_feeds is None and not tensor_parallel
         self.prefill_ids = {}  # prefill bucket -> the static [1, bucket] ids a captured pass reads
-        # mixed steps (mixed.py): a decode step and a prompt chunk in one pass; mixed_reason says why not
-        self.mixed_reason = ("a tensor-parallel engine" if self.manifest.get("tensor_parallel", 1) > 1 else
-                             "a Hugging Face graph" if self.hf_feeds is not None else
-                             mixed.unsupported_reason(self.plan))
-        self.mixed_steps = {}   # (batch bucket, chunk, slot, kv bucket) -> (CUDAGraph or Program, output rows)
-        self.mixed_inputs = {}  # (batch bucket, chunk) -> static (ids [1, B + C], past_len [B + 1], rows [B + 1])
         if self.graph_prefill:
             self.prefill_past = torch.zeros(1, dtype=torch.int64, device=device)  # the pass's start
             self.prefill_last = torch.zeros(1, dtype=torch.int64, device=device)  # its last real position
+        # mixed steps (mixed.py): a decode step and a prompt chunk in one pass; mixed_reason says why not
+        self.mixed_reason = ("a tensor-parallel engine" if tensor_parallel else
+                             "a Hugging Face graph" if self.hf_feeds is not None else
+                             mixed.unsupported_reason(self.plan))
+        self.mixed_inputs = {}  # (batch bucket, chunk) -> static (ids [1, B + C], past_len [B + 1], rows [B + 1])
 
     @classmethod
     def load(cls, folder, **options) -> "Engine":
@@ -238,6 +138,40 @@ class Engine:
         """Stop the follower ranks of a tensor-parallel engine (also at exit); a plain engine has none."""
         if self.leader is not None:
             self.leader.close()
+
+    # -- what callers read: the cache, the traced and captured shapes ---------------------------------------------
+
+    @property
+    def caches(self) -> list:
+        return self.kv.tensors
+
+    @property
+    def cache_names(self) -> list:
+        return self.kv.names
+
+    @property
+    def past_len(self):
+        return self.kv.past_len
+
+    @property
+    def lengths(self) -> list:
+        return self.kv.lengths
+
+    @property
+    def programs(self) -> dict:
+        return self.traced.programs
+
+    @property
+    def graphs(self) -> dict:
+        return self.traced.decode_graphs
+
+    @property
+    def prefill_graphs(self) -> dict:
+        return self.traced.prefill_graphs
+
+    @property
+    def mixed_steps(self) -> dict:
+        return self.traced.mixed_steps
 
     @property
     def device(self):
@@ -252,21 +186,11 @@ class Engine:
             if start is None:
                 return self.hf_feeds.decode(input_ids, past_len, self.caches, slots.stop, kv_len)
             return self.hf_feeds.prefill(input_ids, self.caches, slots.start, start)
-        feeds = {"input_ids": input_ids, "past_len": past_len}
-        for name, cache in zip(self.cache_names, self.caches):
-            feeds[name] = cache[slots, :, :kv_len]
-        return feeds
+        return {"input_ids": input_ids, "past_len": past_len, **self.kv.views(slots, kv_len)}
 
     def forward(self, feeds: dict, cache_program: bool):
         """logits for these feeds: a traced Program of the same shapes when there is one, else a trace."""
-        key = self.program_key(feeds)
-        program = self.programs.get(key)
-        if program is not None:
-            return program.run(feeds)["logits"]
-        outputs, program = trace(self.nodes, ["logits"], feeds, self.weights, self.host_values, self.backend)
-        if cache_program:
-            self.programs[key] = program
-        return outputs["logits"]
+        return self.traced.forward(self.program_key(feeds), feeds, self.backend, cache_program)
 
     def program_key(self, feeds: dict) -> tuple:
         """((batch, seq), KV view length) of a step: the shapes a traced Program is specialized to (for a Hugging
@@ -280,9 +204,8 @@ class Engine:
 
     @mirrored
     def reset(self) -> None:
-        self.past_len.zero_()
+        self.kv.reset()
         self.step_ids.zero_()
-        self.lengths = [0] * self.max_batch
         self.active = 0
 
     @mirrored
@@ -295,14 +218,14 @@ class Engine:
         Example: 100 tokens run as 128; logits come from position 99; rows 100..127 are rewritten by steps 1..28.
         A prompt over MAX_PREFILL_CHUNK tokens runs as consecutive chunks of that size (prefill_chunk)."""
         seq = len(ids)
-        if seq > MAX_PREFILL_CHUNK:
-            self._set_length(slot, 0)
-            for start in range(0, seq, MAX_PREFILL_CHUNK):
-                logits = self.prefill_chunk(slot, ids[start:start + MAX_PREFILL_CHUNK])
+        if seq > buckets.MAX_PREFILL_CHUNK:
+            self.kv.set_length(slot, 0)
+            for start in range(0, seq, buckets.MAX_PREFILL_CHUNK):
+                logits = self.prefill_chunk(slot, ids[start:start + buckets.MAX_PREFILL_CHUNK])
             return logits
         padded = pick(seq, self.prefill_buckets)
         logits = self.prompt_pass(slot, ids, 0, padded, pick(padded, self.kv_buckets))
-        self._set_length(slot, seq)
+        self.kv.set_length(slot, seq)
         return logits
 
     def prompt_pass(self, slot: int, ids: list[int], start: int, padded: int, kv_len: int):
@@ -333,17 +256,13 @@ class Engine:
         logits = self.forward(feeds, cache_program=self.hf_feeds is None or start == 0)
         if graphs:
             program = self.programs[self.program_key(feeds)]
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):  # recording runs nothing: the pass already ran
-                last = program.run(feeds)["logits"][0].index_select(0, self.prefill_last)
-            self.prefill_graphs[key] = (graph, last)
+            self.prefill_graphs[key] = self.traced.capture(program, feeds,
+                                                           lambda out: out[0].index_select(0, self.prefill_last))
         return logits[0, seq - 1]
 
     def decode_buckets(self, batch: int) -> tuple[int, int]:
         longest = max(self.lengths[:batch]) + 1  # the new token's position must be inside the view
-        if longest > self.max_seq:
-            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
-                            "--max-seq")
+        self.kv.check_fits(longest)
         return pick(batch, self.batch_buckets), pick(longest, self.kv_buckets)
 
     @mirrored
@@ -353,9 +272,7 @@ class Engine:
         bucket_batch, kv_len = self.decode_buckets(batch)
         self.step_ids[:batch, 0].copy_(tokens)
         logits = self.run_decode_bucket(bucket_batch, kv_len)
-        self.past_len[:batch] += 1
-        for b in range(batch):
-            self.lengths[b] += 1
+        self.kv.advance_first(batch)
         return logits[:batch, -1]
 
     def run_decode_bucket(self, bucket_batch: int, kv_len: int):
@@ -376,11 +293,7 @@ class Engine:
 
     def capture(self, key, feeds) -> None:
         """Record the bucket's Program into a CUDA graph (recording runs nothing: the step already ran)."""
-        program = self.programs[self.program_key(feeds)]
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = program.run(feeds)["logits"]
-        self.graphs[key] = (graph, logits)
+        self.graphs[key] = self.traced.capture(self.programs[self.program_key(feeds)], feeds)
 
     # -- slot-level work (the server's scheduler) ----------------------------------------------------------------
 
@@ -397,7 +310,7 @@ class Engine:
                             f"the engine's max sequence {self.max_seq}")
         padded = min(pick(seq, self.prefill_buckets), self.max_seq - start)
         logits = self.prompt_pass(slot, ids, start, padded, pick(start + padded, self.kv_buckets))
-        self._set_length(slot, start + seq)
+        self.kv.set_length(slot, start + seq)
         return logits
 
     def slot_buckets(self, slots: list[int]) -> tuple[int, int]:
@@ -406,9 +319,7 @@ class Engine:
         at its length, which must lie inside the view)."""
         bucket_batch = pick(max(slots) + 1, self.batch_buckets)
         longest = max(self.lengths[:bucket_batch]) + 1
-        if longest > self.max_seq:
-            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
-                            "--max-seq")
+        self.kv.check_fits(longest)
         return bucket_batch, pick(longest, self.kv_buckets)
 
     @mirrored
@@ -423,9 +334,7 @@ class Engine:
         index = upload(slots, self.device)
         self.step_ids[index, 0] = tokens
         logits = self.run_decode_bucket(bucket_batch, kv_len)
-        for slot in slots:
-            self.lengths[slot] += 1
-        self.past_len[:bucket_batch].copy_(upload(self.lengths[:bucket_batch], self.device))
+        self.kv.advance(slots, bucket_batch)
         return logits[index, -1]
 
     def chunk_bucket(self, chunk: int) -> int:
@@ -454,9 +363,7 @@ class Engine:
                             f"sequence {self.max_seq} (slot {chunk_slot} holds {start} tokens, chunk {seq})")
         bucket_batch = pick(max(max(slots), chunk_slot) + 1, self.batch_buckets)
         longest = max(max(self.lengths[:bucket_batch]) + 1, start + padded)
-        if longest > self.max_seq:
-            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
-                            "--max-seq")
+        self.kv.check_fits(longest)
         kv_len = pick(longest, self.kv_buckets)
         index = upload(slots, self.device)
         self.step_ids[index, 0] = tokens
@@ -475,10 +382,8 @@ class Engine:
                 out = runner.run(self._mixed_feeds(input_ids, past, kv_len))["logits"][0].index_select(0, rows)
         else:
             out = self._trace_mixed(key, input_ids, past, rows)
-        for slot in slots:
-            self.lengths[slot] += 1
         self.lengths[chunk_slot] = start + seq
-        self.past_len[:bucket_batch].copy_(upload(self.lengths[:bucket_batch], self.device))
+        self.kv.advance(slots, bucket_batch)
         return out[index], out[bucket_batch].clone()  # a replay rewrites `out`
 
     def _mixed_inputs(self, bucket_batch: int, padded: int):
@@ -490,10 +395,8 @@ class Engine:
         return self.mixed_inputs[key]
 
     def _mixed_feeds(self, input_ids, past, kv_len: int) -> dict:
-        feeds = {"input_ids": input_ids, "past_len": past}
-        for name, cache in zip(self.cache_names, self.caches):
-            feeds[name] = cache[:, :, :kv_len]  # every slot: the mixed steps slice the decode rows and the chunk's
-        return feeds
+        # every slot: the mixed step's ops slice the decode rows and the chunk's
+        return {"input_ids": input_ids, "past_len": past, **self.kv.views(slice(None), kv_len)}
 
     def _trace_mixed(self, key, input_ids, past, rows):
         """Trace the mixed step of `key` (it runs now), then keep it: captured as a CUDA graph, else its Program.
@@ -501,16 +404,12 @@ class Engine:
         bucket_batch, padded, slot, kv_len = key
         feeds = self._mixed_feeds(input_ids, past, kv_len)
         layout = mixed.MixedLayout(batch=bucket_batch, slot=slot, chunk=padded)
-        outputs, program = trace(self.nodes, ["logits"], feeds, self.weights, self.host_values, self.backend,
-                                 layout=layout)
+        outputs, program = self.traced.trace(feeds, self.backend, layout=layout)
         out = outputs["logits"][0].index_select(0, rows)
         if not self.use_graphs:
             self.mixed_steps[key] = (program, None)
             return out
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):  # recording runs nothing: the step already ran
-            captured = program.run(feeds)["logits"][0].index_select(0, rows)
-        self.mixed_steps[key] = (graph, captured)
+        self.mixed_steps[key] = self.traced.capture(program, feeds, lambda logits: logits[0].index_select(0, rows))
         return out
 
     def assume_length(self, slot: int, length: int) -> None:
@@ -518,74 +417,20 @@ class Engine:
         reaches a KV bucket without prefilling up to it (the rows are junk: only shapes are being traced)."""
         if not 0 <= length < self.max_seq:
             raise FdppError(f"a slot holds 0 to {self.max_seq - 1} tokens, not {length}")
-        self._set_length(slot, length)
+        self.kv.set_length(slot, length)
 
     @mirrored
     def release(self, slot: int) -> None:
         """Free a slot: length 0, so the decode steps of other slots write only its row 0 and the KV bucket is
         not held up by a finished sequence."""
-        self._set_length(slot, 0)
+        self.kv.set_length(slot, 0)
 
-    def _set_length(self, slot: int, length: int) -> None:
-        """A slot's length on the host and on the GPU, there in stream order with no host synchronization (an item
-        assignment of a Python int is a pageable copy, which first waits for every kernel queued: a whole step)."""
-        self.lengths[slot] = length
-        self.past_len[slot:slot + 1].copy_(upload([length], self.device))
-
-    # -- generation ----------------------------------------------------------------------------------------------
+    # -- batch generation (generation.py) -------------------------------------------------------------------------
 
     def check_request(self, prompts: list, max_new_tokens: int) -> None:
-        if not prompts:
-            raise FdppError("no prompts given; pass at least one prompt")
-        if len(prompts) > self.max_batch:
-            raise FdppError(f"{len(prompts)} prompts exceed the engine's max batch of {self.max_batch}; pass fewer "
-                            f"prompts or rebuild with --max-batch {len(prompts)}")
-        if max_new_tokens < 1:
-            raise FdppError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-        for index, ids in enumerate(prompts):
-            if not ids:
-                raise FdppError(f"prompt {index} is empty after tokenization; pass a non-empty prompt")
-            if len(ids) + max_new_tokens > self.max_seq:
-                raise FdppError(f"prompt {index} ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the engine's "
-                                f"max sequence of {self.max_seq}; shorten the prompt, lower --max-new-tokens or "
-                                "rebuild with a larger --max-seq")
-            if self.vocab_size and (min(ids) < 0 or max(ids) >= self.vocab_size):
-                raise FdppError(f"prompt {index} has token ids outside the vocabulary [0, {self.vocab_size}); "
-                                "use the engine's tokenizer")
+        generation.check_request(self, prompts, max_new_tokens)
 
     def generate(self, prompts: list, max_new_tokens: int, sampler: Sampler | None = None, stop_ids=(),
                  on_tokens=None) -> GenerateResult:
-        """Prefill every prompt into its slot, then decode them together. on_tokens(step tokens [B], done [B])
-        is called after every step (for streaming)."""
-        self.check_request(prompts, max_new_tokens)
-        sampler = sampler or Sampler()
-        stop_ids = set(stop_ids)
-        self.reset()
-        started = time.perf_counter()
-        logits = torch.stack([self.prefill(slot, list(ids)) for slot, ids in enumerate(prompts)])
-        self.active = len(prompts)
-        result = GenerateResult(tokens=[[] for _ in prompts])
-        done = [False] * len(prompts)
-        step_started = None
-        for step in range(max_new_tokens):
-            tokens = sampler(logits)
-            values = tokens.tolist()  # the step's one synchronization
-            now = time.perf_counter()
-            if step_started is None:
-                result.first_token_s = now - started
-            else:
-                result.step_s.append(now - step_started)
-            for b, token in enumerate(values):
-                if done[b]:
-                    continue
-                if token in stop_ids:
-                    done[b] = True
-                else:
-                    result.tokens[b].append(token)
-            if on_tokens is not None:
-                on_tokens(values, done)
-            if all(done) or step == max_new_tokens - 1:
-                break
-            step_started = time.perf_counter()
-            logits = self.decode(tokens)
-        return result
+        """Prefill every prompt into its slot, then decode them together (generation.generate)."""
+        return generation.generate(self, prompts, max_new_tokens, sampler, stop_ids, on_tokens)

@@ -1,5 +1,5 @@
-"""The cuda backend's attention lowering with the last-block combine (last_block_combine=True, the engine's default):
-one zeroed counters buffer for every layer, grown while tracing a larger shape, never
+"""The cuda backend's attention lowering with the last-block combine (the engine's only path for multi-head
+attention): one zeroed counters buffer for every layer, grown while tracing a larger shape, never
 allocated inside a CUDA-graph capture, and one kernel per attention call where no cluster fits."""
 
 import pytest
@@ -32,7 +32,7 @@ def test_cuda_backend_last_block_counters_are_shared_grown_while_tracing_and_nev
     from fdpp_rewrite.engine.backends import CudaBackend
     from fdpp_rewrite.gpu.attention import attention, decode_combines_in_cluster
 
-    backend = CudaBackend({}, last_block_combine=True)
+    backend = CudaBackend({})
     layers = [_attention_layer(backend, f"layer{i}.attention") for i in range(2)]
     buffers = backend.combine_counter_buffers
 
@@ -73,7 +73,7 @@ def test_cuda_backend_keeps_the_combine_kernel_for_grouped_query_attention():
     from fdpp_rewrite.engine.backends import CudaBackend
     from fdpp_rewrite.gpu.attention import attention, decode_combines_in_cluster
 
-    backend = CudaBackend({})  # the default: the last-block combine, for multi-head attention only
+    backend = CudaBackend({})  # the last-block combine is for multi-head attention only
     layer = _attention_layer(backend, "layer0.attention")
     q = torch.randn(1, 32, 1, 128, device="cuda").half()
     k = torch.randn(1, 8, 32768, 128, device="cuda").half()  # GQA 32/8 at 32K: 16 splits, no cluster

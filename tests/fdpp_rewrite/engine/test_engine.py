@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from fdpp_rewrite.engine.build import build_engine
-from fdpp_rewrite.engine.runtime import Engine, Sampler, batch_buckets, kv_buckets, prefill_buckets
+from fdpp_rewrite.engine.buckets import batch_buckets, kv_buckets, prefill_buckets
+from fdpp_rewrite.engine.runtime import Engine, Sampler
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models import get_config
 
@@ -151,8 +152,10 @@ def test_cache_written_in_place(built):
 
 
 def test_stock_torch_baseline_equals_the_reference_ops(built, engine):
-    """baseline=True (torch GEMMs with unfused epilogues, SDPA attention) computes the same model."""
-    baseline = Engine(built[3], baseline=True)
+    """TorchKernels (torch GEMMs with unfused epilogues, SDPA attention) computes the same model."""
+    from fdpp_rewrite.engine.ablations import TorchKernels
+
+    baseline = Engine(built[3], wrapper=TorchKernels)
     ours_tokens, ours = _greedy_logits(engine, [PROMPT, PROMPT[:3]], 6)
     theirs_tokens, theirs = _greedy_logits(baseline, [PROMPT, PROMPT[:3]], 6)
     assert ours_tokens == theirs_tokens
@@ -308,11 +311,11 @@ def test_bench_engine_script(tmp_path):
 def test_long_prompts_are_prefilled_in_chunks(built, monkeypatch):
     """A prompt over MAX_PREFILL_CHUNK runs as chunks (the prefill attention's grid bounds one pass); the tokens
     equal an unchunked prefill of the same prompt."""
-    from fdpp_rewrite.engine import runtime
+    from fdpp_rewrite.engine import buckets
 
     prompt = [(7 * i + 3) % 200 for i in range(40)]
     whole = Engine(built[3]).generate([prompt], 6).tokens
-    monkeypatch.setattr(runtime, "MAX_PREFILL_CHUNK", 16)
+    monkeypatch.setattr(buckets, "MAX_PREFILL_CHUNK", 16)
     chunked_engine = Engine(built[3])
     assert chunked_engine.generate([prompt], 6).tokens == whole
     assert any(shape == (1, 16) for (shape, _kv) in chunked_engine.programs)  # the chunks ran as their own Program

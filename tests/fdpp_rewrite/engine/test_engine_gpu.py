@@ -136,9 +136,11 @@ def test_tokens_and_logits_equal_the_cpu_backend(engine_dir):
 
 
 def test_stock_torch_baseline_computes_the_same_model(engine_dir):
-    """baseline=True (cuBLAS GEMMs, SDPA over the cache view) against this project's kernels: fp16 rounding only."""
+    """TorchKernels (cuBLAS GEMMs, SDPA over the cache view) against this project's kernels: fp16 rounding only."""
+    from fdpp_rewrite.engine.ablations import TorchKernels
+
     ours_tokens, ours = _greedy_with_logits(_engine(engine_dir), [PROMPT, PROMPT[:5]], 6)
-    theirs_tokens, theirs = _greedy_with_logits(_engine(engine_dir, baseline=True), [PROMPT, PROMPT[:5]], 6)
+    theirs_tokens, theirs = _greedy_with_logits(_engine(engine_dir, wrapper=TorchKernels), [PROMPT, PROMPT[:5]], 6)
     assert (ours[0] - theirs[0]).abs().max().item() < 0.1  # the prefill logits of both sequences
     assert ours_tokens[0][:2] == theirs_tokens[0][:2]
 
@@ -157,12 +159,12 @@ def test_kernel_launches_are_counted(engine_dir):
                                       "sdpa-attention"])
 def test_each_ablation_computes_the_same_model(engine_dir, ablation):
     """bench --ablate's engines switch one technique each; the model they compute is the same (fp16 rounding)."""
-    from fdpp_rewrite.engine.backends import ABLATIONS
+    from fdpp_rewrite.engine.ablations import ABLATIONS
     from fdpp_rewrite.engine.bench import count_kernels
 
     assert ablation in ABLATIONS
     ours_tokens, ours = _greedy_with_logits(_engine(engine_dir), [PROMPT, PROMPT[:5]], 6)
-    engine = _engine(engine_dir, ablate=ablation)
+    engine = _engine(engine_dir, wrapper=ABLATIONS[ablation])
     theirs_tokens, theirs = _greedy_with_logits(engine, [PROMPT, PROMPT[:5]], 6)
     assert (ours[0] - theirs[0]).abs().max().item() < 0.1
     assert ours_tokens[0][:2] == theirs_tokens[0][:2]

@@ -110,7 +110,7 @@ def test_bad_sizes_are_one_line_errors(graphs, tmp_path, size, message):
 def test_more_ranks_than_gpus_is_a_one_line_error():
     import torch
 
-    from fdpp_rewrite.engine.tensor_parallel import check_gpus
+    from fdpp_rewrite.engine.tp_group import check_gpus
 
     count = torch.cuda.device_count()
     with pytest.raises(FdppError, match=f"over {count + 1} GPUs and {count} are visible"):

@@ -1,0 +1,39 @@
+"""The comparison backends (ablations.py) on the CPU: TorchKernels replaces only the GEMM and the attention, every
+ablation names what it switches and refuses a backend other than cuda in one line. Their GPU runs:
+test_engine_gpu.py."""
+
+import pytest
+import torch
+
+from fdpp_rewrite.engine import ablations
+from fdpp_rewrite.engine.backends import CpuBackend
+from fdpp_rewrite.errors import FdppError
+
+
+def test_torch_kernels_replace_the_gemm_and_attention_and_keep_the_rest():
+    inner = CpuBackend()
+    wrapped = ablations.TorchKernels(inner)
+    assert (wrapped.name, wrapped.device) == ("cpu", inner.device)
+    attrs = {"epilogue": "residual", "has_bias": 0}
+    x, weight, residual = torch.randn(2, 3, 8), torch.randn(5, 8), torch.randn(2, 3, 5)
+    expected = inner.lower("FlatGemm", attrs, "g")(x, weight, residual)
+    assert torch.allclose(wrapped.lower("FlatGemm", attrs, "g")(x, weight, residual), expected, atol=1e-5)
+    norm = wrapped.lower("RMSNorm", {"epsilon": 1e-6}, "n")
+    assert torch.equal(norm(x, torch.ones(8)), inner.lower("RMSNorm", {"epsilon": 1e-6}, "n")(x, torch.ones(8)))
+    with pytest.raises(FdppError, match="mask_mode past_len"):
+        wrapped.lower("AsyncSoftmaxAttention", {"mask_mode": "bias", "scale": 1.0}, "a")
+
+
+def test_silu_mul_epilogue_in_torch_ops():
+    y = torch.randn(4, 6)
+    gate, up = y[:, :3], y[:, 3:]
+    assert torch.allclose(ablations.torch_epilogue(y, "silu_mul", None), torch.nn.functional.silu(gate) * up)
+
+
+@pytest.mark.parametrize("name", list(ablations.ABLATIONS))
+def test_each_ablation_describes_itself_and_needs_cuda(name):
+    ablation = ablations.ABLATIONS[name]
+    assert issubclass(ablation, ablations.Ablation) and ablation.description
+    with pytest.raises(FdppError, match="--ablate needs the cuda backend") as error:
+        ablation(CpuBackend())
+    assert "\n" not in str(error.value)
