@@ -37,7 +37,8 @@ COMMANDS = {
     "rewrite": ("fdpp_rewrite.rewrite", "swap attention and weight matmuls for fdpp plugin nodes"),
     "compare": ("fdpp_rewrite.compare", "compare a rewritten graph against its original (polygraphy)"),
     "generate": ("fdpp_rewrite.generate", "generate text from an ONNX model on the CPU (onnxruntime)"),
-    "demo": ("fdpp_rewrite.demo", "the whole CPU pipeline on smollm2-135m: export, rewrite, compare, generate"),
+    "demo": ("fdpp_rewrite.demo", "smollm2-135m end to end: export, rewrite, build, run, bench on a GPU, "
+                                   "else the CPU pipeline"),
     "profile": ("fdpp_rewrite.profile", "profile GEMM implementations per [N, K] on this GPU (needs a GPU)"),
     "calibrate": ("fdpp_rewrite.calibrate", "choose phi and guard bounds per layer from real text"),
     "verify": ("fdpp_rewrite.engine.verify", "check an engine folder in full: manifest, plan and weights sha256"),

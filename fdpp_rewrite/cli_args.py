@@ -24,4 +24,5 @@ def add_engine_backend(parser) -> None:
 def add_gemm_profile(parser) -> None:
     parser.add_argument("--profile", type=Path, metavar="PROFILE_JSON",
                         help="GEMM profile whose M1/M2 and ImplB tiles every FlatGemm gets (default: the committed "
-                             "profile of the GPU, engines/profiles/<gpu>.json, e.g. h200.json)")
+                             "profile of the GPU, engines/profiles/<gpu>.json, e.g. h200.json; rewrite stamps the "
+                             "unprofiled default where it lacks a shape, a GPU build profiles such shapes itself)")

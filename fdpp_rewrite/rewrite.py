@@ -224,7 +224,7 @@ def rewrite_file(model_path, output=None, profile=None, calibration=None, force=
     rewrite leaves neither, and an old output replaced with --force stays whole until the new one is done."""
     import onnx
 
-    from fdpp_rewrite.passes.weights import WeightStore, _location
+    from fdpp_rewrite.passes.weights import WeightStore
     from fdpp_rewrite.profiles import load_profile
 
     stream = stream or sys.stdout
@@ -235,12 +235,9 @@ def rewrite_file(model_path, output=None, profile=None, calibration=None, force=
         raise FdppError(f"the output {output} is the input; pass -o with another path")
     outputs = AtomicOutputs([data, output], force=force)
     outputs.check()
-    model = load_structure(model_path)  # the structure only: quick, and every check below needs no stage line
-    for location in sorted({_location(init) for init in model.graph.initializer
-                            if init.data_location == onnx.TensorProto.EXTERNAL}):
-        if not (model_path.parent / location).is_file():
-            raise FdppError(f"{model_path} keeps its weights in {model_path.parent / location}, which is missing; "
-                            "put it beside the model or re-export")
+    # the structure only: quick, and every check below needs no stage line (load_structure refuses a missing or
+    # truncated .data file)
+    model = load_structure(model_path)
     if calibration:
         load_calibration(calibration)
     if profile:

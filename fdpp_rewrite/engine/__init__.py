@@ -1,16 +1,20 @@
-"""The GPU engine (DESIGN.md's torch backend): build a rewritten graph into an engine folder, run it with the
+"""The GPU engine (docs/design.md: the torch backend): build a rewritten graph into an engine folder, run it with the
 plugin library's kernels and CUDA graphs, benchmark it.
 
     python -m fdpp_rewrite build model.fdpp.onnx -o engines/m [--max-batch 8 --max-seq 2048]
     python -m fdpp_rewrite run engines/m --prompt "..." [--max-new-tokens 64 --temperature 0.7 ...]
     python -m fdpp_rewrite bench engines/m [--batch 1 --context 128 --new-tokens 128]
 
-Modules: build.py (lowering and the engine folder), hf_interface.py (Hugging Face graphs), ops.py (ONNX op ->
-torch), backends.py (fdpp ops -> kernels on `cuda`, reference math on `cpu`), interpreter.py (per-bucket
-tracing into replayable Programs), runtime.py (KV cache, prefill, decode with CUDA graphs, sampling),
+Modules: build.py (lowering and the engine folder; GEMM plans from fdpp_rewrite/gemm_plans.py), folder.py (the
+atomic folder swap), manifest.py (reading and checking manifest, plan and weights), verify.py (`fdpp verify`),
+hf_interface.py (Hugging Face graphs), ops.py (ONNX op -> torch), backends.py (fdpp ops -> kernels on `cuda`,
+reference math on `cpu`), ablations.py (the stock-torch peer and `bench --ablate` as wrapper backends),
+interpreter.py (per-bucket tracing into replayable Programs), runtime.py (Engine: load, one forward pass, slot
+API), kv_cache.py (the KV cache and per-slot lengths), buckets.py, programs.py (traced Programs and CUDA graphs),
+sampling.py, generation.py (batch generate), tensor_parallel.py (sharding) and tp_group.py (ranks at run time),
 bench.py, cli.py.
 
-Decisions (what DESIGN.md leaves open):
+Decisions (what docs/design.md records):
 - The plan is the graph's own node list, not a model: every family the rewriter supports lowers through the same
   interpreter. Shape-only subgraphs are folded on the host per bucket (see interpreter.py); nothing is read back
   from the GPU inside a step other than the sampled tokens.
@@ -26,8 +30,8 @@ Decisions (what DESIGN.md leaves open):
 - Prefill runs one sequence at a time at batch 1 into its slot, right-padded to a prefill bucket (16, 32, ...) so
   every prompt length of a bucket replays one traced Program (exact: see Engine.prefill); decode steps of a
   bucket are traced once, then captured as one CUDA graph and replayed.
-- baseline=True swaps only the GEMMs (cuBLAS through torch, epilogues unfused) and the attention (SDPA) for stock
-  torch: the peer `bench --kernels fdpp torch` measures against.
+- wrapper=ablations.TorchKernels swaps only the GEMMs (cuBLAS through torch, epilogues unfused) and the attention
+  (SDPA) for stock torch: the peer `bench --kernels fdpp torch` measures against.
 - Two graph interfaces, told apart by build from the graph's inputs: our exporter's (input_ids, past_len,
   key_cache.N / value_cache.N written in place) and torch.onnx exports of transformers' models (input_ids,
   attention_mask, position_ids, past_key_values.N.*; present = Concat(past, new), lowered to an in-place append

@@ -123,12 +123,13 @@ class StaticDispatch(Ablation):
 
         def flat_gemm(*inputs):
             if not made:
+                from fdpp_rewrite.dispatch import IMPLB_MAX_M
                 from fdpp_rewrite.gpu import gemm
 
                 weight = inputs[1]
                 epilogue = "silu_mul" if attrs.get("epilogue") == "silu_mul" else "none"
                 default = gemm.default_plan(weight.shape[0], weight.shape[1], epilogue)
-                made.append(self.inner.flat_gemm(attrs, name, {**default, "m1": 0, "m2": gemm.IMPLB_MAX_M}))
+                made.append(self.inner.flat_gemm(attrs, name, {**default, "m1": 0, "m2": IMPLB_MAX_M}))
             return made[0](*inputs)
         return flat_gemm
 

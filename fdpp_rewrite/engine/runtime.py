@@ -23,7 +23,6 @@ The modules this one uses are its public surface too: Sampler, GenerateResult, p
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -73,17 +72,14 @@ class Engine:
         from safetensors.torch import load_file
 
         from fdpp_rewrite.engine.backends import CpuBackend, CudaBackend
-        from fdpp_rewrite.engine.manifest import verify_weights
+        from fdpp_rewrite.engine.manifest import read_plan, verify_weights
 
         verify_weights(self.folder, self.manifest)
         if backend == "cuda":
             check_device(self.manifest, self.folder)
         elif backend != "cpu":
             raise FdppError(f"unknown backend {backend!r}; use cuda or cpu")
-        try:
-            self.plan = json.loads((self.folder / "plan.json").read_text())
-        except json.JSONDecodeError:
-            raise FdppError(f"{self.folder}/plan.json is not valid JSON (a truncated engine?); rebuild it") from None
+        self.plan = read_plan(self.folder, self.manifest)
         self.backend = CudaBackend(self.plan["gemm_plans"]) if backend == "cuda" else CpuBackend()
         if wrapper is not None:
             self.backend = wrapper(self.backend)

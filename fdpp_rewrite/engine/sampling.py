@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fdpp_rewrite.errors import FdppError
@@ -11,7 +13,7 @@ class Sampler:
     """Greedy (temperature 0) or sampled with temperature, top-k and top-p from a seeded generator."""
 
     def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None):
-        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        if not math.isfinite(temperature) or temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
             raise FdppError(f"sampling needs temperature >= 0, top-k >= 0 and 0 < top-p <= 1 (got {temperature}, "
                             f"{top_k}, {top_p})")
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed

@@ -1,5 +1,5 @@
 """Every failure a user can meet is one `error:` line with a fixed exit code, and no partial output ever has a
-final name (issue 24). stderr may hold progress lines before the error (tests/cli_output.py checks both)."""
+final name (issue 24). stderr may hold progress lines before the error (tests/helpers/cli_output.py checks both)."""
 
 import errno
 import io
@@ -398,12 +398,12 @@ def test_top_level_description_lists_every_command():
 
 
 def test_calibrate_states_its_duration_before_the_work(monkeypatch, tmp_path, capsys):
-    from fdpp_rewrite import calibrate
+    from fdpp_rewrite.calibration import collect
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt  # the work would start here
 
-    monkeypatch.setattr(calibrate, "run_model", stop)
+    monkeypatch.setattr(collect, "run_model", stop)
     assert cli.main(["calibrate", "-o", str(tmp_path / "c.json")]) == 130
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == "error: interrupted"
