@@ -12,8 +12,8 @@ from pathlib import Path
 ENGINE_BACKENDS = ("cuda", "cpu")  # what a built engine folder runs on
 
 
-def add_force(parser, what: str = "existing outputs") -> None:
-    parser.add_argument("--force", action="store_true", help=f"replace {what} (default: refuse to overwrite)")
+def add_force(parser, what: str = "existing outputs", otherwise: str = "refuse to overwrite") -> None:
+    parser.add_argument("--force", action="store_true", help=f"replace {what} (default: {otherwise})")
 
 
 def add_engine_backend(parser) -> None:

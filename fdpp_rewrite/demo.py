@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from fdpp_rewrite import cli
+from fdpp_rewrite.cli_args import add_force
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.resources import calibration_path, engines_dir, plugin_library_path
 
@@ -31,8 +32,7 @@ def add_arguments(parser):
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="cuda: the GPU engine; cpu: the CPU pipeline; auto: cuda when a CUDA GPU and the plugin "
                              "library are here, else cpu")
-    parser.add_argument("--force", action="store_true",
-                        help="redo every step even if its output exists (otherwise existing outputs are reused)")
+    add_force(parser, "every step's output (each step is redone)", otherwise="reuse the outputs that exist")
 
 
 def _step(title, argv, lead=""):

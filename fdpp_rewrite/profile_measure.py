@@ -69,7 +69,7 @@ class ShapeBench:
                     base.check(status, "dispatched GEMM")
             return run_auto
         cfg = ctypes.byref(gemm.ImplBConfig.from_dict(config)) if config is not None else None
-        impl_id = gemm.IMPLS[impl]
+        impl_id = gemm.IMPL_CODES[impl]
         gemm.cublaslt_available()  # locate libcublasLt before the first ImplC call
 
         def run_one():

@@ -18,8 +18,8 @@ from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.gpu import lib as _lib
 
 # The C ABI's fdpp_gemm_impl codes: 0 = auto (dispatch by the plan), then dispatch.IMPLS in gemm_heuristics.h's order.
-IMPLS = {"auto": 0, **{name: code for code, name in enumerate(dispatch.IMPLS, start=1)}}
-IMPL_NAMES = {v: k for k, v in IMPLS.items()}
+IMPL_CODES = {"auto": 0, **{name: code for code, name in enumerate(dispatch.IMPLS, start=1)}}
+IMPL_NAMES = {v: k for k, v in IMPL_CODES.items()}
 EPILOGUES = {"none": 0, "silu_mul": 1}
 PDL = {True: 0, False: 1}  # fdpp_pdl: AUTO (on where the GPU runs the sm_90a code), OFF
 
@@ -79,7 +79,7 @@ class Plan(ctypes.Structure):
         if implc not in ("cublaslt", "cutlass"):
             raise FdppError(f"plan implc {implc!r} is not 'cublaslt', 'cublas' or 'cutlass'")
         try:
-            return cls(int(d["m1"]), int(d["m2"]), ImplBConfig.from_dict(d["implb"]), IMPLS[implc])
+            return cls(int(d["m1"]), int(d["m2"]), ImplBConfig.from_dict(d["implb"]), IMPL_CODES[implc])
         except (KeyError, TypeError, ValueError) as exc:
             raise FdppError(f"plan {d!r} needs integer m1, m2 and an implb config") from exc
 
@@ -272,13 +272,13 @@ def run_impl(args: Args, impl: str, implb_config: dict = None, pad_m: int = 8, i
              workspace=None, stream=None, pdl: bool = None) -> None:
     """Launch one implementation ('impla', 'implb', 'cublaslt', 'cutlass') regardless of any plan. pad_m 16 and
     64 (the padding ablation) need a library built with FDPP_BENCH_ABLATIONS=ON."""
-    if impl not in IMPLS or impl == "auto":
+    if impl not in IMPL_CODES or impl == "auto":
         raise FdppError(f"unknown implementation {impl!r}; use impla, implb, cublaslt or cutlass")
     _locate_cublaslt()
     _set_pdl(args, pdl)
     cfg = ctypes.byref(ImplBConfig.from_dict(implb_config)) if implb_config is not None else None
     ws_ptr, ws_bytes = (workspace.data_ptr(), workspace.numel()) if workspace is not None else (None, 0)
-    _lib.check(library().fdpp_gemm_run_impl(ctypes.byref(args), IMPLS[impl], cfg, pad_m, impla_split_k, ws_ptr,
+    _lib.check(library().fdpp_gemm_run_impl(ctypes.byref(args), IMPL_CODES[impl], cfg, pad_m, impla_split_k, ws_ptr,
                                             ws_bytes, _lib.stream_handle(stream)), f"GEMM {impl}")
 
 

@@ -28,7 +28,7 @@ from fdpp_rewrite.engine.runtime import Sampler
 from fdpp_rewrite.serve.body import parse_body
 from fdpp_rewrite.serve.chat import encode_chat
 from fdpp_rewrite.serve.guard import shutting_down
-from fdpp_rewrite.serve.scheduler import Delta, Finish, QueueFull, Request, ShuttingDown
+from fdpp_rewrite.serve.requests import Delta, Finish, QueueFull, Request, ShuttingDown
 from fdpp_rewrite.serve.schemas import APIError, ChatRequest, CompletionRequest, error_body
 
 DEFAULT_MAX_TOKENS = 16  # /v1/completions' default, as OpenAI's; chat defaults to the room left in the sequence

@@ -33,78 +33,19 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 from fdpp_rewrite.serve.metrics import Metrics
+from fdpp_rewrite.serve.requests import Delta, Failure, Finish, InFlight, QueueFull, Request, ShuttingDown
 from fdpp_rewrite.serve.text import TextStream
 from fdpp_rewrite.serve.warmup import warm_up
 
 # Prompt tokens per chunk. A chunk rides on a decode step (a mixed step), so it is kept near the size where the
-# step's GEMMs, now at M = batch + chunk, are still bound by the weight read: on the H200 with llama2-7b, 128 gave
-# 2207 tokens/s at 16 clients against 1932 for 64 (docs/benchmarks.md).
+# step's GEMMs, now at M = batch + chunk, are still bound by the weight read (the chunk sizes measured against each
+# other: docs/benchmarks.md).
 DEFAULT_PREFILL_CHUNK = 128
 COUNTER_PERIOD_S = 1.0  # how often the cuda backend's softmax fallback counter is read (a small device readback)
 IDLE_WAIT_S = 0.5       # the idle thread still wakes to expire waiting requests
-
-
-class QueueFull(Exception):
-    """The waiting queue holds --max-queue requests already."""
-
-
-class ShuttingDown(Exception):
-    """drain() was called: no request is admitted any more."""
-
-
-@dataclass
-class Delta:
-    text: str
-
-
-@dataclass
-class Finish:
-    reason: str             # "stop" (EOS or a stop string) or "length" (max_tokens)
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass
-class Failure:
-    kind: str               # "timeout", "engine" or "shutdown"
-    message: str
-
-
-@dataclass
-class Request:
-    prompt: list
-    max_tokens: int
-    sampler: object         # fdpp_rewrite.engine.runtime.Sampler
-    emit: Callable
-    stop: list = field(default_factory=list)
-    timeout_s: float = 600.0
-    # the scheduler's state
-    submitted: float = 0.0
-    deadline: float = 0.0
-    slot: int | None = None
-    prefilled: int = 0
-    tokens: list = field(default_factory=list)  # the generated ids (EOS excluded)
-    next_token: int | None = None
-    last_token_at: float = 0.0
-    cancelled: bool = False
-    done: bool = False      # its slot is freed: tokens of steps still in flight for it are dropped
-    text: TextStream | None = None
-
-
-@dataclass
-class InFlight:
-    """A step launched on the GPU whose tokens the host has not read yet."""
-    batch: list             # the decode rows' requests, in order
-    sampled: object         # [len(batch) (+ 1)] device tokens; the last is `first`'s when there is one
-    host: object            # their copy on the host, valid once `event` has completed
-    event: object           # None on the cpu backend (host is sampled itself)
-    first: Request | None = None  # a request whose prompt's last chunk ran in this (mixed) step
-    kind: str = "decode"    # or "mixed": a prompt chunk rode on it
-    queued: bool = False    # launched while the step before it was still in flight (back to back on the GPU)
 
 
 class Scheduler:

@@ -15,6 +15,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from fdpp_rewrite.cli_args import add_engine_backend
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.serve.guard import API_KEY_ENV
 from fdpp_rewrite.serve.limits import MAX_HEADER_BYTES, Limits
@@ -50,7 +51,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                         help="prompt tokens prefilled per step, riding on the decode step where the engine can "
                              f"(a long prompt takes several; default {DEFAULT_PREFILL_CHUNK})")
-    parser.add_argument("--backend", choices=["cuda", "cpu"], help="default: the engine's")
+    add_engine_backend(parser)
     parser.add_argument("--warmup", choices=MODES, default="decode",
                         help="shapes traced before the server is healthy: every decode bucket (decode), also every "
                              "prefill chunk shape (all), or none (the first request of a shape traces it)")

@@ -6,7 +6,8 @@ strings retire a sequence on its own."""
 import pytest
 
 from fdpp_rewrite.engine.runtime import Engine, Sampler
-from fdpp_rewrite.serve.scheduler import Delta, Failure, Finish, QueueFull, Request, Scheduler
+from fdpp_rewrite.serve.requests import Delta, Failure, Finish, QueueFull, Request
+from fdpp_rewrite.serve.scheduler import Scheduler
 
 PROMPTS = [[(5 * i + k) % 390 for i in range(n)] for k, n in ((1, 3), (2, 40), (3, 100), (4, 7), (5, 60), (6, 12))]
 MAX_TOKENS = [9, 5, 12, 3, 8, 6]

@@ -30,7 +30,8 @@ def cuda_engine(tmp_path_factory):
 
 def test_continuous_batching_on_the_gpu(cuda_engine):
     from fdpp_rewrite.engine.runtime import Sampler
-    from fdpp_rewrite.serve.scheduler import Finish, Request, Scheduler
+    from fdpp_rewrite.serve.requests import Finish, Request
+    from fdpp_rewrite.serve.scheduler import Scheduler
 
     alone = [cuda_engine.generate([p], n).tokens[0] for p, n in zip(PROMPTS, MAX_TOKENS)]
     scheduler = Scheduler(cuda_engine, None, max_queue=8, prefill_chunk=64)
@@ -57,7 +58,8 @@ def test_warm_up_captures_every_decode_bucket_on_the_gpu(cuda_engine):
     """After the decode warm-up every (batch, KV) bucket has its CUDA graph, the slots are free, and a request
     then replays graphs only (no new capture) and gets its tokens alone."""
     from fdpp_rewrite.engine.runtime import Engine, Sampler
-    from fdpp_rewrite.serve.scheduler import Request, Scheduler
+    from fdpp_rewrite.serve.requests import Request
+    from fdpp_rewrite.serve.scheduler import Scheduler
 
     engine = Engine(cuda_engine.folder)  # a fresh engine: nothing traced or captured yet
     scheduler = Scheduler(engine, None, prefill_chunk=64, warmup="decode")
@@ -79,7 +81,8 @@ def test_all_warm_up_captures_the_prompt_graphs_of_every_slot(cuda_engine):
     """With --warmup all, each slot's prompt-pass graphs are captured before the server is healthy: requests in
     any slot then capture nothing new and get their tokens alone."""
     from fdpp_rewrite.engine.runtime import Engine, Sampler
-    from fdpp_rewrite.serve.scheduler import Request, Scheduler
+    from fdpp_rewrite.serve.requests import Request
+    from fdpp_rewrite.serve.scheduler import Scheduler
 
     engine = Engine(cuda_engine.folder)
     scheduler = Scheduler(engine, None, prefill_chunk=64, warmup="all")

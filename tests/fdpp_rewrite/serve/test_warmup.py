@@ -8,7 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fdpp_rewrite.engine.runtime import Engine, Sampler
-from fdpp_rewrite.serve.scheduler import Request, Scheduler
+from fdpp_rewrite.serve.requests import Request
+from fdpp_rewrite.serve.scheduler import Scheduler
 from fdpp_rewrite.serve.server import build_app
 from fdpp_rewrite.serve.warmup import mixed_count
 
