@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fdpp_rewrite.atomic import AtomicOutputs, existing_folder, rename_external_data
+from fdpp_rewrite.cli_args import add_force
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models import PRESETS, check_source
 from fdpp_rewrite.progress import Progress
@@ -44,7 +45,7 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init (presets without weights)")
     parser.add_argument("--random-init", action="store_true",
                         help="random weights even for a preset whose trained weights are installed (smollm2-135m)")
-    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+    add_force(parser, "existing output files")
 
 
 @dataclass

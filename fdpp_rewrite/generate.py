@@ -210,11 +210,6 @@ def _has_fdpp_nodes(model) -> bool:
     return any(node.domain == "fdpp" for node in model.graph.node)
 
 
-def is_rewritten(path: Path) -> bool:
-    """Whether the model at `path` has fdpp nodes (written by `fdpp_rewrite rewrite`)."""
-    return _has_fdpp_nodes(load_structure(path))
-
-
 def _interface(structure) -> tuple[int | str | None, int | None]:
     """(cache length: an int, or a symbol for a dynamic one; vocabulary size) from the graph's declarations."""
     def dims(value):

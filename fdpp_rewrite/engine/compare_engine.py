@@ -1,6 +1,6 @@
 """`compare model.onnx ENGINE_DIR`: the original graph in onnxruntime (CPU) against a built engine (its GPU
 kernels, or the cpu backend), through polygraphy's Comparator, on the steps `compare` feeds two graphs
-(fdpp_rewrite.compare.make_steps: a prefill, a decode step with a different past_len per sequence, a chunk),
+(fdpp_rewrite.compare_inputs.make_steps: a prefill, a decode step with a different past_len per sequence, a chunk),
 with the op contracts' tolerances.
 
 The engine runs each step as a runtime does: the step's caches are copied into the engine's KV cache slots, the
@@ -8,7 +8,7 @@ step's Program runs on the cache views of its bucket (the kernels write the new 
 are the logits and the caches read back (rows past the engine's bucket are the step's own: nothing writes them).
 
 An engine of a Hugging Face graph (plan "interface": "hf", hf_interface.py) is compared on the steps `compare`
-derives for such graphs (fdpp_rewrite.compare.hf_steps): the past_key_values.N.* of a step fill the slots' rows
+derives for such graphs (fdpp_rewrite.compare_inputs.hf_steps): the past_key_values.N.* of a step fill the slots' rows
 [0, past), and the engine makes its own attention_mask and positions: a prefill runs each sequence in its slot
 (batch 1, as Engine.prefill_chunk), a decode step the whole batch at once (as Engine.decode, the mask hiding the
 rows past each sequence). Its presents are the cache views [0, past + seq). The left-padded steps are skipped:
@@ -24,8 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fdpp_rewrite.dtypes import numpy_dtype_name
+from fdpp_rewrite.compare_graphs import check_order
+from fdpp_rewrite.compare_inputs import check_options, make_steps
+from fdpp_rewrite.compare_report import CompareReport, accuracy_rows, session_tolerance
 from fdpp_rewrite.errors import FdppError, cannot_load
+from fdpp_rewrite.hf_graph import present_name
 from fdpp_rewrite.progress import QUIET, Progress
 
 
@@ -97,8 +100,6 @@ def _engine_runner(engine, session, progress: Progress, steps: int):
         return outputs
 
     def infer_hf(feed_dict):
-        from fdpp_rewrite.compare import present_name
-
         ids = torch.from_numpy(np.ascontiguousarray(feed_dict["input_ids"])).to(engine.device)
         batch, seq = ids.shape
         past = feed_dict[engine.cache_names[0]].shape[2]  # every sequence of an unpadded step holds `past` rows
@@ -135,21 +136,15 @@ def drop_padded_steps(step_names: list, steps: list, stream=None) -> tuple[list,
 def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed: int = 0, backend: str | None = None,
                    progress: Progress = QUIET):
     """CompareReport of the original graph (onnxruntime) against the engine on the same steps."""
-    from fdpp_rewrite.compare import (CompareReport, CompareRow, check_prefill, contract_tolerance,
-                                      make_steps)
     from fdpp_rewrite.engine.runtime import Engine
-    from fdpp_rewrite.generate import ORT_DTYPES
     from fdpp_rewrite.onnx_files import load_structure
     from fdpp_rewrite.quiet import quiet_onnxruntime, quiet_polygraphy, session_options
 
-    if batch < 2:
-        raise FdppError("--batch must be at least 2 (sequences with different past_len are part of the check)")
-    check_prefill(None, prefill)
+    check_options(batch, prefill)
     with progress.stage("load engine"):
         engine = Engine(engine_dir, backend=backend, use_graphs=False)
     model = load_structure(original)
-    if any(node.domain == "fdpp" for node in model.graph.node):
-        raise FdppError("the first model has fdpp nodes; pass the exported model (model.onnx) first")
+    check_order(model)
     inputs = {value.name: value for value in model.graph.input}
     interface = ["attention_mask"] if engine.hf_feeds is not None else ["past_len"]
     missing = [n for n in ["input_ids", *interface, *engine.cache_names] if n not in inputs]
@@ -160,7 +155,6 @@ def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed:
     ort = quiet_onnxruntime()
     quiet_polygraphy()
     from polygraphy.backend.onnxrt import OnnxrtRunner
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
 
     from fdpp_rewrite.gpu import attention as gpu_attention
 
@@ -172,22 +166,15 @@ def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed:
         step_names, steps = make_steps(session, model, batch, prefill, seed)
         if engine.hf_feeds is not None:
             step_names, steps = drop_padded_steps(step_names, steps)
-    dtype = numpy_dtype_name(ORT_DTYPES.get(session.get_outputs()[0].type), "float32")
-    atol, rtol = contract_tolerance(dtype)
+    dtype, atol, rtol = session_tolerance(session)
     on_gpu = engine.device.type == "cuda"
     if on_gpu:
         gpu_attention.read_library_counters(reset=True)
-    results = Comparator.run([OnnxrtRunner(session, name="onnxruntime-original"), _engine_runner(engine, session,
-                                                                                                 progress, len(steps))],
-                             data_loader=steps)
-    accuracy = Comparator.compare_accuracy(
-        results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat="elemwise"))
+    runners = [OnnxrtRunner(session, name="onnxruntime-original"), _engine_runner(engine, session, progress,
+                                                                                    len(steps))]
+    report_rows = accuracy_rows(runners, step_names, steps, atol, rtol)
     fallback = gpu_attention.read_library_counters()[0] if on_gpu else 0
     heads = sum(int(n["attrs"]["num_heads"]) for n in engine.plan["nodes"] if n["op"] == "AsyncSoftmaxAttention")
     rows = sum(heads * step["input_ids"].size for step in steps)  # one row per query head and position
-    report = CompareReport(atol=atol, rtol=rtol, dtype=dtype, fallback_rows=fallback, attention_rows=rows)
-    for per_iteration in accuracy[0].values():
-        for step, outputs in zip(step_names, per_iteration):
-            for name, result in outputs.items():
-                report.rows.append(CompareRow(step, name, result.max_absdiff, result.max_reldiff, bool(result)))
-    return report
+    return CompareReport(rows=report_rows, atol=atol, rtol=rtol, dtype=dtype, fallback_rows=fallback,
+                         attention_rows=rows)

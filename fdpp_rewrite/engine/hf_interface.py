@@ -16,30 +16,29 @@ logits and present.N.key/value = Concat(past, new) out. The engine runs them on 
   so a batch of different lengths shares one graph shape per bucket (and one CUDA graph).
 Example: lengths 3 and 5 in the KV bucket 128: past views 127 rows, the new rows go to rows 3 and 5, the masks
 are 1 on rows 0..3 and 0..5, position_ids 3 and 5.
+
+The interface's names (past_key_values.N.*, present.N.*, what makes a graph a transformers export) are defined in
+fdpp_rewrite/hf_graph.py, which the CPU compare reads too without importing torch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fdpp_rewrite.compare import PAST_INPUT, present_name
 from fdpp_rewrite.engine.ops import ENGINE_DOMAIN
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.hf_graph import is_hf_interface  # noqa: F401 - engine/build.py reads it here until it imports hf_graph
+from fdpp_rewrite.hf_graph import past_names, present_name
 
 BUFFER_PREFIX = "engine.cache."  # + the past input's name: the cache view a CacheAppend writes into
 WRITE_POS = "engine.write_pos"  # [batch] int64: the row each sequence's new tokens start at (its length)
 OPTIONAL_INPUTS = ("position_ids", "cache_position")
 
 
-def is_hf_interface(input_names) -> bool:
-    return "input_ids" in input_names and "attention_mask" in input_names and "past_len" not in input_names
-
-
 def past_inputs(input_names, path) -> list:
     """The past_key_values.N.key/value inputs in layer order (key before value); a one-line error for a
     prefill-only export or an input the engine cannot feed."""
-    past = sorted((n for n in input_names if PAST_INPUT.match(n)),
-                  key=lambda n: (int(PAST_INPUT.match(n).group(1)), PAST_INPUT.match(n).group(2) != "key"))
+    past = past_names(input_names)
     if not past:
         raise FdppError(f"{path} is a prefill-only Hugging Face export (no past_key_values.N.key/value inputs); the "
                         "engine needs the decode-with-cache export (past_key_values.N.* in, present.N.* out)")

@@ -441,17 +441,3 @@ def _llama_like_json(c: ModelConfig) -> dict:
                                         high_freq_factor=c.rope_high_freq_factor,
                                         original_max_position_embeddings=c.rope_original_max_position)
     return data
-
-
-def save_hf_checkpoint(config: ModelConfig, weights, directory: Path, shards: int = 1) -> None:
-    """Write our weights as a Hugging Face checkpoint (config.json + `shards` safetensors files)."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(hf_config_json(config), indent=2) + "\n")
-    state = hf_state_dict(config, weights)
-    names = sorted(state)
-    for k in range(shards):
-        part = {n: state[n].contiguous() for n in names[k::shards]}
-        save_file(part, str(directory / f"model-{k + 1:05d}-of-{shards:05d}.safetensors"))

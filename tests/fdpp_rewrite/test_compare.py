@@ -10,7 +10,8 @@ from onnx import helper
 from rewrite_graphs import TinyConfig, build_tiny_model
 
 from fdpp_rewrite import cli
-from fdpp_rewrite.compare import compare_models, exporter_steps, generic_steps
+from fdpp_rewrite.compare_inputs import exporter_steps, generic_steps
+from fdpp_rewrite.compare_onnx import compare_models
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.rewrite import rewrite_model
 
@@ -223,7 +224,7 @@ class FakeDecodeSession:
 
 
 def test_hf_decode_steps_put_past_and_total_lengths_where_they_belong():
-    from fdpp_rewrite.compare import HF_DECODE_STEPS, HF_PADDED_DECODE_STEPS, hf_steps
+    from fdpp_rewrite.compare_inputs import HF_DECODE_STEPS, HF_PADDED_DECODE_STEPS, hf_steps
 
     session = FakeDecodeSession(extra=[FakeMeta("cache_position", ["seq"])])
     names, feeds = hf_steps(session, vocab=50, batch=3, prefill=6, rng=np.random.default_rng(0))
@@ -251,14 +252,14 @@ def test_hf_decode_steps_put_past_and_total_lengths_where_they_belong():
     (FakeDecodeSession(extra=[FakeMeta("token_type_ids", ["batch", "seq"])]), "input 'token_type_ids'"),
 ])
 def test_hf_interface_that_does_not_fit_is_one_line(session, message):
-    from fdpp_rewrite.compare import hf_steps
+    from fdpp_rewrite.compare_inputs import hf_steps
 
     with pytest.raises(FdppError, match=message):
         hf_steps(session, vocab=50, batch=2, prefill=6, rng=np.random.default_rng(0))
 
 
 def test_onnxruntime_failure_on_derived_inputs_is_one_line():
-    from fdpp_rewrite.compare import hf_steps
+    from fdpp_rewrite.compare_inputs import hf_steps
 
     class Failing(FakeDecodeSession):
         def run(self, names, feed):
@@ -270,7 +271,7 @@ def test_onnxruntime_failure_on_derived_inputs_is_one_line():
 
 
 def test_blank_padding_zeroes_the_padded_positions_only():
-    from fdpp_rewrite.compare import blank_padding
+    from fdpp_rewrite.compare_inputs import blank_padding
 
     mask = np.array([[1, 1, 1, 1], [0, 0, 1, 1]])
     logits, present = np.ones((2, 1, 5)), np.ones((2, 3, 4, 8))
@@ -284,7 +285,7 @@ def test_blank_padding_zeroes_the_padded_positions_only():
 
 
 def test_hf_prefill_must_leave_a_real_token_after_the_padding():
-    from fdpp_rewrite.compare import hf_steps
+    from fdpp_rewrite.compare_inputs import hf_steps
 
     with pytest.raises(FdppError, match="--prefill must be at least 3 for the left-padded batch, got 2"):
         hf_steps(FakeDecodeSession(), vocab=50, batch=2, prefill=2, rng=np.random.default_rng(0))

@@ -11,12 +11,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from hf_checkpoints import save_hf_checkpoint
 
 from fdpp_rewrite import export
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.export import companion_paths, export_model, read_metadata
 from fdpp_rewrite.models import load_model
-from fdpp_rewrite.models.hf import save_hf_checkpoint
 from fdpp_rewrite.models.reference import ReferenceModel
 from fdpp_rewrite.onnx_graph import ALIGNMENT
 

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from fdpp_rewrite.compare import compare_models
+from fdpp_rewrite.compare_onnx import compare_models
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.export import export_model
 from fdpp_rewrite.models import load_model

@@ -7,7 +7,7 @@ import warnings
 import onnx
 import pytest
 
-from fdpp_rewrite.compare import compare_models
+from fdpp_rewrite.compare_onnx import compare_models
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.rewrite import rewrite_file
 

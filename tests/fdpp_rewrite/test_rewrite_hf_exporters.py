@@ -8,7 +8,7 @@ import io
 import onnx
 import pytest
 
-from fdpp_rewrite.compare import compare_models
+from fdpp_rewrite.compare_onnx import compare_models
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.rewrite import rewrite_file
@@ -90,7 +90,7 @@ def test_the_padded_positions_are_the_only_ones_left_out(exported):
     import numpy as np
     import onnxruntime as ort
 
-    from fdpp_rewrite.compare import make_steps
+    from fdpp_rewrite.compare_inputs import make_steps
     from fdpp_rewrite.ref_ops import make_reference_session
 
     path = exported("llama", "dynamo", "prefill")

@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
+from hf_checkpoints import save_hf_checkpoint, write_checkpoint
 
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models import PRESETS, get_config, load_model, smollm2_gguf_path
 from fdpp_rewrite.models.config import FAMILIES
 from fdpp_rewrite.models.gguf_file import config_from_gguf, open_gguf, unpermute_rows
-from fdpp_rewrite.models.hf import config_from_hf, hf_config_json, hf_state_dict, save_hf_checkpoint
+from fdpp_rewrite.models.hf import config_from_hf, hf_config_json, hf_state_dict
 from fdpp_rewrite.models.names import parameter_count, weight_shapes
 
 # Published parameter counts (model cards / summing the checkpoints' tensors).
@@ -172,15 +172,6 @@ def test_file_that_is_no_checkpoint(tmp_path):
 
 # -- Hugging Face safetensors ----------------------------------------------------------------------------------
 
-def _write_checkpoint(directory, config_json, state, shards=1):
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(config_json))
-    names = sorted(state)
-    for k in range(shards):
-        part = {n: state[n].contiguous() for n in names[k::shards]}
-        save_file(part, str(directory / f"model-{k + 1:05d}-of-{shards:05d}.safetensors"))
-
-
 CHATGLM_CONFIG = hf_config_json(get_config("tiny-chatglm"))
 
 
@@ -203,7 +194,7 @@ def test_chatglm_fused_weights_are_split(tmp_path):
     state = hf_state_dict(source.config, source.weights)
     qkv = state["transformer.encoder.layers.1.self_attention.query_key_value.weight"]
     assert qkv.shape == (4 * 128 + 2 * 2 * 128, 512)
-    _write_checkpoint(tmp_path / "glm", CHATGLM_CONFIG, state, shards=3)
+    write_checkpoint(tmp_path / "glm", CHATGLM_CONFIG, state, shards=3)
     loaded = load_model(str(tmp_path / "glm"))
     assert loaded.config == source.config
     assert "3 safetensors files" in loaded.origin
@@ -220,14 +211,14 @@ def test_old_opt_names_without_model_prefix(tmp_path):
                    "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
                    "vocab_size": c.vocab_size, "max_position_embeddings": c.max_position,
                    "word_embed_proj_dim": c.hidden_size}
-    _write_checkpoint(tmp_path / "opt", config_json, state)
+    write_checkpoint(tmp_path / "opt", config_json, state)
     loaded = load_model(str(tmp_path / "opt"))
     assert loaded.config == c
     assert torch.equal(loaded.weights["pos_embed.weight"], source.weights["pos_embed.weight"])
 
 
 def test_unsupported_family(tmp_path):
-    _write_checkpoint(tmp_path / "bloom", {"model_type": "bloom", "n_layer": 2}, {"x": torch.zeros(2)})
+    write_checkpoint(tmp_path / "bloom", {"model_type": "bloom", "n_layer": 2}, {"x": torch.zeros(2)})
     with pytest.raises(FdppError, match="model_type 'bloom' is not supported "
                                         r"\(supported: llama, qwen2, mistral, opt, gpt2, chatglm\)"):
         load_model(str(tmp_path / "bloom"))
@@ -237,14 +228,14 @@ def test_missing_weight_names(tmp_path):
     source = load_model("tiny-chatglm")
     state = hf_state_dict(source.config, source.weights)
     del state["transformer.encoder.layers.1.mlp.dense_4h_to_h.weight"]
-    _write_checkpoint(tmp_path / "glm", CHATGLM_CONFIG, state)
+    write_checkpoint(tmp_path / "glm", CHATGLM_CONFIG, state)
     with pytest.raises(FdppError, match="lacks weights transformer.encoder.layers.1.mlp.dense_4h_to_h.weight"):
         load_model(str(tmp_path / "glm"))
 
 
 def test_truncated_safetensors(tmp_path):
     source = load_model("tiny-chatglm")
-    _write_checkpoint(tmp_path / "glm", CHATGLM_CONFIG, hf_state_dict(source.config, source.weights))
+    write_checkpoint(tmp_path / "glm", CHATGLM_CONFIG, hf_state_dict(source.config, source.weights))
     shard = next((tmp_path / "glm").glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-1000])
     with pytest.raises(FdppError, match="truncated or corrupt"):
