@@ -44,7 +44,7 @@ def _runner_classes(progress: Progress, steps: int):
         return Staged
 
     class ReferenceRunner(BaseRunner):
-        """Polygraphy runner over fdpp_rewrite.ref_ops.make_reference_session (the CPU reference ops)."""
+        """Polygraphy runner over fdpp_rewrite.ref_session.make_reference_session (the CPU reference ops)."""
 
         def __init__(self, model, name="fdpp-reference"):
             super().__init__(name=name)
@@ -52,7 +52,7 @@ def _runner_classes(progress: Progress, steps: int):
             self._session = None
 
         def activate_impl(self):
-            from fdpp_rewrite.ref_ops import make_reference_session
+            from fdpp_rewrite.ref_session import make_reference_session
 
             self._session = make_reference_session(self._model)
 

@@ -111,7 +111,7 @@ def _run_cpu(args, workdir, name):
 
     print(f"\n== generate (the rewritten graph, fdpp ops run by the CPU reference)\nprompt: {args.prompt}", flush=True)
     from fdpp_rewrite.generate import TokenPrinter, generate_ids, load_tokenizer_for
-    from fdpp_rewrite.ref_ops import make_reference_session
+    from fdpp_rewrite.ref_session import make_reference_session
 
     tokenizer = load_tokenizer_for(original)
     print("answer: ", end="", flush=True)

@@ -197,7 +197,7 @@ def open_session(onnx_path, structure=None):
     structure = structure if structure is not None else load_structure(path)
     ort = quiet_onnxruntime()
     if _has_fdpp_nodes(structure):  # fdpp ops: onnxruntime does not know them, the CPU reference ops run them
-        from fdpp_rewrite.ref_ops import make_reference_session
+        from fdpp_rewrite.ref_session import make_reference_session
 
         return make_reference_session(path)
     try:

@@ -36,6 +36,7 @@ from fdpp_rewrite.dtypes import numpy_dtype_name, onnx_dtype_name
 from fdpp_rewrite.errors import FdppError, cannot_load
 from fdpp_rewrite.gemm_plans import gemm_nodes, profiler, resolve_cpu_plans, resolve_cuda_plans
 from fdpp_rewrite.gpu.device import gpu_facts, library_facts, sha256_file
+from fdpp_rewrite.hf_graph import is_hf_interface
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
 HOST_VALUE_MAX_ELEMENTS = 64  # initializers this small (shape constants, axes, scalars) are host values
@@ -119,7 +120,7 @@ def read_graph(path: Path):
                       "inputs": list(node.input), "outputs": list(node.output), "attrs": _attributes(node)})
 
     inputs = {i.name: i for i in graph.input if i.name not in arrays}
-    if hf_interface.is_hf_interface(inputs):
+    if is_hf_interface(inputs):
         caches = hf_interface.past_inputs(inputs, path)
         hf_interface.lower_cache_concats(nodes, caches, path)
         interface = "hf"

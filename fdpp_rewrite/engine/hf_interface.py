@@ -27,7 +27,6 @@ import torch
 
 from fdpp_rewrite.engine.ops import ENGINE_DOMAIN
 from fdpp_rewrite.errors import FdppError
-from fdpp_rewrite.hf_graph import is_hf_interface  # noqa: F401 - engine/build.py reads it here until it imports hf_graph
 from fdpp_rewrite.hf_graph import past_names, present_name
 
 BUFFER_PREFIX = "engine.cache."  # + the past input's name: the cache view a CacheAppend writes into

@@ -179,7 +179,7 @@ def test_missing_external_data_is_one_line(monkeypatch, tiny_pair, tmp_path, cap
 
 
 def test_truncated_rewrite_is_one_line_in_the_reference_session(tiny_pair, tmp_path):
-    from fdpp_rewrite.ref_ops import make_reference_session
+    from fdpp_rewrite.ref_session import make_reference_session
 
     _, rewritten, _ = tiny_pair
     broken = tmp_path / "broken.fdpp.onnx"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fdpp_rewrite import ref_ops
+from fdpp_rewrite import ref_ops, ref_session
 from fdpp_rewrite.contracts import load_contract
 from fdpp_rewrite.errors import FdppError
 
@@ -251,7 +251,7 @@ def test_reference_session_runs_fdpp_nodes(dtype, mode):
         feeds["past_len"] = mask_input = np.array([8, 2], np.int64)
     if mode == "bias":
         feeds["bias"] = mask_input = np.where(causal([8, 2], 3, 11), 0.0, -np.inf).astype(np_dtype)
-    session = ref_ops.make_reference_session(model)
+    session = ref_session.make_reference_session(model)
     (y,) = session.run(["y"], feeds)
     assert y.dtype == np_dtype and y.shape == (2, 3, 256)
     assert any(node.domain == "fdpp" for node in model.graph.node)  # the caller's model keeps its fdpp nodes
@@ -273,7 +273,7 @@ def test_reference_session_counts_fallback_rows():
              "k": 30 * rng.standard_normal((2, 2, 11, 64)).astype(np.float32),
              "v": rng.standard_normal((2, 2, 11, 64)).astype(np.float32),
              "past_len": np.array([8, 2], np.int64)}
-    session = ref_ops.make_reference_session(model)
+    session = ref_session.make_reference_session(model)
     session.counters.reset()
     (y,) = session.run(["y"], feeds)
     assert np.isfinite(y).all()
@@ -283,4 +283,4 @@ def test_reference_session_counts_fallback_rows():
 
 def test_reference_session_missing_file(tmp_path):
     with pytest.raises(FdppError, match="no ONNX file"):
-        ref_ops.make_reference_session(tmp_path / "missing.onnx")
+        ref_session.make_reference_session(tmp_path / "missing.onnx")

@@ -91,7 +91,7 @@ def test_the_padded_positions_are_the_only_ones_left_out(exported):
     import onnxruntime as ort
 
     from fdpp_rewrite.compare_inputs import make_steps
-    from fdpp_rewrite.ref_ops import make_reference_session
+    from fdpp_rewrite.ref_session import make_reference_session
 
     path = exported("llama", "dynamo", "prefill")
     output, _ = rewritten(path)

@@ -14,7 +14,7 @@ from fdpp_rewrite.calibration.settings import load_calibration
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.passes import attention, common
-from fdpp_rewrite.ref_ops import make_reference_session
+from fdpp_rewrite.ref_session import make_reference_session
 
 
 def rewrite_attention(model, calibration=None):

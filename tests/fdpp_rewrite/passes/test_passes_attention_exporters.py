@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.passes import attention, attention_match, common
-from fdpp_rewrite.ref_ops import make_reference_session
+from fdpp_rewrite.ref_session import make_reference_session
 
 BATCH, SEQ, KV_LEN, D = 2, 5, 7, 64
 

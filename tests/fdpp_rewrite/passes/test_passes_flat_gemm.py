@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.passes import common, flat_gemm, projection_fusion
-from fdpp_rewrite.ref_ops import make_reference_session
+from fdpp_rewrite.ref_session import make_reference_session
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
 K, N = 8, 6

@@ -12,7 +12,8 @@ from rewrite_graphs import TinyConfig, build_tiny_model, decode_feeds
 from fdpp_rewrite import cli
 from fdpp_rewrite.contracts import load_contract, node_attributes, register_onnx_schemas
 from fdpp_rewrite.passes import common, norm
-from fdpp_rewrite.ref_ops import make_reference_session, rms_norm
+from fdpp_rewrite.ref_ops import rms_norm
+from fdpp_rewrite.ref_session import make_reference_session
 
 HIDDEN = 16
 NP = {"float32": np.float32, "float16": np.float16}
