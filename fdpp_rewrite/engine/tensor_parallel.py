@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fdpp_rewrite.calibration.settings import attention_nodes
 from fdpp_rewrite.errors import FdppError
 
 TP_SIZES = (1, 2, 4, 8)
@@ -33,9 +34,7 @@ def _layer_gemms(plan: dict) -> list:
     order = {id(node): index for index, node in enumerate(plan["nodes"])}
     gemms = _gemms(plan)
     layers = []
-    for node in plan["nodes"]:
-        if node["domain"] != "fdpp" or node["op"] != "AsyncSoftmaxAttention":
-            continue
+    for node in attention_nodes(plan["nodes"]):
         before = [g for g in gemms if order[id(g)] < order[id(node)]]
         after = [g for g in gemms if order[id(g)] > order[id(node)]]
         if not before or len(after) < 3:
