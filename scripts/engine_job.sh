@@ -211,7 +211,7 @@ stage_ba_build() {
   mkdir -p "$ba/after" "$ba/before"
   df -h "$WORK" | tail -1
   [ -f "$ba/model.onnx" ] || $PY -m fdpp_rewrite export llama2-7b -o "$ba/model.onnx" --dtype float16 \
-      --max-cache 8320 --force || return 1
+      --max-cache 8320 --max-position 8320 --force || return 1
   for side in after before; do
     [ -f "$ba/$side/engine/manifest.json" ] && continue
     env $(ba_tree $side) $PY -m fdpp_rewrite rewrite "$ba/model.onnx" -o "$ba/$side/model.fdpp.onnx" \
@@ -243,7 +243,10 @@ stage_gputests() {
 stage_wheel() {
   local venv=$WORK/venv use=$WORK/wheel-use
   rm -rf "$venv" "$use" && mkdir -p "$use"
-  $PY -m venv --system-site-packages "$venv" \
+  # the image's python is itself a venv: the fresh venv sees its packages (torch...) through a .pth file
+  $PY -m venv "$venv" \
+    && $PY -c "import site; print(site.getsitepackages()[0])" \
+         >"$("$venv/bin/python" -c "import site; print(site.getsitepackages()[0])")/image-packages.pth" \
     && "$venv/bin/pip" install -q --no-deps --no-build-isolation --no-index . || return 1
   ( cd "$use" && export PYTHONPATH=$SITE && local_py="$venv/bin/python" \
     && $local_py -c "import fdpp_rewrite, sys; print('installed at', fdpp_rewrite.__file__)" \
@@ -262,12 +265,13 @@ stage_wheel() {
 }
 
 stage_demo() {
-  local fresh=$WORK/fresh wheels=$PWD/.whl
+  local fresh=$WORK/fresh wheels=${WHEELS:-$PWD/.whl}
   rm -rf "$fresh" && mkdir -p "$fresh"
   tar --exclude=./build --exclude='./build-*' --exclude=./.whl --exclude=./.before --exclude=./.smol \
       --exclude=./out -cf - . | tar -xf - -C "$fresh"
   ( cd "$fresh" && export PYTHONPATH=$SITE PIP_NO_INDEX=1 PIP_FIND_LINKS=$wheels && unset FDPP_PLUGIN_LIB \
-    && time make demo )
+    && if [ -n "${DEMO_NO_SETUP:-}" ]; then time (make lib CUDA_ARCHS=90a && $PY -m fdpp_rewrite demo); \
+       else time make demo CUDA_ARCHS=90a; fi )
 }
 
 export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \

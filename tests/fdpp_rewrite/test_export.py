@@ -270,9 +270,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--max-cache" in capsys.readouterr().out
 
 
+# One preset per graph family at real dimensions (llama2-13b, llama3-8b and qwen2.5-7b repeat the llama and mistral
+# graphs at larger sizes; their families run at tiny sizes in test_export_families.py).
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["llama2-7b", "llama2-13b", "opt-6.7b", "chatglm2-6b", "llama3-8b", "mistral-7b",
-                                    "qwen2.5-7b", "gpt2"])
+@pytest.mark.parametrize("preset", ["llama2-7b", "opt-6.7b", "chatglm2-6b", "mistral-7b", "gpt2"])
 def test_real_dimensions_one_layer_float16(tmp_path, preset):
     """The real presets' shapes (one layer, the GPU dtype) export and run in onnxruntime like the reference."""
     result = export_model(preset, tmp_path / "model.onnx", dtype="float16", max_cache=16, num_layers=1,

@@ -16,8 +16,9 @@ H200_PROFILE = profile_path("h200.json")
 FLAT_GEMMS_PER_LAYER = 4
 
 
+# llama2-13b's graph is llama2-7b's; its shapes are checked by test_profile_covers_every_preset_shape.
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["llama2-7b", "llama2-13b", "opt-6.7b", "chatglm2-6b", "smollm2-135m"])
+@pytest.mark.parametrize("preset", ["llama2-7b", "opt-6.7b", "chatglm2-6b", "smollm2-135m"])
 def test_real_preset_is_fully_rewritten_with_the_h200_profile(tmp_path, preset, capsys):
     exported = tmp_path / "model.onnx"
     rewritten = tmp_path / "model.fdpp.onnx"
