@@ -261,7 +261,9 @@ stage_wheel() {
     && $local_py -m fdpp_rewrite build smol/model.fdpp.onnx -o smol/engine --max-batch 8 --max-seq 2048 \
     && $local_py -c "import json; m = json.load(open('smol/engine/manifest.json')); print('profile:', m['profile'], \
 'profiled now:', len(m['gemm_shapes_profiled_now']))" \
-    && $local_py -m fdpp_rewrite run smol/engine --prompt "What is the capital of France?" --chat --max-new-tokens 24 \
+    && if [ ${#weights[@]} -eq 0 ]; then prompt=(--prompt "What is the capital of France?" --chat); \
+       else prompt=(--token-ids 1,2,3,4,5); fi \
+    && $local_py -m fdpp_rewrite run smol/engine "${prompt[@]}" --max-new-tokens 24 \
     && $local_py -m fdpp_rewrite bench smol/engine --batch 1 8 --context 128 --new-tokens 128 --kernels fdpp torch \
          --out "$OUT/wheel_smollm2_bench.json" )
 }
