@@ -29,11 +29,11 @@ struct PrefillSm90Traits {
   static constexpr int kConsumerWarps = 8;  // two warpgroups
   static constexpr int kThreads = (kConsumerWarps + 1) * 32;
   static constexpr int kBlockM = contract::kAttentionPrefillAnchorBlockM;  // query rows per CTA (64 per warpgroup)
-  static constexpr int kBlockN = contract::kAttentionPrefillBlockN;  // keys per tile
+  static constexpr int kBlockN = contract::kAttentionPrefillBlockN;        // keys per tile
   static constexpr int kNT = kBlockN / 8;
   static constexpr int kStages = 4;
   static constexpr int kAnchorTiles = contract::kAttentionPrefillAnchorTiles;  // as the mma.sync kernel
-  static constexpr int kChunks = D / 8;   // 16-byte chunks per row
+  static constexpr int kChunks = D / 8;                                        // 16-byte chunks per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;
   static constexpr int kScratchBytes = kConsumerWarps * D * 4;  // fallback: one scaled query row per warp

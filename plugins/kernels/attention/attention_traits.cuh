@@ -59,7 +59,7 @@ struct PrefillTraits {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowsPerWarp = RowsPerWarp;  // 32 (two m16 fragments) or 16 (one: 64-row blocks)
   static constexpr int kMTiles = kRowsPerWarp / 16;
-  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // 128 (or 64) query rows per CTA
+  static constexpr int kBlockM = kWarps * kRowsPerWarp;              // 128 (or 64) query rows per CTA
   static constexpr int kBlockN = contract::kAttentionPrefillBlockN;  // keys per tile (one cp.async stage)
   static constexpr int kStepN = StepN;  // keys per compute step: 32 keeps the scores in 32 registers (64 spills)
   static constexpr int kNTiles = kStepN / 8;
