@@ -107,6 +107,25 @@ def _online_max(scores, visible, v, tile: int):
     return num, den
 
 
+def kv_block_size() -> int:
+    """Tokens per block of the paged KV cache (the attention contract's kv_block_size)."""
+    return int(load_contract("AsyncSoftmaxAttention").raw["kv_block_size"])
+
+
+def gather_pages(pool, table, kv_len: int):
+    """The contiguous cache [B, Hkv, kv_len, D] that a paged cache holds: pool [N, Hkv, block, D] read through the
+    block table [B, W] (entry j of row b: the block of positions [block j, block (j + 1)) of sequence b). Works on
+    numpy arrays and torch tensors alike (same kind out). Example: block 64, table [[3, 1]], kv_len 100 -> rows 0-63
+    of pool[3], then rows 0-35 of pool[1]."""
+    block = pool.shape[2]
+    blocks = -(-kv_len // block)
+    if blocks > table.shape[1]:
+        raise FdppError(f"gather_pages: {kv_len} positions need {blocks} blocks, the table has {table.shape[1]}")
+    pages = pool[table[:, :blocks]]  # [B, blocks, Hkv, block, D]
+    batch, kv_heads, dim = pages.shape[0], pages.shape[2], pages.shape[4]
+    return pages.swapaxes(1, 2).reshape(batch, kv_heads, blocks * block, dim)[:, :, :kv_len]
+
+
 def async_softmax_attention(query, key, value, mask_input=None, *, scale: float, phi: float, guard_lo: float,
                             guard_hi: float, mask_mode: str, softmax: str = "unified", num_heads: int | None = None,
                             num_kv_heads: int | None = None, head_dim: int | None = None,

@@ -84,6 +84,7 @@ function(fdpp_write_contract_constants out_dir)
   _fdpp_int(kAttentionPrefillAnchorBlockM ${A} ${AF} fp16_prefill_window block_m)
   _fdpp_int(kAttentionPrefillBlockN ${A} ${AF} fp16_prefill_window block_n)
   _fdpp_int(kAttentionPrefillAnchorTiles ${A} ${AF} fp16_prefill_window anchor_tiles)
+  _fdpp_int(kAttentionKvBlockSize ${A} ${AF} kv_block_size)
 
   set(G gemm)
   set(GF "${gemm_file}")

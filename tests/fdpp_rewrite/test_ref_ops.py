@@ -284,3 +284,23 @@ def test_reference_session_counts_fallback_rows():
 def test_reference_session_missing_file(tmp_path):
     with pytest.raises(FdppError, match="no ONNX file"):
         ref_session.make_reference_session(tmp_path / "missing.onnx")
+
+
+def test_gather_pages_reads_blocks_in_table_order_numpy_and_torch():
+    import torch
+
+    from fdpp_rewrite.ref_ops import gather_pages, kv_block_size
+
+    assert kv_block_size() == 64
+    rng = np.random.default_rng(0)
+    pool = rng.standard_normal((6, 2, 4, 3)).astype(np.float32)  # 6 blocks of 4 positions
+    table = np.array([[3, 1, 0], [5, 2, 4]], dtype=np.int32)
+    out = gather_pages(pool, table, 6)
+    assert out.shape == (2, 2, 6, 3)
+    np.testing.assert_array_equal(out[0, :, :4], pool[3])
+    np.testing.assert_array_equal(out[0, :, 4:], pool[1][:, :2])
+    np.testing.assert_array_equal(out[1, :, 4:], pool[2][:, :2])
+    as_torch = gather_pages(torch.from_numpy(pool), torch.from_numpy(table).long(), 6)
+    np.testing.assert_array_equal(as_torch.numpy(), out)
+    with pytest.raises(FdppError, match="need 4 blocks"):
+        gather_pages(pool, table, 13)
