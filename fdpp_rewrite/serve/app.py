@@ -87,12 +87,14 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
             return JSONResponse({"status": "warming up"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         if not scheduler.healthy:
             return JSONResponse({"status": "unavailable"}, status_code=503)
-        return {"status": "ok", "last_engine_error": scheduler.last_error}
+        status = {"status": "ok", "last_engine_error": scheduler.last_error}
+        blocks = scheduler.kv_blocks()
+        return status if blocks is None else {**status, "kv_blocks": blocks}
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "fdpp", "max_model_len": engine.max_seq}]}
+                                            "owned_by": "fdpp", "max_model_len": scheduler.sequence_limit()[0]}]}
 
     @app.get("/metrics")
     async def metrics():
@@ -119,7 +121,8 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
         prompt = encode_chat(tokenizer, [{"role": m.role, "content": m.text} for m in body.messages],
                              body.allow_special_tokens)
         limit = body.token_limit
-        return await answer(body, prompt, limit or engine.max_seq - len(prompt), limit is not None, http, chat=True)
+        return await answer(body, prompt, limit or scheduler.sequence_limit()[0] - len(prompt), limit is not None,
+                            http, chat=True)
 
     # -- one request -----------------------------------------------------------------------------------------
 
@@ -138,19 +141,19 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
         param = "messages" if isinstance(body, ChatRequest) else "prompt"
         if not prompt:
             raise APIError(400, "the prompt is empty after tokenization", param=param)
-        if len(prompt) >= engine.max_seq:
-            raise APIError(400, f"the prompt has {len(prompt)} tokens; this engine takes at most "
-                                f"{engine.max_seq - 1} (its max sequence is {engine.max_seq})", param=param,
-                           code="context_length_exceeded")
+        limit, what = scheduler.sequence_limit()
+        if len(prompt) >= limit:
+            raise APIError(400, f"the prompt has {len(prompt)} tokens; this server takes at most {limit - 1} "
+                                f"({what} is {limit} tokens)", param=param, code="context_length_exceeded")
         if engine.vocab_size and (min(prompt) < 0 or max(prompt) >= engine.vocab_size):
             raise APIError(400, f"the prompt has token ids outside the vocabulary [0, {engine.vocab_size})",
                            param=param)
-        room = engine.max_seq - len(prompt)
+        room = limit - len(prompt)
         if not asked:
             max_tokens = min(max_tokens, room)
         elif max_tokens > room:
-            raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed this engine's "
-                                f"max sequence of {engine.max_seq} tokens; lower max_tokens to {room} or less",
+            raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed {what} of "
+                                f"{limit} tokens; lower max_tokens to {room} or less",
                            param="max_tokens", code="context_length_exceeded")
         if body.top_k > (engine.vocab_size or body.top_k):
             raise APIError(400, f"top_k: {body.top_k} exceeds the vocabulary of {engine.vocab_size}", param="top_k")

@@ -16,6 +16,8 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1
 # seconds between two steps' tokens, for steps that ran back to back: a decode step, or a mixed one (with a chunk)
 STEP_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.04, 0.08, 0.16)
 STEP_KINDS = ("decode", "mixed")
+# prompt tokens one step prefilled (a paged engine's steps carry chunks of several prompts up to --prefill-budget)
+PREFILL_BUCKETS = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 OUTCOMES = ("answered", "refused", "cancelled", "timed_out", "failed")
 PREFIX = "fdpp_"
 
@@ -52,6 +54,7 @@ class Metrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.steps = {kind: Histogram(STEP_BUCKETS) for kind in STEP_KINDS}
+        self.prefill = Histogram(PREFILL_BUCKETS)
 
     def request_done(self, outcome: str) -> None:
         with self.lock:
@@ -74,6 +77,10 @@ class Metrics:
         with self.lock:
             self.steps[kind].observe(seconds)
 
+    def prefill_step(self, tokens: int) -> None:
+        with self.lock:
+            self.prefill.observe(tokens)
+
     def render(self, gauges: dict) -> str:
         """The text format. gauges: name -> (help, value, labels or None) from the scheduler."""
         with self.lock:
@@ -91,6 +98,9 @@ class Metrics:
                              "kind (mixed: a prompt chunk rode on the decode step)")
             for kind, histogram in self.steps.items():
                 lines += histogram.lines(f"{PREFIX}step_seconds", f'kind="{kind}"')
+            lines += _header("prefill_tokens_per_step", "histogram", "prompt tokens a step prefilled (paged engines; "
+                             "the mean is _sum / _count)")
+            lines += self.prefill.lines(f"{PREFIX}prefill_tokens_per_step")
         for name, (help_text, value, labels) in gauges.items():
             kind = "counter" if name.endswith("_total") else "gauge"
             lines += _header(name, kind, help_text)

@@ -46,9 +46,11 @@ class Request:
     timeout_s: float = 600.0
     # the scheduler's state
     submitted: float = 0.0
+    arrival: int = 0        # the order of submission (oldest first; the youngest is preempted first)
     deadline: float = 0.0
     slot: int | None = None
-    prefilled: int = 0
+    prefilled: int = 0      # tokens of `context` already in the slot
+    context: list | None = None  # the ids to prefill: the prompt, or after a preemption prompt + tokens (paged)
     tokens: list = field(default_factory=list)  # the generated ids (EOS excluded)
     next_token: int | None = None
     last_token_at: float = 0.0
@@ -61,9 +63,14 @@ class Request:
 class InFlight:
     """A step launched on the GPU whose tokens the host has not read yet."""
     batch: list             # the decode rows' requests, in order
-    sampled: object         # [len(batch) (+ 1)] device tokens; the last is `first`'s when there is one
+    sampled: object         # [len(batch) + len(firsts)] device tokens: the decode rows', then the firsts'
     host: object            # their copy on the host, valid once `event` has completed
     event: object           # None on the cpu backend (host is sampled itself)
-    first: Request | None = None  # a request whose prompt's last chunk ran in this (mixed) step
+    firsts: list = field(default_factory=list)  # requests whose prompt's last chunk ran in this step
     kind: str = "decode"    # or "mixed": a prompt chunk rode on it
     queued: bool = False    # launched while the step before it was still in flight (back to back on the GPU)
+
+    @property
+    def rows(self) -> list:
+        """The requests of the sampled tokens, in order."""
+        return self.batch + self.firsts

@@ -90,6 +90,8 @@ class Scheduler:
             request.submitted = time.monotonic()
             request.deadline = request.submitted + request.timeout_s
             request.text = TextStream(self.tokenizer, request.prompt, request.stop)
+            request.context = list(request.prompt)
+            request.arrival = self.submitted
             self.waiting.append(request)
             self.submitted += 1
             self.cond.notify()
@@ -114,9 +116,9 @@ class Scheduler:
         return {
             "queue_depth": ("requests waiting for a KV slot", len(self.waiting), None),
             "running_sequences": ("sequences decoding (the running batch)",
-                                  sum(r.prefilled == len(r.prompt) for r in running), None),
+                                  sum(r.prefilled == len(r.context) for r in running), None),
             "prefilling_sequences": ("sequences whose prompt is still being prefilled",
-                                     sum(r.prefilled < len(r.prompt) for r in running), None),
+                                     sum(r.prefilled < len(r.context) for r in running), None),
             "kv_slots_in_use": ("KV cache slots held by a sequence", len(running), None),
             "requests_submitted_total": ("requests that reached the scheduler", self.submitted, None),
             "kv_slots_total": ("KV cache slots (the engine's max batch)", len(self.slots), None),
@@ -147,12 +149,23 @@ class Scheduler:
     def warm_up(self, stream=None) -> None:
         """Trace the engine's shapes (warmup.py) before any request; a failure is reported and serving goes on."""
         try:
-            warm_up(self.engine, self.warmup, self.prefill_chunk, stopping=lambda: self.stopping, stream=stream)
+            self._warm_walk(stream)
         except Exception as exc:  # noqa: BLE001 - the requests will meet the failure again and fail on their own
             self.last_error = f"{type(exc).__name__}: {exc}"
             print(f"error: the warm-up failed ({self.last_error}); serving without it", file=sys.stderr)
         finally:
             self.warming = False
+
+    def _warm_walk(self, stream) -> None:
+        warm_up(self.engine, self.warmup, self.prefill_chunk, stopping=lambda: self.stopping, stream=stream)
+
+    def sequence_limit(self) -> tuple[int, str]:
+        """The longest sequence (prompt + max_tokens) a request may have, and what sets it (for the 400s)."""
+        return self.engine.max_seq, "this engine's max sequence"
+
+    def kv_blocks(self) -> dict | None:
+        """The KV blocks used / free / total of a paged engine (for /health); None with KV slots."""
+        return None
 
     def _loop(self) -> None:
         if self.warming:
@@ -190,14 +203,19 @@ class Scheduler:
         # work of a step (sampling readback, stop strings, streaming) overlaps the GPU's next step instead of
         # leaving it idle. A sequence that turns out to have ended ran one step too many: its token is dropped.
         previous, self.in_flight = self.in_flight, None
-        if not self._mixed(previous):
-            self._prefill()
-            self._decode(previous)
+        previous = self._launch(previous)
         if previous is not None:
             self._land(previous)
         if self.on_cuda and time.monotonic() - self.counters_read_at > COUNTER_PERIOD_S:
             self.fallback_rows = self._read_fallback_rows() - self.fallback_base
             self.counters_read_at = time.monotonic()
+
+    def _launch(self, previous: InFlight | None) -> InFlight | None:
+        """Launch this iteration's work; returns `previous` if its tokens are still to be read."""
+        if not self._mixed(previous):
+            self._prefill()
+            self._decode(previous)
+        return previous
 
     def _retire_gone(self, now: float) -> None:
         with self.cond:
@@ -235,24 +253,24 @@ class Scheduler:
         for request in self._pending():
             if budget <= 0:
                 break
-            count = min(budget, len(request.prompt) - request.prefilled)
-            chunk = request.prompt[request.prefilled:request.prefilled + count]
+            count = min(budget, len(request.context) - request.prefilled)
+            chunk = request.context[request.prefilled:request.prefilled + count]
             logits = self.engine.prefill_chunk(request.slot, chunk)
             request.prefilled += count
             budget -= count
-            if request.prefilled == len(request.prompt):
+            if request.prefilled == len(request.context):
                 token = int(request.sampler(logits[None])[0])
                 self._on_token(request, token, time.monotonic())
 
     def _pending(self) -> list:
         """The requests whose prompt is not all in their slot yet, oldest first."""
-        return sorted((r for r in self.slots if r is not None and r.prefilled < len(r.prompt)),
-                      key=lambda r: r.submitted)
+        return sorted((r for r in self.slots if r is not None and r.prefilled < len(r.context)),
+                      key=lambda r: r.arrival)
 
     def _decoding(self, previous: InFlight | None) -> list:
         """The requests the next decode step runs: those with a token to feed, on the host or still on the GPU
         in `previous`, except one whose token in flight is its last (max_tokens)."""
-        flying = set() if previous is None else {id(r) for r in previous.batch + [previous.first]}
+        flying = set() if previous is None else {id(r) for r in previous.rows}
         return [r for r in self.slots if r is not None and
                 (r.next_token is not None or id(r) in flying) and
                 not (id(r) in flying and len(r.tokens) + 1 >= r.max_tokens)]
@@ -267,7 +285,7 @@ class Scheduler:
         device = self.engine.device
         if previous is None:
             return upload([r.next_token for r in batch], device)
-        flying = {id(r): i for i, r in enumerate(previous.batch + [previous.first]) if r is not None}
+        flying = {id(r): i for i, r in enumerate(previous.rows)}
         host = [r.next_token for r in batch if id(r) not in flying]
         source = torch.cat((previous.sampled, upload(host, device))) if host else previous.sampled
         index, extra = [], len(previous.sampled)
@@ -291,13 +309,13 @@ class Scheduler:
         if not batch or not pending or pending[0].prefilled + padded > self.engine.max_seq:
             return False
         request = pending[0]
-        count = min(self.prefill_chunk, len(request.prompt) - request.prefilled)
-        chunk = request.prompt[request.prefilled:request.prefilled + count]
+        count = min(self.prefill_chunk, len(request.context) - request.prefilled)
+        chunk = request.context[request.prefilled:request.prefilled + count]
         logits, last = self.engine.mixed_step([r.slot for r in batch], self._step_tokens(batch, previous),
                                               request.slot, chunk, padded)
         request.prefilled += count
-        first = request if request.prefilled == len(request.prompt) else None
-        self._launched(batch, logits, first, last, kind="mixed", queued=previous is not None)
+        firsts = [request] if request.prefilled == len(request.context) else []
+        self._launched(batch, logits, firsts, last[None], kind="mixed", queued=previous is not None)
         self.mixed_steps += 1
         return True
 
@@ -308,25 +326,22 @@ class Scheduler:
             logits = self.engine.decode_slots([r.slot for r in batch], tokens)
             self._launched(batch, logits, queued=previous is not None)
 
-    def _launched(self, batch: list, logits, first: Request | None = None, first_logits=None, kind: str = "decode",
+    def _launched(self, batch: list, logits, firsts=(), first_logits=None, kind: str = "decode",
                   queued: bool = False) -> None:
-        """Sample the step's tokens on the device (logits [len(batch), V]; first_logits [V]: the first token of
-        `first`, whose prompt just completed) and start their copy to the host: the step is now in flight."""
+        """Sample the step's tokens on the device (logits [len(batch), V]; first_logits [len(firsts), V]: the first
+        tokens of `firsts`, whose prompts just completed) and start their copy to the host: the step is in flight."""
         import torch
 
-        if all(r.sampler.temperature == 0 for r in batch):
-            sampled = logits.argmax(dim=-1)
-        else:
-            sampled = torch.stack([r.sampler(logits[i:i + 1])[0] for i, r in enumerate(batch)])
-        if first is not None:
-            sampled = torch.cat((sampled, first.sampler(first_logits[None])))
+        sampled = sample(batch, logits)
+        if firsts:
+            sampled = torch.cat((sampled, sample(firsts, first_logits)))
         host, event = sampled, None
         if sampled.is_cuda:
             host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
             host.copy_(sampled, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-        self.in_flight = InFlight(batch, sampled, host, event, first, kind, queued)
+        self.in_flight = InFlight(batch, sampled, host, event, list(firsts), kind, queued)
         self.steps += 1
 
     def _land(self, flight: InFlight) -> None:
@@ -338,8 +353,8 @@ class Scheduler:
         if flight.queued:  # it ran right behind the step landed before: the interval is its time
             self.metrics.step(flight.kind, now - self.landed_at)
         self.landed_at = now
-        for request, token in zip(flight.batch + [flight.first], values):
-            if request is not None and not request.done:
+        for request, token in zip(flight.rows, values):
+            if not request.done:
                 self._on_token(request, token, now)
 
     # -- a sequence's tokens and its end ---------------------------------------------------------------------
@@ -409,3 +424,13 @@ class Scheduler:
         from fdpp_rewrite.gpu.attention import read_library_counters
 
         return read_library_counters()[0]
+
+
+def sample(requests: list, logits):
+    """Each request's next token from its row of logits [len(requests), V], on the device (one argmax when all are
+    greedy)."""
+    import torch
+
+    if all(r.sampler.temperature == 0 for r in requests):
+        return logits.argmax(dim=-1)
+    return torch.stack([r.sampler(logits[i:i + 1])[0] for i, r in enumerate(requests)])

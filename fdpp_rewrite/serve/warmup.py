@@ -15,6 +15,17 @@ trace (and, on cuda, a decode bucket's CUDA-graph capture).
 
 Only the engine's slot methods run (prefill_chunk, decode_slots, release, reset), so a tensor-parallel engine's
 ranks follow. The walk yields after each engine call, for the caller to stop between them.
+
+A paged engine (warm_up_paged) runs every shape as one engine.step, keyed (decode rows' bucket, chunks' bucket,
+chunk length, KV bucket); the paged scheduler pads every chunk to the --prefill-chunk bucket and carries at most
+--prefill-budget / that many chunks a step. Each shape is set up with assume_length (rows of junk, their blocks
+allocated), run once and reset:
+    decode  every decode row bucket up to the server's rows, alone, with one chunk and with the most chunks a step
+            carries (steps with any other chunk count trace on first use), and every chunk-only step; each at
+            every KV bucket;
+    all     decode, plus every chunk count bucket with every decode row bucket;
+    none    nothing.
+A shape whose rows the pool cannot hold is skipped (counted in the summary line).
 """
 
 from __future__ import annotations
@@ -145,3 +156,75 @@ def warm_up(engine, mode: str, chunk: int, stopping=lambda: False, stream=None) 
     print(f"warm-up done: {traced} shapes traced{captured} in {time.perf_counter() - started:.1f} s", file=stream,
           flush=True)
     return traced
+
+
+# -- paged engines ----------------------------------------------------------------------------------------------------
+
+def buckets_up_to(engine, count: int) -> list[int]:
+    """The batch buckets a count of 1..count rows runs as."""
+    return [b for b in engine.batch_buckets if b < count] + [next(b for b in engine.batch_buckets if b >= count)]
+
+
+def paged_shapes(engine, mode: str, chunk: int, budget: int, rows: int) -> list[tuple[int, int, int]]:
+    """(decode rows, chunks, KV bucket) of each step shape the paged walk runs (rows and chunks at their bucket's
+    size, capped at what the server runs)."""
+    if mode == "none":
+        return []
+    padded = engine.chunk_bucket(chunk)
+    most_chunks = min(max(1, budget // padded), rows)
+    chunk_buckets = buckets_up_to(engine, most_chunks)
+    counts = chunk_buckets if mode == "all" else sorted({chunk_buckets[0], chunk_buckets[-1]})
+    shapes = []
+    for kv_len in engine.kv_buckets:
+        for batch in [0] + buckets_up_to(engine, rows):
+            for count in [0] + (counts if batch else chunk_buckets):
+                n, m = min(batch, rows), min(count, most_chunks, rows - min(batch, rows))
+                if (n or m) and (not m or kv_len >= padded):
+                    shapes.append((n, m, kv_len))
+    return list(dict.fromkeys(shapes))
+
+
+def run_paged_shape(engine, rows: int, chunks: int, kv_len: int, padded: int) -> bool:
+    """One step of the shape from a reset engine: the longest row (a chunk's, else decode row 0's) ends at kv_len;
+    the others hold one token. False where the pool cannot hold it."""
+    import torch
+
+    from fdpp_rewrite.engine.paged.blocks import OutOfBlocks
+
+    engine.reset()
+    try:
+        for slot in range(rows):
+            engine.assume_length(slot, kv_len - 1 if slot == 0 and not chunks else 1)
+        for index in range(chunks):
+            engine.assume_length(rows + index, kv_len - padded if index == 0 else 0)
+        tokens = torch.full((rows,), DUMMY_TOKEN, dtype=torch.int64, device=engine.device)
+        engine.step(list(range(rows)), tokens, [(rows + i, [DUMMY_TOKEN] * padded) for i in range(chunks)],
+                    padded=padded)
+    except OutOfBlocks:
+        return False
+    return True
+
+
+def warm_up_paged(engine, mode: str, chunk: int, budget: int, rows: int, stopping=lambda: False,
+                  stream=None) -> int:
+    """The paged walk of `mode` (module docstring); returns the number of shapes run."""
+    if mode not in MODES:
+        raise ValueError(f"unknown warm-up mode {mode!r}")
+    stream = stream or sys.stderr
+    shapes = paged_shapes(engine, mode, chunk, budget, rows)
+    print(f"warming up ({mode}): {len(shapes)} paged step shapes (rows up to {rows}, chunks of "
+          f"{engine.chunk_bucket(chunk)} tokens); /health answers 503 meanwhile", file=stream, flush=True)
+    started, ran, skipped = time.perf_counter(), 0, 0
+    try:
+        for shape in shapes:
+            if stopping():
+                break
+            if run_paged_shape(engine, *shape, engine.chunk_bucket(chunk)):
+                ran += 1
+            else:
+                skipped += 1
+    finally:
+        engine.reset()
+    print(f"warm-up done: {ran} step shapes run, {skipped} skipped (more blocks than the pool holds) in "
+          f"{time.perf_counter() - started:.1f} s", file=stream, flush=True)
+    return ran
