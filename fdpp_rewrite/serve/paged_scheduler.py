@@ -29,12 +29,8 @@ from __future__ import annotations
 
 from fdpp_rewrite.engine.paged.blocks import OutOfBlocks
 from fdpp_rewrite.serve.requests import InFlight, Request
-from fdpp_rewrite.serve.scheduler import Scheduler
+from fdpp_rewrite.serve.scheduler import DEFAULT_PREFILL_BUDGET, Scheduler
 from fdpp_rewrite.serve.warmup import warm_up_paged
-
-# Prompt tokens one step prefills, over all its chunks: enough to fill the step's GEMMs with rows (compute-bound)
-# while a decode step stays a small part of the pass.
-DEFAULT_PREFILL_BUDGET = 2048
 
 
 class PagedScheduler(Scheduler):

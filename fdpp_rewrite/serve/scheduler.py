@@ -44,6 +44,9 @@ from fdpp_rewrite.serve.warmup import warm_up
 # step's GEMMs, now at M = batch + chunk, are still bound by the weight read (the chunk sizes measured against each
 # other: docs/benchmarks.md).
 DEFAULT_PREFILL_CHUNK = 128
+# Prompt tokens one step of a paged engine carries (paged_scheduler.py), over the chunks of several prompts: enough
+# rows to make the step's GEMMs compute-bound, and within the chunk tokens a step is captured as a CUDA graph for.
+DEFAULT_PREFILL_BUDGET = 2048
 COUNTER_PERIOD_S = 1.0  # how often the cuda backend's softmax fallback counter is read (a small device readback)
 IDLE_WAIT_S = 0.5       # the idle thread still wakes to expire waiting requests
 

@@ -19,8 +19,11 @@ from fdpp_rewrite.cli_args import add_engine_backend
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.serve.guard import API_KEY_ENV
 from fdpp_rewrite.serve.limits import MAX_HEADER_BYTES, Limits
-from fdpp_rewrite.serve.scheduler import DEFAULT_PREFILL_CHUNK
+from fdpp_rewrite.serve.scheduler import DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
+
 from fdpp_rewrite.serve.warmup import MODES
+
+PAGED_OPTIONS = ("prefill_budget", "max_batch", "no_prefix_cache")  # only a paged engine takes them
 
 # seconds uvicorn waits, once the requests in flight were ended (drain), for their responses to be written
 GRACEFUL_SHUTDOWN_S = 5
@@ -51,6 +54,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                         help="prompt tokens prefilled per step, riding on the decode step where the engine can "
                              f"(a long prompt takes several; default {DEFAULT_PREFILL_CHUNK})")
+    parser.add_argument("--kv-memory",
+                        help="a paged KV cache in this much memory: a fraction of the GPU memory free after the "
+                             "weights (0.9) or an amount (20GiB); overrides the engine's build --kv-memory")
+    parser.add_argument("--prefill-budget", type=int,
+                        help="paged engines: prompt tokens one step carries, over the chunks of several prompts "
+                             f"(each chunk --prefill-chunk tokens at most, counted padded; default "
+                             f"{DEFAULT_PREFILL_BUDGET})")
+    parser.add_argument("--max-batch", type=int,
+                        help="paged engines: sequences running at once (default: the engine's rows, up to 256)")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="paged engines: do not share the KV blocks of identical prompt prefixes")
     add_engine_backend(parser)
     parser.add_argument("--warmup", choices=MODES, default="decode",
                         help="shapes traced before the server is healthy: every decode bucket (decode), also every "
@@ -65,9 +79,11 @@ def add_arguments(parser) -> None:
 def check_options(args) -> None:
     if not 0 <= args.port <= 65535:
         raise FdppError(f"--port must be in 0..65535, got {args.port}")
-    for name in ("max_queue", "prefill_chunk"):
-        if getattr(args, name) < 1:
+    for name in ("max_queue", "prefill_chunk", "prefill_budget", "max_batch"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise FdppError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.kv_memory is not None and not args.kv_memory.strip():
+        raise FdppError("--kv-memory is empty; pass a fraction of the free GPU memory (0.9) or an amount (20GiB)")
     if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):
         raise FdppError(f"--request-timeout must be a positive number of seconds, got {args.request_timeout}")
     limits_of(args).check()
@@ -124,19 +140,44 @@ def engine_tokenizer(engine):
     return Tokenizer.load(engine.folder, fields) if fields else None
 
 
+def load_engine(args):
+    """The engine, paged with --kv-memory / --no-prefix-cache where given; FdppError when a paged-only option meets
+    an engine with KV slots."""
+    from fdpp_rewrite.engine.runtime import Engine
+
+    options = {"backend": args.backend}
+    if args.kv_memory is not None:
+        options["kv_memory"] = args.kv_memory
+    if args.no_prefix_cache:
+        options["prefix_caching"] = False
+    engine = Engine.load(args.engine, **options)
+    given = [name for name in PAGED_OPTIONS if getattr(args, name) not in (None, False)]
+    if given and not getattr(engine, "paged", False):
+        raise FdppError(f"--{given[0].replace('_', '-')} applies to a paged KV cache; this engine has "
+                        f"{engine.max_batch} KV slots (build it with --kv-memory, or pass serve --kv-memory)")
+    return engine
+
+
 def build_app(engine, *, model_name: str | None = None, max_queue: int = 64, request_timeout: float = 600.0,
               prefill_chunk: int = DEFAULT_PREFILL_CHUNK, warmup: str = "none", limits: Limits = Limits(),
-              api_key: str | None = None):
+              api_key: str | None = None, prefill_budget: int | None = None, max_batch: int | None = None):
     """The ASGI app (the FastAPI app behind guard.py) and its scheduler for a loaded engine (the scheduler starts
-    with the app, and warms the engine up first unless warmup is "none")."""
+    with the app, and warms the engine up first unless warmup is "none"): the paged scheduler on a paged engine
+    (prefill_budget, max_batch: its options), else the one over KV slots."""
     from fdpp_rewrite.serve.app import create_app
     from fdpp_rewrite.serve.guard import Guard
     from fdpp_rewrite.serve.scheduler import Scheduler
 
     tokenizer = engine_tokenizer(engine)
     stop_ids = {tokenizer.eos_id} if tokenizer is not None and tokenizer.eos_id is not None else set()
-    scheduler = Scheduler(engine, tokenizer, max_queue=max_queue, prefill_chunk=prefill_chunk, stop_ids=stop_ids,
-                          warmup=warmup)
+    options = dict(max_queue=max_queue, prefill_chunk=prefill_chunk, stop_ids=stop_ids, warmup=warmup)
+    if getattr(engine, "paged", False):
+        from fdpp_rewrite.serve.paged_scheduler import PagedScheduler
+
+        scheduler = PagedScheduler(engine, tokenizer, prefill_budget=prefill_budget or DEFAULT_PREFILL_BUDGET,
+                                   max_batch=max_batch, **options)
+    else:
+        scheduler = Scheduler(engine, tokenizer, **options)
     app = create_app(scheduler, tokenizer, model_name or engine.folder.name, request_timeout)
     return Guard(app, limits, scheduler, api_key), scheduler
 
@@ -158,22 +199,30 @@ def make_server(app, scheduler, limits: Limits):
                                  timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
 
 
+def capacity(engine, scheduler) -> str:
+    if not getattr(engine, "paged", False):
+        return f"{engine.max_batch} KV slots"
+    kv = engine.kv
+    return (f"{len(scheduler.slots)} sequence rows, {kv.total_blocks} KV blocks of {kv.block_size} tokens, prefix "
+            f"cache {'on' if kv.prefix is not None else 'off'}")
+
+
 def run(args) -> int:
     check_options(args)
     api_key, limits = api_key_of(args), limits_of(args)
-    from fdpp_rewrite.engine.runtime import Engine
-
     sock = bind(args.host, args.port)
-    engine = Engine(args.engine, backend=args.backend)
+    engine = load_engine(args)
     app, scheduler = build_app(engine, model_name=args.model_name, max_queue=args.max_queue,
                                request_timeout=args.request_timeout, prefill_chunk=args.prefill_chunk,
-                               warmup=args.warmup, limits=limits, api_key=api_key)
+                               warmup=args.warmup, limits=limits, api_key=api_key,
+                               prefill_budget=args.prefill_budget, max_batch=args.max_batch)
     host, port = sock.getsockname()[:2]
     gc.collect()
     gc.freeze()  # the engine, torch and the app live as long as the server: later collections skip their objects
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     print(f"serving {args.model_name or engine.folder.name} at http://{host}:{port}/v1 ({engine.backend.name} "
-          f"backend, {engine.max_batch} KV slots, max sequence {engine.max_seq}); Ctrl-C stops", file=sys.stderr)
+          f"backend, {capacity(engine, scheduler)}, max sequence {scheduler.sequence_limit()[0]}); Ctrl-C stops",
+          file=sys.stderr)
     warning = exposure_warning(args.host, api_key)
     if warning:
         print(warning, file=sys.stderr)

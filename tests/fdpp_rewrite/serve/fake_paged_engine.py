@@ -8,6 +8,7 @@ with nothing changed) and is logged in `calls`."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -101,6 +102,8 @@ class FakeKV:
 class FakePagedEngine:
     paged = True
     mixed_reason = None
+    manifest: dict = {}  # no tokenizer: prompts are token ids, answers comma-separated ids
+    folder = Path("fake-paged")
 
     def __init__(self, num_blocks: int = 64, block_size: int = 16, max_batch: int = 8, max_seq: int = 1024,
                  vocab: int = 50, prefix_caching: bool = True, step_tokens: int = 2048):
