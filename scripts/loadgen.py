@@ -1,10 +1,19 @@
-"""Load generator for `serve`: a fixed, seeded mix of prompt and output lengths at several concurrencies.
+"""Load generator for `serve`: a fixed, seeded mix of prompt and output lengths at several client counts.
 
-    python scripts/loadgen.py --url http://127.0.0.1:8000 --concurrency 1 8 32 64 --requests 200 -o loadgen/
-    python scripts/loadgen.py --concurrency 16 --duration 60 -o loadgen/
-    python scripts/loadgen.py --concurrency 64 --requests 2000 --cancel-fraction 0.2 --stop-fraction 0.3 -o soak/
+    python scripts/loadgen.py --url http://127.0.0.1:8000 --clients 1 16 64 256 --requests 512 -o loadgen/
+    python scripts/loadgen.py --clients 16 64 256 --mix today --requests 512 -o today/
+    python scripts/loadgen.py --clients 16 256 --mix decode-heavy --requests 512 -o decode_heavy/
+    python scripts/loadgen.py --clients 64 --mix shared-prefix --requests 256 -o shared_prefix/
+    python scripts/loadgen.py --clients 16 --duration 60 -o loadgen/
+    python scripts/loadgen.py --clients 64 --requests 2000 --cancel-fraction 0.2 --stop-fraction 0.3 -o soak/
 
-Per concurrency C, C clients send streamed greedy completions back to back (prompts as token ids, so engines
+Mixes (--mix): `lengths` (the default) draws each prompt's length from --prompt-lengths and its max_tokens from
+--output-lengths; the named mixes fix both (MIXES): `today` (prompts 128/256/512/1024, 128 out: the mix of the
+16-client serving bars), `decode-heavy` (prompts 128/256/512, 512 out), `shared-prefix` (every prompt is one seeded
+1,024-token system prompt + 128 tokens of its own, 128 out: what a prefix cache saves).
+
+Per client count C (--clients, or its old name --concurrency), C clients send streamed greedy completions back to
+back (prompts as token ids, so engines
 with and without a tokenizer take the same mix) until --requests are done or --duration seconds have passed.
 Measured per request: time to first token (request sent -> first text chunk), inter-token latency (time between
 text chunks; one chunk is one token except where a chunk was held back for a stop string or a partial character),
@@ -12,7 +21,8 @@ and the completion tokens from the usage of the last chunk. Reported per C: outp
 over the wall time), p50 / p99 of both latencies, answered, refused (HTTP 4xx/503) and failed (anything else). A
 soak (--cancel-fraction, --stop-fraction) also has requests that close their stream after a random number of
 tokens (cancelled, their own count) and requests with a random stop string; after each level the server's /metrics
-are read once it is idle, and the KV slots still held are reported (0 unless a slot leaked). A server started with
+are read once it is idle, and the KV slots (and, paged, KV blocks) still held are reported (0 unless one leaked),
+with a paged server's preemptions and prefix-cache hit rate. A server started with
 an API key takes it from $FDPP_API_KEY. Writes loadgen.json and loadgen.png (throughput and latency against
 concurrency) in -o. Loopback servers only: this measures the server, not a network.
 """
@@ -44,23 +54,34 @@ OUTPUT_LENGTHS = (16, 64, 128, 256)
 STOP_STRINGS = ("42", "7,1", "the", "00", ".")  # short enough to turn up in ids (comma-separated) and in text
 IDLE_WAIT_S = 30.0  # how long to wait for the server to drain after a level before reading its KV slots
 TOKEN_IDS = range(10, 250)  # inside every engine's vocabulary
-MAX_CONCURRENCY = 64
+MAX_CONCURRENCY = 256
+SHARED_PREFIX = 1024  # the shared-prefix mix's system prompt: 16 whole 64-token KV blocks
+# name -> (prompt lengths, output lengths, shared prefix tokens)
+MIXES = {"today": ((128, 256, 512, 1024), (128,), 0), "decode-heavy": ((128, 256, 512), (512,), 0),
+         "shared-prefix": ((128,), (128,), SHARED_PREFIX)}
+# the server's gauges read once it is idle (those of a paged server are absent on one with KV slots)
+IDLE_GAUGES = ("kv_slots_in_use", "kv_slots_total", "kv_blocks_used", "kv_blocks_total", "preemptions_total",
+               "prefix_cache_hit_rate")
+BUSY_GAUGES = ("running_sequences", "prefilling_sequences", "queue_depth")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server (loopback only)")
     parser.add_argument("--model", help="the model id (default: the server's one model)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="1 to 64 each")
+    parser.add_argument("--clients", "--concurrency", dest="concurrency", type=int, nargs="+", default=[1, 8, 32, 64],
+                        help=f"client counts, one level each (1 to {MAX_CONCURRENCY} each)")
+    parser.add_argument("--mix", choices=["lengths", *MIXES], default="lengths",
+                        help="the request mix: lengths (from --prompt-lengths / --output-lengths) or a named one")
     amount = parser.add_mutually_exclusive_group()
     amount.add_argument("--requests", type=int, help="requests per concurrency (default 100)")
     amount.add_argument("--duration", type=float, help="seconds per concurrency instead of a count")
     parser.add_argument("--seed", type=int, default=0, help="seed of the request mix")
     parser.add_argument("--max-output", type=int, help="cap on the mix's output lengths (default: none)")
-    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=list(PROMPT_LENGTHS),
-                        help="prompt lengths the mix draws from (default: %(default)s)")
-    parser.add_argument("--output-lengths", type=int, nargs="+", default=list(OUTPUT_LENGTHS),
-                        help="max_tokens values the mix draws from (default: %(default)s)")
+    parser.add_argument("--prompt-lengths", type=int, nargs="+",
+                        help=f"prompt lengths the lengths mix draws from (default: {list(PROMPT_LENGTHS)})")
+    parser.add_argument("--output-lengths", type=int, nargs="+",
+                        help=f"max_tokens values the lengths mix draws from (default: {list(OUTPUT_LENGTHS)})")
     parser.add_argument("--cancel-fraction", type=float, default=0.0,
                         help="share of requests that disconnect after a random number of tokens (soak)")
     parser.add_argument("--stop-fraction", type=float, default=0.0,
@@ -72,7 +93,16 @@ def parse_args(argv=None):
     if args.requests is None and args.duration is None:
         args.requests = 100
     if any(not 1 <= c <= MAX_CONCURRENCY for c in args.concurrency):
-        raise FdppError(f"--concurrency takes values from 1 to {MAX_CONCURRENCY}, got {args.concurrency}")
+        raise FdppError(f"--clients takes values from 1 to {MAX_CONCURRENCY}, got {args.concurrency}")
+    if args.mix != "lengths":
+        if args.prompt_lengths or args.output_lengths:
+            raise FdppError(f"--mix {args.mix} fixes the lengths; drop --prompt-lengths / --output-lengths or use "
+                            "--mix lengths")
+        args.prompt_lengths, args.output_lengths, args.shared_prefix = map(list_or_int, MIXES[args.mix])
+    else:
+        args.prompt_lengths = args.prompt_lengths or list(PROMPT_LENGTHS)
+        args.output_lengths = args.output_lengths or list(OUTPUT_LENGTHS)
+        args.shared_prefix = 0
     if (args.requests is not None and args.requests < 1) or (args.duration is not None and args.duration <= 0):
         raise FdppError("--requests must be at least 1 and --duration positive")
     if min(args.prompt_lengths) < 1 or min(args.output_lengths) < 1:
@@ -81,6 +111,10 @@ def parse_args(argv=None):
         raise FdppError("--cancel-fraction and --stop-fraction take shares from 0 to 1")
     check_loopback(args.url)
     return args
+
+
+def list_or_int(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def check_loopback(url: str) -> None:
@@ -96,15 +130,18 @@ def check_loopback(url: str) -> None:
 
 
 def request_mix(seed: int, count: int, max_len: int, max_output: int | None, prompt_lengths=PROMPT_LENGTHS,
-                output_lengths=OUTPUT_LENGTHS, cancel_fraction: float = 0.0, stop_fraction: float = 0.0) -> list:
+                output_lengths=OUTPUT_LENGTHS, cancel_fraction: float = 0.0, stop_fraction: float = 0.0,
+                shared_prefix: int = 0) -> list:
     """Requests as dicts (prompt ids, max_tokens, cancel_after: a token count or None, stop: a list), the same
-    for a seed; lengths capped to fit the model's max sequence."""
+    for a seed; lengths capped to fit the model's max sequence. shared_prefix: every prompt starts with the same
+    that many ids (drawn first), then its own prompt_lengths ids."""
     rng = random.Random(seed)
+    system = [rng.choice(TOKEN_IDS) for _ in range(min(shared_prefix, max_len // 4))]  # a quarter: own ids follow
     mix = []
     for _ in range(count):
-        prompt_len = min(rng.choice(prompt_lengths), max_len // 2)
+        prompt_len = min(len(system) + rng.choice(prompt_lengths), max_len // 2)
         output = min(rng.choice(output_lengths), max_len - prompt_len, max_output or max_len)
-        prompt = [rng.choice(TOKEN_IDS) for _ in range(prompt_len)]
+        prompt = system + [rng.choice(TOKEN_IDS) for _ in range(prompt_len - len(system))]
         cancel_after = rng.randint(1, max(1, output - 1)) if rng.random() < cancel_fraction else None
         stop = [rng.choice(STOP_STRINGS)] if rng.random() < stop_fraction else []
         mix.append({"prompt": prompt, "max_tokens": output, "cancel_after": cancel_after, "stop": stop})
@@ -172,17 +209,16 @@ async def run_level(url: str, model: str, mix: list, concurrency: int, requests:
 
 async def idle_metrics(url: str) -> dict:
     """The server's gauges once nothing runs, prefills or waits (drained False if that does not happen within
-    IDLE_WAIT_S): the KV slots in use must then be 0."""
+    IDLE_WAIT_S): the KV slots and KV blocks in use must then be 0."""
     import httpx
 
-    keys = ("kv_slots_in_use", "kv_slots_total", "running_sequences", "prefilling_sequences", "queue_depth")
     deadline = time.perf_counter() + IDLE_WAIT_S
     async with httpx.AsyncClient(timeout=10) as client:
         while True:
             samples = metrics.parse((await client.get(f"{url}/metrics")).text)
-            busy = sum(samples.get(f"fdpp_{key}", 0) for key in keys[2:])
+            busy = sum(samples.get(f"fdpp_{key}", 0) for key in BUSY_GAUGES)
             if not busy or time.perf_counter() >= deadline:
-                return {"drained": not busy, **{key: samples.get(f"fdpp_{key}") for key in keys}}
+                return {"drained": not busy, **{key: samples.get(f"fdpp_{key}") for key in IDLE_GAUGES + BUSY_GAUGES}}
             await asyncio.sleep(0.2)
 
 
@@ -265,14 +301,20 @@ def write_report(outputs: AtomicOutputs, points: list, report: dict, json_path: 
 def print_table(points: list) -> None:
     def cell(value):
         return f"{value:>9.1f}" if value is not None else f"{'-':>9}"
-    print(f"{'conc':>4} {'tok/s':>9} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>9} {'itl p99':>9} "
-          f"{'answered':>8} {'cancelled':>9} {'refused':>7} {'failed':>6} {'idle KV slots':>13}")
+    print(f"{'clients':>7} {'tok/s':>9} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>9} {'itl p99':>9} "
+          f"{'answered':>8} {'cancelled':>9} {'refused':>7} {'failed':>6} {'idle KV slots/blocks':>20} "
+          f"{'preempted':>9} {'prefix hits':>11}")
     for p in points:
         idle = p["idle_metrics"]
-        slots = f"{idle['kv_slots_in_use']:.0f}" + ("" if idle["drained"] else " (busy)")
-        print(f"{p['concurrency']:>4} {p['tokens_per_s']:>9.1f} {cell(p['ttft_p50_ms'])} {cell(p['ttft_p99_ms'])} "
+        held = f"{idle['kv_slots_in_use']:.0f}"
+        if idle.get("kv_blocks_used") is not None:
+            held += f"/{idle['kv_blocks_used']:.0f}"
+        held += "" if idle["drained"] else " (busy)"
+        preempted, hits = idle.get("preemptions_total"), idle.get("prefix_cache_hit_rate")
+        print(f"{p['concurrency']:>7} {p['tokens_per_s']:>9.1f} {cell(p['ttft_p50_ms'])} {cell(p['ttft_p99_ms'])} "
               f"{cell(p['itl_p50_ms'])} {cell(p['itl_p99_ms'])} {p['answered']:>8} {p['cancelled']:>9} "
-              f"{p['refused']:>7} {p['failed']:>6} {slots:>13}")
+              f"{p['refused']:>7} {p['failed']:>6} {held:>20} {'-' if preempted is None else f'{preempted:.0f}':>9} "
+              f"{'-' if hits is None else f'{hits:.1%}':>11}")
 
 
 def main(argv=None) -> int:
@@ -284,12 +326,13 @@ def main(argv=None) -> int:
         outputs.check()
         model, max_len = server_model(url, args.model)
         mix = request_mix(args.seed, args.requests or 1000, max_len, args.max_output, args.prompt_lengths,
-                          args.output_lengths, args.cancel_fraction, args.stop_fraction)
+                          args.output_lengths, args.cancel_fraction, args.stop_fraction, args.shared_prefix)
         points = [asyncio.run(run_level(url, model, mix, c, args.requests, args.duration, args.timeout))
                   for c in args.concurrency]
         print_table(points)
         report = {"url": url, "model": model, "seed": args.seed, "requests": args.requests,
-                  "duration_s": args.duration, "prompt_lengths": args.prompt_lengths,
+                  "duration_s": args.duration, "mix": args.mix, "shared_prefix": args.shared_prefix,
+                  "prompt_lengths": args.prompt_lengths,
                   "output_lengths": args.output_lengths, "max_output": args.max_output,
                   "cancel_fraction": args.cancel_fraction, "stop_fraction": args.stop_fraction,
                   "command": "python scripts/loadgen.py " + " ".join(argv if argv is not None else sys.argv[1:]),

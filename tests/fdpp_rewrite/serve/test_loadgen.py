@@ -52,9 +52,41 @@ def test_the_mix_is_fixed_by_its_seed(loadgen):
     assert 60 <= sum(bool(r["stop"]) for r in soak) <= 140
 
 
+def test_named_mixes(loadgen):
+    shared = loadgen.request_mix(5, 30, 8320, None, *loadgen.MIXES["shared-prefix"][:2],
+                                 shared_prefix=loadgen.SHARED_PREFIX)
+    assert all(len(r["prompt"]) == 1024 + 128 and r["max_tokens"] == 128 for r in shared)
+    assert len({tuple(r["prompt"][:1024]) for r in shared}) == 1  # one system prompt ...
+    assert len({tuple(r["prompt"][1024:]) for r in shared}) == 30  # ... and each request's own 128 ids
+    assert shared == loadgen.request_mix(5, 30, 8320, None, (128,), (128,), shared_prefix=1024)
+    assert shared[0]["prompt"][:1024] != loadgen.request_mix(6, 1, 8320, None, (128,), (128,),
+                                                             shared_prefix=1024)[0]["prompt"][:1024]
+    heavy = loadgen.request_mix(5, 60, 8320, None, *loadgen.MIXES["decode-heavy"][:2])
+    assert {len(r["prompt"]) for r in heavy} == {128, 256, 512} and {r["max_tokens"] for r in heavy} == {512}
+    today = loadgen.request_mix(5, 60, 8320, None, *loadgen.MIXES["today"][:2])
+    assert {len(r["prompt"]) for r in today} == {128, 256, 512, 1024} and {r["max_tokens"] for r in today} == {128}
+    small = loadgen.request_mix(5, 4, 512, None, (128,), (128,), shared_prefix=1024)  # a 512-token model
+    assert all(len(r["prompt"]) == 256 and len(r["prompt"]) + r["max_tokens"] <= 512 for r in small)
+
+
+def test_loadgen_shared_prefix_mix_records_it(server, loadgen, tmp_path):
+    out = tmp_path / "shared"
+    argv = ["--url", server.url, "--clients", "2", "--mix", "shared-prefix", "--requests", "4", "--max-output", "4",
+            "-o", str(out)]
+    assert loadgen.main(argv) == 0
+    report = json.loads((out / "loadgen.json").read_text())
+    assert (report["mix"], report["shared_prefix"], report["prompt_lengths"]) == ("shared-prefix", 1024, [128])
+    assert report["command"] == "python scripts/loadgen.py " + " ".join(argv)
+    point = report["points"][0]
+    assert point["answered"] == 4 and point["idle_metrics"]["kv_slots_in_use"] == 0
+    assert point["idle_metrics"]["kv_blocks_used"] is None  # a server with KV slots has no blocks
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--url", "http://192.0.2.1:8000"], "not a loopback address"),
-    (["--concurrency", "65"], "from 1 to 64"),
+    (["--clients", "257"], "from 1 to 256"),
+    (["--concurrency", "0"], "from 1 to 256"),
+    (["--mix", "today", "--prompt-lengths", "5"], "--mix today fixes the lengths"),
     (["--requests", "0"], "at least 1"),
 ])
 def test_loadgen_refusals(loadgen, capsys, argv, message):
