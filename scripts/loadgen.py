@@ -18,7 +18,8 @@ with and without a tokenizer take the same mix) until --requests are done or --d
 Measured per request: time to first token (request sent -> first text chunk), inter-token latency (time between
 text chunks; one chunk is one token except where a chunk was held back for a stop string or a partial character),
 and the completion tokens from the usage of the last chunk. Reported per C: output tokens/s (all completion tokens
-over the wall time), p50 / p99 of both latencies, answered, refused (HTTP 4xx/503) and failed (anything else). A
+over the wall time), p50 / p99 of both latencies, answered, refused (HTTP 4xx/503) and failed (anything else), and
+a digest of the answered texts by mix index (outputs_sha256: equal digests, identical outputs). A
 soak (--cancel-fraction, --stop-fraction) also has requests that close their stream after a random number of
 tokens (cancelled, their own count) and requests with a random stop string; after each level the server's /metrics
 are read once it is idle, and the KV slots (and, paged, KV blocks) still held are reported (0 unless one leaked),
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import ipaddress
 import json
 import os
@@ -154,7 +156,7 @@ async def one_request(client, url: str, model: str, request: dict) -> dict:
     if request["stop"]:
         body["stop"] = request["stop"]
     sent = time.perf_counter()
-    stamps, tokens = [], 0
+    stamps, tokens, text = [], 0, []
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
             if response.status_code != 200:
@@ -169,13 +171,15 @@ async def one_request(client, url: str, model: str, request: dict) -> dict:
                     return {"outcome": "failed"}
                 if chunk["choices"] and chunk["choices"][0]["text"]:
                     stamps.append(time.perf_counter())
+                    text.append(chunk["choices"][0]["text"])
                     if request["cancel_after"] is not None and len(stamps) >= request["cancel_after"]:
                         return {"outcome": "cancelled"}  # leaving the block closes the connection
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
     except Exception:  # noqa: BLE001 - a broken connection is a failed request, counted, not a crash
         return {"outcome": "failed"}
-    return {"outcome": "answered", "tokens": tokens, "ttft": stamps[0] - sent if stamps else None,
+    return {"outcome": "answered", "tokens": tokens, "text": "".join(text),
+            "ttft": stamps[0] - sent if stamps else None,
             "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
 
 
@@ -194,9 +198,8 @@ async def run_level(url: str, model: str, mix: list, concurrency: int, requests:
                 return
             if deadline is None and next_index >= requests:
                 return
-            request = mix[next_index % len(mix)]
-            next_index += 1
-            results.append(await one_request(client, url, model, request))
+            index, next_index = next_index, next_index + 1
+            results.append({"index": index, **await one_request(client, url, model, mix[index % len(mix)])})
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=auth_headers()) as client:
@@ -243,7 +246,15 @@ def summarize(concurrency: int, results: list, wall: float) -> dict:
             "failed": sum(r["outcome"] == "failed" for r in results), "completion_tokens": tokens,
             "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
             "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
-            "itl_p50_ms": ms(percentile(itl, 50)), "itl_p99_ms": ms(percentile(itl, 99))}
+            "itl_p50_ms": ms(percentile(itl, 50)), "itl_p99_ms": ms(percentile(itl, 99)),
+            "outputs_sha256": outputs_digest(answered)}
+
+
+def outputs_digest(answered: list) -> str:
+    """One digest of the answered requests' texts by their index in the mix: two runs of the same --requests, all
+    answered, got identical greedy outputs when their digests are equal (prefix caching on against off)."""
+    texts = sorted((r["index"], r["text"]) for r in answered)
+    return hashlib.sha256(json.dumps(texts).encode()).hexdigest()
 
 
 def auth_headers() -> dict:

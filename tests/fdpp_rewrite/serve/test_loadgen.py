@@ -80,6 +80,9 @@ def test_loadgen_shared_prefix_mix_records_it(server, loadgen, tmp_path):
     point = report["points"][0]
     assert point["answered"] == 4 and point["idle_metrics"]["kv_slots_in_use"] == 0
     assert point["idle_metrics"]["kv_blocks_used"] is None  # a server with KV slots has no blocks
+    assert loadgen.main(argv[:-1] + [str(tmp_path / "again")]) == 0  # greedy: the same texts, the same digest
+    again = json.loads((tmp_path / "again" / "loadgen.json").read_text())["points"][0]
+    assert again["outputs_sha256"] == point["outputs_sha256"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -138,3 +141,46 @@ def test_report_serve_computes_the_bars(loadgen, tmp_path, capsys):
     sixteen = json.loads(out.read_text())["bars"]["sixteen_clients_tokens_per_s"]
     assert (sixteen["server"], sixteen["short_run_server"], sixteen["met"]) == (2300.0, 2500.0, False)
     assert report_serve.main(argv + ["--sustained", str(tmp_path / "c64")]) == 2  # not a 16-client run
+
+
+def test_report_serve_scale_computes_the_paged_bars(tmp_path, capsys):
+    """scripts/report_serve.py scale on synthetic loadgen runs: each paged bar from the runs given, and the plot."""
+    spec = importlib.util.spec_from_file_location("report_serve", SCRIPT.parent / "report_serve.py")
+    report_serve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report_serve)
+
+    def run(name, prompts, outputs, levels):
+        folder = tmp_path / name
+        folder.mkdir()
+        points = [{"concurrency": c, "tokens_per_s": tps, "ttft_p50_ms": ttft, "ttft_p99_ms": 2 * ttft,
+                   "itl_p99_ms": itl, "requests": 64, "answered": 64, "outputs_sha256": digest}
+                  for c, tps, ttft, itl, digest in levels]
+        (folder / "loadgen.json").write_text(json.dumps({"command": f"loadgen {name}", "prompt_lengths": prompts,
+                                                         "output_lengths": outputs, "points": points}))
+        return str(folder)
+
+    today = run("today", [128, 1024], [128], [(16, 2500.0, 80.0, 9.0, "a"), (64, 4100.0, 90.0, 12.0, "a"),
+                                              (256, 4900.0, 200.0, 20.0, "a")])
+    heavy = run("heavy", [128, 512], [512], [(16, 2400.0, 50.0, 7.0, "a"), (256, 6500.0, 300.0, 30.0, "a")])
+    on = run("on", [128], [128], [(64, 5000.0, 20.0, 10.0, "x")])
+    off = run("off", [128], [128], [(64, 4900.0, 100.0, 10.0, "x")])
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"points": [
+        {"kernels": "fdpp", "batch": 256, "context": c, "tokens_per_s": tps, "ms_per_step": ms}
+        for c, tps, ms in ((256, 12000.0, 10.0), (512, 8000.0, 16.0), (1024, 6000.0, 20.0))]}))
+    out = tmp_path / "scale.json"
+    argv = ["scale", "--today", today, "--decode-heavy", heavy, "--prefix-on", on, "--prefix-off", off,
+            "--bench", str(bench), "-o", str(out)]
+    assert report_serve.main(argv) == 0
+    bars = json.loads(out.read_text())["bars"]
+    assert bars["today_16_clients_tokens_per_s"]["met"] and bars["today_64_vs_16_clients"]["met"]  # 4100 >= 4000
+    assert not bars["today_256_vs_16_clients"]["met"]  # 4900 < 2 x 2500
+    assert bars["today_ttft_ms"]["256"] == {"p50": 200.0, "p99": 400.0}
+    assert bars["decode_heavy_256_vs_16_clients"]["met"]  # 6500 >= 2.5 x 2400
+    assert bars["decode_heavy_256_vs_bench"]["bench_context"] == 512  # mean prompt 320 + 512 / 2 = 576
+    assert bars["decode_heavy_256_vs_bench"]["met"] and bars["decode_heavy_256_itl_p99_ms"]["met"]  # 30 <= 40
+    assert bars["prefix_cache_ttft_p50"]["met"] and bars["prefix_cache_ttft_p50"]["ratio"] == 5.0
+    assert bars["prefix_cache_tokens_per_s"]["met"] and bars["prefix_cache_identical_outputs"]["met"]
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert report_serve.main(["scale", "--today", heavy, "-o", str(out)]) == 2  # no 64-client level
+    assert "no 64-client level" in capsys.readouterr().err
