@@ -48,6 +48,9 @@ class PagedScheduler(Scheduler):
         self.prefix_cache = engine.kv.prefix is not None  # serve --no-prefix-cache loads the engine without it
         self.preemptions = 0
         self.prefill_last = 0  # prompt tokens of the last step
+        # (head of the queue, free blocks, committed blocks) when that head last did not fit: it is not tried again
+        # (attach_prefix walks its prompt, and counts the lookup in the hit rate) until one of them changes
+        self.blocked: tuple | None = None
 
     # -- what the HTTP side asks -----------------------------------------------------------------------------
 
@@ -101,11 +104,15 @@ class PagedScheduler(Scheduler):
         with self.cond:
             while self.waiting and None in self.slots:
                 request = self.waiting[0]
+                state = (id(request), self.engine.kv.free_blocks, self._committed())
+                if state == self.blocked:
+                    return
                 slot = self.slots.index(None)
                 cached = self.engine.attach_prefix(slot, request.context) if self.prefix_cache else 0
                 need = self._blocks(len(request.context)) - cached // self.block_size + 1
-                if self._running() and need + self._committed() > self.engine.kv.free_blocks:
+                if self._running() and need + state[2] > self.engine.kv.free_blocks:
                     self.engine.release(slot)  # its cached blocks go back to the cache, unreferenced
+                    self.blocked = state
                     return
                 self.waiting.popleft()
                 request.slot, request.prefilled = slot, cached

@@ -97,6 +97,11 @@ def test_admission_waits_for_free_blocks_and_keeps_a_reserve():
     scheduler.run_once()
     assert [r.slot is not None for r in requests] == [True, True, False, False]
     assert list(scheduler.waiting) == requests[2:]
+    attaches = lambda: sum(call[0] == "attach" for call in engine.calls)  # noqa: E731
+    scheduler._admit(0.0)
+    tried = attaches()
+    scheduler._admit(0.0)  # nothing changed: the head is not looked up again (nor counted in the hit rate)
+    assert attaches() == tried and list(scheduler.waiting) == requests[2:]
     run_until_idle(scheduler, each=engine.check)
     assert scheduler.preemptions == 0 and all(len(r.tokens) == 4 for r in requests)
 
