@@ -13,6 +13,9 @@ Steps 3 and 4 are one pass where the engine runs mixed steps (fdpp_rewrite/engin
 the oldest pending prompt's next chunk rides on the decode step, so the chunk costs little more than its extra
 GEMM rows instead of a second read of every weight.
 
+On a paged engine (engine.paged) the server runs paged_scheduler.PagedScheduler instead: this loop, with
+admission by free KV blocks and one step per iteration carrying the decode rows and chunks of several prompts.
+
 Before the loop the thread warms the engine up (warmup.py; `warming` is True until then, and the HTTP side
 answers 503).
 
