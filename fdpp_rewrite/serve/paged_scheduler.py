@@ -123,14 +123,14 @@ class PagedScheduler(Scheduler):
     # -- one step --------------------------------------------------------------------------------------------
 
     def _launch(self, previous: InFlight | None) -> InFlight | None:
-        free = lambda: self.engine.kv.free_blocks  # noqa: E731 - read again after each change
+        kv = self.engine.kv
         while True:
             batch, chunks = self._decoding(previous), self._chunks()
             if not batch and not chunks:
                 return previous
-            while chunks and self._needed(batch, chunks) > free():
+            while chunks and self._needed(batch, chunks) > kv.free_blocks:
                 chunks.pop()  # the youngest prompt's chunk waits for a later step
-            if (batch or chunks) and self._needed(batch, chunks) <= free():
+            if (batch or chunks) and self._needed(batch, chunks) <= kv.free_blocks:
                 try:
                     self._step(batch, chunks, previous)
                     return previous
