@@ -165,9 +165,16 @@ def buckets_up_to(engine, count: int) -> list[int]:
     return [b for b in engine.batch_buckets if b < count] + [next(b for b in engine.batch_buckets if b >= count)]
 
 
+def fewest(engine, bucket: int) -> int:
+    """The fewest rows that run as `bucket` (0 for 0): the shape's key is the bucket, and fewer rows leave room
+    for the other kind in the server's rows (3 decode rows + 1 chunk run as the 4-row bucket with a chunk)."""
+    smaller = [b for b in engine.batch_buckets if b < bucket]
+    return min(bucket, (smaller[-1] if smaller else 0) + 1)
+
+
 def paged_shapes(engine, mode: str, chunk: int, budget: int, rows: int) -> list[tuple[int, int, int]]:
-    """(decode rows, chunks, KV bucket) of each step shape the paged walk runs (rows and chunks at their bucket's
-    size, capped at what the server runs)."""
+    """(decode rows, chunks, KV bucket) of each step shape the paged walk runs: a bucket of decode rows and one of
+    chunks, each as its fewest rows, that fit the server's rows together."""
     if mode == "none":
         return []
     padded = engine.chunk_bucket(chunk)
@@ -178,10 +185,10 @@ def paged_shapes(engine, mode: str, chunk: int, budget: int, rows: int) -> list[
     for kv_len in engine.kv_buckets:
         for batch in [0] + buckets_up_to(engine, rows):
             for count in [0] + (counts if batch else chunk_buckets):
-                n, m = min(batch, rows), min(count, most_chunks, rows - min(batch, rows))
-                if (n or m) and (not m or kv_len >= padded):
+                n, m = fewest(engine, batch), fewest(engine, count)
+                if (n or m) and n + m <= rows and (not m or kv_len >= padded):
                     shapes.append((n, m, kv_len))
-    return list(dict.fromkeys(shapes))
+    return shapes
 
 
 def run_paged_shape(engine, rows: int, chunks: int, kv_len: int, padded: int) -> bool:
