@@ -144,7 +144,7 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
         limit, what = scheduler.sequence_limit()
         if len(prompt) >= limit:
             raise APIError(400, f"the prompt has {len(prompt)} tokens; this server takes at most {limit - 1} "
-                                f"({what} is {limit} tokens)", param=param, code="context_length_exceeded")
+                                f"({what}: {limit} tokens)", param=param, code="context_length_exceeded")
         if engine.vocab_size and (min(prompt) < 0 or max(prompt) >= engine.vocab_size):
             raise APIError(400, f"the prompt has token ids outside the vocabulary [0, {engine.vocab_size})",
                            param=param)
@@ -152,8 +152,8 @@ def create_app(scheduler, tokenizer, model_name: str, request_timeout: float) ->
         if not asked:
             max_tokens = min(max_tokens, room)
         elif max_tokens > room:
-            raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed {what} of "
-                                f"{limit} tokens; lower max_tokens to {room} or less",
+            raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed {what} "
+                                f"({limit} tokens); lower max_tokens to {room} or less",
                            param="max_tokens", code="context_length_exceeded")
         if body.top_k > (engine.vocab_size or body.top_k):
             raise APIError(400, f"top_k: {body.top_k} exceeds the vocabulary of {engine.vocab_size}", param="top_k")

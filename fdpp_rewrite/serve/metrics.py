@@ -20,6 +20,8 @@ STEP_KINDS = ("decode", "mixed")
 PREFILL_BUCKETS = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 OUTCOMES = ("answered", "refused", "cancelled", "timed_out", "failed")
 PREFIX = "fdpp_"
+# sizes, not counts: gauges, though named *_total like the counters (the name the dashboards and the issue use)
+SIZE_GAUGES = ("kv_slots_total", "kv_blocks_total")
 
 
 class Histogram:
@@ -102,7 +104,7 @@ class Metrics:
                              "the mean is _sum / _count)")
             lines += self.prefill.lines(f"{PREFIX}prefill_tokens_per_step")
         for name, (help_text, value, labels) in gauges.items():
-            kind = "counter" if name.endswith("_total") else "gauge"
+            kind = "counter" if name.endswith("_total") and name not in SIZE_GAUGES else "gauge"
             lines += _header(name, kind, help_text)
             label_text = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
             lines.append(f"{PREFIX}{name}{label_text} {value}")

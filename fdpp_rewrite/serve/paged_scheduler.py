@@ -58,8 +58,8 @@ class PagedScheduler(Scheduler):
         pool = self.engine.kv.total_blocks * self.block_size
         if pool >= self.engine.max_seq:
             return super().sequence_limit()
-        return pool, (f"this server's KV cache ({self.engine.kv.total_blocks} blocks of {self.block_size}; serve "
-                      "--kv-memory sizes it)")
+        return pool, (f"this server's KV cache of {self.engine.kv.total_blocks} blocks of {self.block_size} tokens, "
+                      "sized by serve --kv-memory")
 
     def kv_blocks(self) -> dict:
         kv = self.engine.kv

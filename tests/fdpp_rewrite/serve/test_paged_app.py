@@ -33,14 +33,16 @@ def test_health_metrics_and_a_completion(client):
     assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 160
     metrics = http.get("/metrics").text
     assert "fdpp_kv_blocks_total 10" in metrics and "fdpp_kv_slots_total 3" in metrics
+    assert "# TYPE fdpp_kv_blocks_total gauge" in metrics and "# TYPE fdpp_preemptions_total counter" in metrics
     assert "fdpp_preemptions_total 0" in metrics and "fdpp_prefill_tokens_per_step_sum 8.000000" in metrics
     assert "fdpp_prefill_tokens_per_step_count 6" in metrics  # the chunk step, then 5 decode steps
 
 
 @pytest.mark.parametrize("prompt_len, max_tokens, message", [
-    (160, 1, "the prompt has 160 tokens; this server takes at most 159 (this server's KV cache (10 blocks of 16; "
-              "serve --kv-memory sizes it) is 160 tokens)"),
-    (100, 61, "exceed this server's KV cache"),
+    (160, 1, "the prompt has 160 tokens; this server takes at most 159 (this server's KV cache of 10 blocks of 16 "
+              "tokens, sized by serve --kv-memory: 160 tokens)"),
+    (100, 61, "exceed this server's KV cache of 10 blocks of 16 tokens, sized by serve --kv-memory (160 tokens); "
+              "lower max_tokens to 60 or less"),
 ])
 def test_what_cannot_fit_the_pool_is_refused_in_one_line(client, prompt_len, max_tokens, message):
     http, scheduler = client

@@ -219,7 +219,7 @@ def test_sequence_limit_and_gauges():
     engine = FakePagedEngine(num_blocks=11, block_size=16, max_seq=1024)
     scheduler = PagedScheduler(engine, None, max_batch=3)
     limit, what = scheduler.sequence_limit()
-    assert limit == 160 and "10 blocks of 16" in what and "--kv-memory" in what
+    assert limit == 160 and "10 blocks of 16 tokens" in what and "--kv-memory" in what
     assert PagedScheduler(FakePagedEngine(num_blocks=200), None).sequence_limit()[0] == 1024  # max_seq binds
     gauges = scheduler.gauges()
     assert (gauges["kv_slots_total"][1], gauges["kv_blocks_total"][1], gauges["kv_blocks_free"][1]) == (3, 10, 10)
