@@ -82,9 +82,10 @@ class BlockPool:
     def allocate(self, n: int) -> list[int]:
         """`n` blocks, each referenced once, or OutOfBlocks and nothing allocated. The free list goes first, then
         the least recently released cached blocks (the prefix cache forgets them)."""
+        if n < 0:
+            raise ValueError(f"allocate({n}): a block count is >= 0")
         if n > self.free_count:
-            raise OutOfBlocks(f"need {n} KV blocks, {self.free_count} of {self.total} are free; give the KV cache "
-                              "more memory (--kv-memory) or run fewer or shorter sequences at once")
+            raise self.out_of_blocks(n)
         taken = [self._free.pop() for _ in range(min(n, len(self._free)))]
         while len(taken) < n:
             block, _ = self._evictable.popitem(last=False)
@@ -94,6 +95,11 @@ class BlockPool:
         for block in taken:
             self._refs[block] = 1
         return taken
+
+    def out_of_blocks(self, needed: int) -> OutOfBlocks:
+        """The error for a request of `needed` blocks that the pool cannot meet."""
+        return OutOfBlocks(f"need {needed} KV blocks, {self.free_count} of {self.total} are free; give the KV cache "
+                           "more memory (--kv-memory) or run fewer or shorter sequences at once")
 
     def ref(self, block: int) -> None:
         """One more owner of a referenced or cached block (a free block is allocated, not ref'ed)."""
@@ -119,6 +125,8 @@ class BlockPool:
     def mark_cached(self, block: int) -> None:
         """The prefix cache took `block`'s content (the block is referenced: its owner just wrote it)."""
         self._check_id(block)
+        if self._cache is None:
+            raise ValueError("mark_cached on a BlockPool with no prefix cache attached (attach_cache)")
         if self._refs[block] == 0:
             raise ValueError(f"KV block {block} is cached while unreferenced; cache blocks their owner holds")
         self._cached.add(block)

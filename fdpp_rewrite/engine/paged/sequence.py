@@ -6,6 +6,7 @@
     seq.append(prompt[128:])      # after the step wrote them
     seq.publish()                 # its full blocks into the prefix cache (here: the two it shares already)
     seq.release()                 # unref all; cached blocks stay cached (evictable), the others are free
+    grow_all([(a, 300), (b, 41)])  # a step's growth over several sequences, all or nothing
 
 Entry j of `blocks` holds positions [64 j, 64 j + 64). Shared prefix blocks are full and never written again: a
 match leaves at least the last prompt token to compute, so writes start in a block of the sequence's own.
@@ -69,3 +70,15 @@ class SequenceBlocks:
         for block in reversed(self.blocks):
             self.pool.unref(block)
         self.blocks, self.tokens, self._keys = [], [], []
+
+
+def grow_all(growths) -> list[list[tuple[int, int]]]:
+    """grow() each (sequence, length) of one step, all or nothing: OutOfBlocks, with no sequence grown, when their
+    new blocks together exceed the pool's free blocks. Returns each sequence's new table entries, in order."""
+    growths = list(growths)
+    if growths:
+        pool = growths[0][0].pool
+        needed = sum(seq.blocks_needed(length) for seq, length in growths)
+        if needed > pool.free_count:
+            raise pool.out_of_blocks(needed)
+    return [seq.grow(length) for seq, length in growths]

@@ -56,7 +56,11 @@ def test_reference_counts_free_a_block_at_the_last_owner():
         pool.ref(NULL_BLOCK)
     with pytest.raises(ValueError, match="not a usable block"):
         pool.unref(4)
-    pool.check([])
+    with pytest.raises(ValueError, match=">= 0"):
+        pool.allocate(-1)
+    with pytest.raises(ValueError, match="no prefix cache attached"):
+        pool.mark_cached(pool.allocate(1)[0])
+    pool.check([[1]])
 
 
 def test_cached_unreferenced_blocks_count_as_free_and_are_evicted_least_recent_first():

@@ -5,7 +5,7 @@ import pytest
 
 from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool, OutOfBlocks
 from fdpp_rewrite.engine.paged.prefix import PrefixCache
-from fdpp_rewrite.engine.paged.sequence import SequenceBlocks
+from fdpp_rewrite.engine.paged.sequence import SequenceBlocks, grow_all
 
 B = KV_BLOCK_SIZE
 
@@ -93,3 +93,18 @@ def test_publish_as_decode_fills_blocks_and_without_a_cache_it_is_a_no_op():
     plain.publish()
     assert len(prefix) == 2
     pool.check([seq.blocks, plain.blocks])
+
+
+def test_grow_all_grows_a_steps_sequences_together_or_none():
+    pool = BlockPool(6)
+    a, b, c = (SequenceBlocks(pool) for _ in range(3))
+    a.grow(B)
+    grown = grow_all([(a, B + 1), (b, 2 * B), (c, 1)])
+    assert grown == [[(1, a.blocks[1])], [(0, b.blocks[0]), (1, b.blocks[1])], [(0, c.blocks[0])]]
+    assert pool.free_count == 0
+    a.release()
+    with pytest.raises(OutOfBlocks, match="need 3 KV blocks, 2 of 5 are free"):
+        grow_all([(a, 1), (b, 3 * B), (c, B + 1)])
+    assert (a.blocks, len(b.blocks), len(c.blocks)) == ([], 2, 1)  # the first fit, but none grew
+    assert grow_all([]) == []
+    pool.check([a.blocks, b.blocks, c.blocks])

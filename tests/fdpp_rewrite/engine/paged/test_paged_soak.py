@@ -1,7 +1,8 @@
 """A seeded soak of the paged KV bookkeeping: thousands of random operations as a scheduler would make them
-(prompts with shared and distinct prefixes, prefill in chunks, decode one token at a time, preemption when out of
-blocks, cancellation, release), with every invariant checked after each one and a shadow copy of the pool's
-memory proving that a prefix match only ever hands out blocks holding exactly the prompt's tokens."""
+(prompts with shared and distinct prefixes, prefill in chunks, decode one token at a time, one sequence or all of
+them per step, preemption when out of blocks, cancellation, release), with every invariant checked after each one
+and a shadow copy of the pool's memory proving that a prefix match only ever hands out blocks holding exactly the
+prompt's tokens."""
 
 import random
 
@@ -9,7 +10,7 @@ import pytest
 
 from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool, OutOfBlocks
 from fdpp_rewrite.engine.paged.prefix import PrefixCache
-from fdpp_rewrite.engine.paged.sequence import SequenceBlocks
+from fdpp_rewrite.engine.paged.sequence import SequenceBlocks, grow_all
 
 B = KV_BLOCK_SIZE
 
@@ -39,19 +40,40 @@ class Soak:
         self.stats["hits"] += cached > 0
         return seq
 
-    def advance(self, entry):
-        seq, prompt, target = entry
+    def next_ids(self, entry):
+        """A prompt chunk of 1 to 1,000 tokens while prefilling, then one decode token."""
+        seq, prompt, _ = entry
         done = len(seq.tokens)
         if done < len(prompt):
-            ids = prompt[done:done + self.rng.choice((1, 7, B, 100, 1000))]
-        else:
-            ids = [self.rng.randrange(50)]
+            return prompt[done:done + self.rng.choice((1, 7, B, 100, 1000))]
+        return [self.rng.randrange(50)]
+
+    def advance(self, entry):
+        """One sequence's step."""
+        ids = self.next_ids(entry)
         try:
-            entries = seq.grow(done + len(ids))
+            entries = entry[0].grow(len(entry[0].tokens) + len(ids))
         except OutOfBlocks:
             self.preempt()
             return
+        self.write(entry, ids, entries)
+
+    def advance_all(self):
+        """A step of every live sequence, their blocks allocated together (grow_all)."""
+        plan = [(entry, self.next_ids(entry)) for entry in self.live]
+        try:
+            grown = grow_all([(entry[0], len(entry[0].tokens) + len(ids)) for entry, ids in plan])
+        except OutOfBlocks:
+            self.preempt()
+            return
+        for (entry, ids), entries in zip(plan, grown):
+            self.write(entry, ids, entries)
+
+    def write(self, entry, ids, entries):
+        seq, prompt, target = entry
+        done = len(seq.tokens)
         assert [i for i, _ in entries] == list(range(len(seq.blocks) - len(entries), len(seq.blocks)))
+        assert len(seq.blocks) == -(-(done + len(ids)) // B)
         for position, token in enumerate(ids, done):
             block = seq.blocks[position // B]
             # only a block of the sequence's own is written: never a shared or cached one
@@ -68,9 +90,9 @@ class Soak:
     def preempt(self):
         """The youngest sequence gives its blocks back and is requeued with its tokens so far as its prompt."""
         seq, prompt, target = self.live[-1]
-        self.drop(self.live[-1], "preempted")
         if len(seq.tokens) > len(prompt):
-            prompt = seq.tokens
+            prompt = list(seq.tokens)
+        self.drop(self.live[-1], "preempted")
         self.live.insert(0, [self.attach(prompt), prompt, target])
 
     def drop(self, entry, why):
@@ -84,6 +106,8 @@ class Soak:
             self.admit()
         elif 0.1 <= roll < 0.115:
             self.drop(self.rng.choice(self.live), "cancelled")
+        elif roll < 0.2:
+            self.advance_all()
         else:
             self.advance(self.rng.choice(self.live))
         self.pool.check([entry[0].blocks for entry in self.live])
