@@ -24,7 +24,7 @@ from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool
 ROOT_KEY = b"fdpp-kv-prefix"  # the parent key of a sequence's first block
 
 
-def chain_keys(tokens, known: list[bytes] = ()) -> list[bytes]:
+def chain_keys(tokens, known=()) -> list[bytes]:
     """The keys of every full block of `tokens`, reusing `known` (the keys of a prefix of these tokens) as is:
     chain_keys(ids[:130]) has 2 keys; chain_keys(ids[:200], that) computes only the third."""
     keys = list(known)

@@ -32,7 +32,7 @@ class SequenceBlocks:
             raise ValueError("attach_prefix on a sequence that already holds KV blocks; release() it first")
         if self.prefix is None:
             return 0
-        keys = chain_keys(prompt[:max(0, len(prompt) - 1) // KV_BLOCK_SIZE * KV_BLOCK_SIZE])
+        keys = chain_keys(prompt)
         self.blocks = self.prefix.match(prompt, keys)
         cached = len(self.blocks) * KV_BLOCK_SIZE
         self.tokens, self._keys = list(prompt[:cached]), keys[:len(self.blocks)]
