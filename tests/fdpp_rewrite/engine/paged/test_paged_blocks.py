@@ -1,7 +1,13 @@
 """The KV block pool (engine/paged/blocks.py): all-or-nothing allocation, reference counts, the null block, LRU
 eviction of cached unreferenced blocks, and check() catching a broken invariant."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+import fdpp_rewrite
 
 from fdpp_rewrite.contracts import load_contract
 from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, NULL_BLOCK, BlockPool, OutOfBlocks, blocks_for
@@ -12,6 +18,15 @@ from fdpp_rewrite.errors import FdppError
 def test_block_size_is_the_attention_contracts():
     assert KV_BLOCK_SIZE == load_contract("AsyncSoftmaxAttention").raw["kv_block_size"] == 64
     assert [blocks_for(n) for n in (0, 1, 64, 65, 128, 8192)] == [0, 1, 1, 2, 2, 128]
+
+
+def test_the_package_is_pure_python():
+    """The scheduler thread and CPU-only tools use it: importing it must not pull torch or numpy in."""
+    code = ("import sys, fdpp_rewrite.engine.paged.sequence, fdpp_rewrite.engine.paged.sizing; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy'}))")
+    package_root = Path(fdpp_rewrite.__file__).parent.parent
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=package_root)
+    assert result.stdout.strip() == "[]"
 
 
 def test_allocate_is_all_or_nothing_and_never_hands_out_the_null_block():
