@@ -1,4 +1,4 @@
-"""The block pool of the paged KV cache: which 64-token blocks are free, who holds each one, which may be evicted.
+"""The block pool of the paged KV cache: which 64-token blocks are free, how many owners hold each, which to evict.
 
     pool = BlockPool(8)            # ids 1..7 usable; 0 is the null block, never handed out
     a = pool.allocate(3)           # [1, 2, 3], each referenced once; all or nothing (OutOfBlocks)

@@ -1,7 +1,7 @@
 """The prefix cache (engine/paged/prefix.py): keys by content and position, the (len - 1) // 64 cap, idempotent
 insert, and no chain with a hole after an eviction."""
 
-from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool
+from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool, blocks_for
 from fdpp_rewrite.engine.paged.prefix import PrefixCache, chain_keys
 
 B = KV_BLOCK_SIZE
@@ -9,7 +9,7 @@ B = KV_BLOCK_SIZE
 
 def _cached(pool, prefix, tokens):
     """Write `tokens` into fresh blocks, cache them, release them (cached, unreferenced); returns the blocks."""
-    blocks = pool.allocate(-(-len(tokens) // B))
+    blocks = pool.allocate(blocks_for(len(tokens)))
     prefix.insert(tokens, blocks)
     for block in reversed(blocks):
         pool.unref(block)

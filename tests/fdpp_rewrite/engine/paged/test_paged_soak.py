@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool, OutOfBlocks
+from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool, OutOfBlocks, blocks_for
 from fdpp_rewrite.engine.paged.prefix import PrefixCache
 from fdpp_rewrite.engine.paged.sequence import SequenceBlocks, grow_all
 
@@ -73,7 +73,7 @@ class Soak:
         seq, prompt, target = entry
         done = len(seq.tokens)
         assert [i for i, _ in entries] == list(range(len(seq.blocks) - len(entries), len(seq.blocks)))
-        assert len(seq.blocks) == -(-(done + len(ids)) // B)
+        assert len(seq.blocks) == blocks_for(done + len(ids))
         for position, token in enumerate(ids, done):
             block = seq.blocks[position // B]
             # only a block of the sequence's own is written: never a shared or cached one
