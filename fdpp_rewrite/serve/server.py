@@ -82,8 +82,10 @@ def check_options(args) -> None:
     for name in ("max_queue", "prefill_chunk", "prefill_budget", "max_batch"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise FdppError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.kv_memory is not None and not args.kv_memory.strip():
-        raise FdppError("--kv-memory is empty; pass a fraction of the free GPU memory (0.9) or an amount (20GiB)")
+    if args.kv_memory is not None:
+        from fdpp_rewrite.engine.paged.sizing import parse_kv_memory
+
+        parse_kv_memory(args.kv_memory)  # a one-line error before the engine loads
     if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):
         raise FdppError(f"--request-timeout must be a positive number of seconds, got {args.request_timeout}")
     limits_of(args).check()

@@ -72,6 +72,9 @@ def test_paged_options_need_a_paged_engine(monkeypatch):
     assert loaded == {"backend": args.backend, "kv_memory": "0.5", "prefix_caching": False}
     plain = server.load_engine(parser.parse_args(["engine"]))
     assert not plain.paged and loaded == {"backend": args.backend}
-    for bad in (["--prefill-budget", "0"], ["--max-batch", "0"], ["--kv-memory", " "]):
-        with pytest.raises(FdppError):
+    for bad, message in ((["--prefill-budget", "0"], "--prefill-budget must be at least 1"),
+                         (["--max-batch", "0"], "--max-batch must be at least 1"),
+                         (["--kv-memory", "2.5"], "--kv-memory 2.5"), (["--kv-memory", " "], "--kv-memory")):
+        with pytest.raises(FdppError, match=message):
             server.check_options(parser.parse_args(["engine", *bad]))
+    server.check_options(parser.parse_args(["engine", "--kv-memory", "20GiB", "--max-batch", "64"]))
