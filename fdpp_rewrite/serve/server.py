@@ -59,8 +59,8 @@ def add_arguments(parser) -> None:
                              "weights (0.9) or an amount (20GiB); overrides the engine's build --kv-memory")
     parser.add_argument("--prefill-budget", type=int,
                         help="paged engines: prompt tokens one step carries, over the chunks of several prompts "
-                             f"(each chunk --prefill-chunk tokens at most, counted padded; default "
-                             f"{DEFAULT_PREFILL_BUDGET})")
+                             f"(each chunk --prefill-chunk tokens at most, counted padded; at most what the engine "
+                             f"captures a step for; default {DEFAULT_PREFILL_BUDGET})")
     parser.add_argument("--max-batch", type=int,
                         help="paged engines: sequences running at once (default: the engine's rows, up to 256)")
     parser.add_argument("--no-prefix-cache", action="store_true",
