@@ -221,6 +221,8 @@ def test_sequence_limit_and_gauges():
     limit, what = scheduler.sequence_limit()
     assert limit == 160 and "10 blocks of 16 tokens" in what and "--kv-memory" in what
     assert PagedScheduler(FakePagedEngine(num_blocks=200), None).sequence_limit()[0] == 1024  # max_seq binds
+    capped = PagedScheduler(FakePagedEngine(step_tokens=64), None, prefill_chunk=128, prefill_budget=2048)
+    assert (capped.prefill_budget, capped.prefill_chunk, capped.max_chunks) == (64, 64, 1)  # the engine's step budget
     gauges = scheduler.gauges()
     assert (gauges["kv_slots_total"][1], gauges["kv_blocks_total"][1], gauges["kv_blocks_free"][1]) == (3, 10, 10)
     assert gauges["kv_blocks_used"][1] == gauges["preemptions_total"][1] == 0
