@@ -7,11 +7,11 @@ fp16, 32 query heads, head_dim 128, one query token per row, every row at the fu
 llama2-7b) and GQA 32/8; batch 1, 16, 64, 256 x context 512, 2K, 8K. Points whose caches do not fit in free GPU
 memory are skipped with a printed note.
 
-The paged pool aliases the contiguous caches' storage: viewed [B x W, Hkv, 64, D] (head stride L x D), block
-b x W + j holds positions [64 j, 64 j + 64) of row b, so each (block, head) is the same 16 KB run of rows either way
-and the two timings read the same bytes. The table maps every row's W blocks to a random permutation of all B x W
-blocks (rows read each other's blocks, in scattered order), as an engine's pool after churn would. What differs is
-the table indirection and the block order.
+The paged pool aliases the contiguous caches' storage ([Hkv, B, L, D], so that both views are strided tensors):
+viewed [B x W, Hkv, 64, D], block b x W + j holds positions [64 j, 64 j + 64) of row b, so each (block, head) is
+the same 16 KB run of rows either way and the two timings read the same bytes. The table maps every row's W
+blocks to a random permutation of all B x W blocks (rows read each other's blocks, in scattered order), as an
+engine's pool after churn would. What differs is the table indirection and the block order.
 
 Timing (scripts/bench_attention.py's method): each variant captured in one CUDA graph calling it back to back on
 enough input copies to exceed the L2 four times over, warmed up, then replayed in turn (contiguous, paged, rep by
@@ -47,11 +47,16 @@ def copies_for(kv_bytes: int) -> int:
     return max(1, -(-4 * L2_BYTES // kv_bytes))
 
 
-def paged_view(cache, block: int):
-    """The contiguous cache [B, Hkv, L, D] as a pool [B x L / block, Hkv, block, D] over the same storage."""
-    batch, kv_heads, length, dim = cache.shape
-    s_b, s_h, s_s, _ = cache.stride()
-    return cache.as_strided((batch * length // block, kv_heads, block, dim), (block * s_s, s_h, s_s, 1))
+def cache_and_pool(batch: int, kv_heads: int, context: int, block: int):
+    """Random K (or V) storage [Hkv, B, L, D] seen two ways: the contiguous cache [B, Hkv, L, D] (each (row, head)
+    a run of L rows, batch stride L x D) and a pool [B x L / block, Hkv, block, D] whose block b x W + j is
+    positions [block j, block (j + 1)) of row b (block stride block x D, head stride B x L x D)."""
+    import torch
+
+    storage = torch.randn(kv_heads, batch, context, DIM, device="cuda", dtype=torch.float16)
+    pool = storage.as_strided((batch * context // block, kv_heads, block, DIM), (block * DIM, batch * context * DIM,
+                                                                                  DIM, 1))
+    return storage.permute(1, 0, 2, 3), pool
 
 
 def random_table(batch: int, width: int, generator):
@@ -80,15 +85,14 @@ def bench_point(batch, heads, kv_heads, context, quick, generator):
     contiguous, paged = [], []
     for _ in range(copies):
         q = torch.randn(batch, heads, 1, DIM, device="cuda", dtype=torch.float16)
-        k = torch.randn(batch, kv_heads, context, DIM, device="cuda", dtype=torch.float16)
-        v = torch.randn_like(k)
+        (k, k_pool), (v, v_pool) = (cache_and_pool(batch, kv_heads, context, KV_BLOCK_SIZE) for _ in range(2))
         past = torch.full((batch,), context - 1, dtype=torch.int64, device="cuda")
         contiguous.append(Ours(q, k, v, past, softmax="unified", combine_counters=True))
         # The table sends (row b, block j) to pool block perm[b, j]: the keys differ from the contiguous call's
         # (each row reads some other row's positions), the bytes read are the same amount.
         table = random_table(batch, width, generator).cuda()
-        paged.append(Ours(q, paged_view(k, KV_BLOCK_SIZE), paged_view(v, KV_BLOCK_SIZE), past, softmax="unified",
-                          combine_counters=True, options={"block_table": table, "max_kv_len": context}))
+        paged.append(Ours(q, k_pool, v_pool, past, softmax="unified", combine_counters=True,
+                          options={"block_table": table, "max_kv_len": context}))
     row["kernel"], row["splits"], row["cluster_combine"] = contiguous[0].kernel, contiguous[0].splits, \
         contiguous[0].cluster
     row["paged_plan"] = [paged[0].kernel, paged[0].splits, paged[0].cluster]  # the same plan: one grid rule

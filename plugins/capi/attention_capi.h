@@ -26,7 +26,8 @@ typedef enum fdpp_decode_combine {
                                // (one kernel per call; needs combine_counters)
 } fdpp_decode_combine;
 
-// query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size), output [B, Hq, S, D];
+// query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size; or paged pools read through
+// block_table, at the end of the struct), output [B, Hq, S, D];
 // strides in elements (the last dimension contiguous). Device pointers 16-byte aligned, strides multiples of
 // 16 bytes. head_dim 64 or 128; dtype float16, bfloat16 (or float32: the rowwise kernel).
 // A table, one tensor (pointer and strides) per line:

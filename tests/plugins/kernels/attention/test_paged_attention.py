@@ -251,7 +251,8 @@ def test_paged_cuda_graph_replay_equals_eager(combine):
         expected = att.attention(expected_q, kp, vp, past, block_table=table, max_kv_len=capacity, **options)
         assert torch.equal(q_rot, expected_q), f"replay {step}: rotated q differs"
         assert torch.equal(out, expected), f"replay {step}: attention differs from eager"
-        assert torch.equal(kp, k_pool) and torch.equal(vp, v_pool), f"replay {step}: the append differs"
+        for eager, replayed in ((kp, k_pool), (vp, v_pool)):  # NaN (unused blocks) compares unequal: zero it
+            assert torch.equal(eager.nan_to_num(), replayed.nan_to_num()), f"replay {step}: the append differs"
     assert int(table[0, 1]) == spare
 
 
