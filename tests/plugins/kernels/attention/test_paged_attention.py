@@ -19,7 +19,14 @@ torch = pytest.importorskip("torch")
 
 DTYPES = [torch.float16, torch.bfloat16]
 SOFTMAXES = ["unified", "synchronized"]
-BLOCK = 64  # the contract's kv_block_size (test_paged_attention_checks.py checks the library agrees)
+
+def _block():
+    from fdpp_rewrite.ref_ops import kv_block_size
+
+    return kv_block_size()
+
+
+BLOCK = _block()  # the contract's kv_block_size: 64
 
 
 @pytest.fixture(autouse=True)
