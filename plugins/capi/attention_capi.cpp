@@ -61,6 +61,7 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
   p->bias = x->bias, p->bias_sb = x->bias_stride_b, p->bias_ss = x->bias_stride_s, p->bias_sl = x->bias_stride_l;
   p->counters = x->counters;
   p->combine_counters = x->combine_counters;
+  p->block_table = x->block_table, p->block_table_stride = x->block_table_stride, p->kv_block_size = x->kv_block_size;
   return from_check(fn, fdpp::check_attention_params(*p, with_tensors));
 }
 
@@ -201,6 +202,7 @@ fdpp_status fdpp_rope_append(const fdpp_rope_append_args* x, void* stream) {
     p.past_len = x->past_len;
     p.counters = x->counters;
     p.rope_dim = x->rope_dim, p.inv_freq = x->inv_freq;
+    p.block_table = x->block_table, p.block_table_stride = x->block_table_stride, p.kv_block_size = x->kv_block_size;
     if (fdpp_status st = from_check(fn, fdpp::check_rope_append_params(p))) return st;
     if (p.batch == 0 || p.seq == 0) return FDPP_OK;
     return fdpp::from_cuda(fdpp::rope_append(p, static_cast<cudaStream_t>(stream)), fn);
@@ -209,12 +211,24 @@ fdpp_status fdpp_rope_append(const fdpp_rope_append_args* x, void* stream) {
 
 // --- the portable kernels (portable_capi.h) -----------------------------------------------------------------------
 
+namespace {
+// The portable kernels read contiguous caches only.
+fdpp_status portable_params(const fdpp_attention_args* args, fdpp::AttentionParams* p, const char* fn) {
+  if (fdpp_status st = to_params(args, p, fn)) return st;
+  if (p->block_table != nullptr)
+    return unsupported(fn,
+                       "the portable kernels take contiguous caches; pass block_table NULL or use "
+                       "fdpp_attention_forward");
+  return FDPP_OK;
+}
+}  // namespace
+
 fdpp_status fdpp_portable_attention_workspace_bytes(const fdpp_attention_args* args, size_t* bytes) {
   return fdpp::guarded("fdpp_portable_attention_workspace_bytes", [&] {
     const char* fn = "fdpp_portable_attention_workspace_bytes";
     if (bytes == nullptr) return invalid(fn, "bytes is NULL");
     fdpp::AttentionParams p;
-    if (fdpp_status st = to_params(args, &p, fn)) return st;
+    if (fdpp_status st = portable_params(args, &p, fn)) return st;
     return fdpp::from_cuda(fdpp::portable::attention_workspace_bytes(p, bytes), fn);
   });
 }
@@ -224,7 +238,7 @@ fdpp_status fdpp_portable_attention_decode(const fdpp_attention_args* args, void
   return fdpp::guarded("fdpp_portable_attention_decode", [&] {
     const char* fn = "fdpp_portable_attention_decode";
     fdpp::AttentionParams p;
-    if (fdpp_status st = to_params(args, &p, fn)) return st;
+    if (fdpp_status st = portable_params(args, &p, fn)) return st;
     size_t need = 0;
     if (fdpp_status st = fdpp::from_cuda(fdpp::portable::attention_workspace_bytes(p, &need), fn)) return st;
     if (need > 0 && (workspace == nullptr || workspace_bytes < need || !aligned16(workspace)))

@@ -26,7 +26,8 @@ typedef enum fdpp_decode_combine {
                                // (one kernel per call; needs combine_counters)
 } fdpp_decode_combine;
 
-// query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size), output [B, Hq, S, D];
+// query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size; or paged pools read through
+// block_table, at the end of the struct), output [B, Hq, S, D];
 // strides in elements (the last dimension contiguous). Device pointers 16-byte aligned, strides multiples of
 // 16 bytes. head_dim 64 or 128; dtype float16, bfloat16 (or float32: the rowwise kernel).
 // A table, one tensor (pointer and strides) per line:
@@ -58,6 +59,13 @@ typedef struct fdpp_attention_args {
   uint32_t* combine_counters;  // device uint32 [fdpp_attention_combine_counters], zero before the first call; every
                                // call leaves it zero, so one buffer serves calls in order on one stream. NULL: no
                                // last-block combine (AUTO then takes the combine kernel where no cluster fits)
+  // Paged KV cache (mask_mode past_len only): key and value are the pools [blocks, Hkv, kv_block_size, D] (stride_b
+  // between blocks, stride_s between rows of a block), key j of sequence b is row j % kv_block_size of block
+  // block_table[b * block_table_stride + j / kv_block_size], and kv_capacity = W x kv_block_size for W table
+  // columns. NULL: contiguous caches (every field above as documented).
+  const int32_t* block_table;  // device int32 [batch][W] block ids (0: the pool's null block, for unused entries)
+  int64_t block_table_stride;  // elements between table rows, >= W
+  int32_t kv_block_size;       // with a table: the contract's kv_block_size (64)
 } fdpp_attention_args;
 // clang-format on
 
@@ -111,7 +119,8 @@ FDPP_API fdpp_status fdpp_attention_read_counters(unsigned long long* host_fallb
                                                   unsigned long long* host_clamped_rows, int reset);
 
 // RoPE on q (in place when q_out == q_in) and on the new k, then k and v written into the caches at positions
-// past_len[b] + s. q [B, Hq, S, D], k_new/v_new [B, Hkv, S, D], caches [B, Hkv, kv_capacity, D]. Tokens whose
+// past_len[b] + s. q [B, Hq, S, D], k_new/v_new [B, Hkv, S, D], caches [B, Hkv, kv_capacity, D] (or paged pools
+// with block_table, below). Tokens whose
 // position falls outside the cache are not written and are counted in counters[1]. The first rope_dim channels of
 // each head rotate (pairs (i, i + rope_dim/2), or (2i, 2i+1) when interleaved), the rest pass through; e.g.
 // chatglm2: head_dim 128, rope_dim 64, interleaved; OPT: rope_dim 0 (append only, q copied to q_out).
@@ -132,6 +141,12 @@ typedef struct fdpp_rope_append_args {
   int32_t rope_dim;        // rotated channels per head, even, <= head_dim; 0: no rotation (set head_dim for full RoPE)
   const float* inv_freq;   // device float32 [rope_dim / 2]: angle per position of pair i (the model's rotary table,
                            // rope scaling included); NULL: rope_theta^(-2i / rope_dim)
+  // Paged caches, as in fdpp_attention_args: position pos of sequence b goes to row pos % kv_block_size of block
+  // block_table[b * block_table_stride + pos / kv_block_size]; positions >= kv_capacity (W x kv_block_size) are
+  // dropped and counted. NULL: contiguous caches.
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int32_t kv_block_size;
 } fdpp_rope_append_args;
 // clang-format on
 

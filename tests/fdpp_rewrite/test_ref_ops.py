@@ -304,3 +304,28 @@ def test_gather_pages_reads_blocks_in_table_order_numpy_and_torch():
     np.testing.assert_array_equal(as_torch.numpy(), out)
     with pytest.raises(FdppError, match="need 4 blocks"):
         gather_pages(pool, table, 13)
+
+
+def test_rope_append_through_a_block_table_is_the_contiguous_append_in_pages():
+    """The paged reference (pools and a table) writes what the contiguous one does, read back by gather_pages; a
+    position past the table's W x block positions is dropped like one past a contiguous cache; no other block
+    changes."""
+    from fdpp_rewrite.ref_ops import gather_pages, rope_append
+
+    rng = np.random.default_rng(3)
+    batch, heads, kv_heads, seq, dim, block, width = 2, 4, 2, 5, 8, 4, 3  # capacity 12
+    query = rng.standard_normal((batch, heads, seq, dim)).astype(np.float32)
+    k_new, v_new = (rng.standard_normal((batch, kv_heads, seq, dim)).astype(np.float32) for _ in range(2))
+    table = np.array([[5, 2, 7], [1, 6, 3]], dtype=np.int32)  # block 0 (null) and 4 in no row
+    pools = [rng.standard_normal((8, kv_heads, block, dim)).astype(np.float32) for _ in range(2)]
+    caches = [gather_pages(pool, table, width * block) for pool in pools]
+    past = np.array([2, 9], dtype=np.int64)  # row 1 writes 9..13: 12 and 13 fall past the table
+    inv_freq = 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim)
+    want_q, want_k, want_v = rope_append(query, k_new, v_new, *caches, past, inv_freq, rope_dim=dim)
+    got_q, got_k, got_v = rope_append(query, k_new, v_new, *pools, past, inv_freq, rope_dim=dim, block_table=table)
+    np.testing.assert_array_equal(got_q, want_q)
+    np.testing.assert_array_equal(gather_pages(got_k, table, width * block), want_k)
+    np.testing.assert_array_equal(gather_pages(got_v, table, width * block), want_v)
+    assert not np.array_equal(want_k, caches[0])  # the append wrote something
+    for got, pool in ((got_k, pools[0]), (got_v, pools[1])):
+        np.testing.assert_array_equal(got[[0, 4]], pool[[0, 4]])

@@ -1,5 +1,5 @@
 """References for the attention GPU tests: float32 math (the truth) and the same math in the input dtype with
-torch's own ops (whose error sets the tolerance, as in the flash-attention tests)."""
+torch's own ops (whose error sets the tolerance, as in the flash-attention tests); the inputs the tests share."""
 
 import torch
 
@@ -51,3 +51,80 @@ def check_close(out, q, k, v, what, **kw):
         raise AssertionError(f"{what}: max error {err:.3e} > tolerance {tol:.3e} (torch's own {q.dtype} error "
                              f"{torch_err:.3e}); worst element {worst} of shape {tuple(out.shape)}")
     return err, torch_err
+
+
+def make_inputs(batch, heads, kv_heads, seq, kv_len, dim, dtype, *, capacity=None, q_scale=1.0, spread=False):
+    """q [B, Hq, S, D] and caches [B, Hkv, capacity, D] whose first past_len[b] + S rows are set; the rest of the
+    cache holds NaN so that reading past a sequence's end cannot go unnoticed. past_len varies per sequence."""
+    capacity = capacity or kv_len
+    q = (torch.randn(batch, heads, seq, dim, device="cuda") * q_scale).to(dtype)
+    k = torch.full((batch, kv_heads, capacity, dim), float("nan"), device="cuda", dtype=dtype)
+    v = torch.full_like(k, float("nan"))
+    past = torch.tensor([max(kv_len - seq - (i * 7 if spread else 0), 0) for i in range(batch)], dtype=torch.int64)
+    for b in range(batch):
+        n = int(past[b]) + seq
+        k[b, :, :n] = torch.randn(kv_heads, n, dim, device="cuda").to(dtype)
+        v[b, :, :n] = torch.randn(kv_heads, n, dim, device="cuda").to(dtype)
+    return q, k, v, past.cuda()
+
+
+def reference_view(k, v, past, seq):
+    """The caches cut to the longest sequence with NaN rows zeroed (the reference masks them anyway)."""
+    n = int(past.max()) + seq
+    return torch.nan_to_num(k[:, :, :n]), torch.nan_to_num(v[:, :, :n])
+
+
+def adversarial_inputs(seq, dtype):
+    """Inputs (and their reference view) with one tile of huge positive scores for head group 0 and one of huge
+    negative scores for group 1: with scale 30, ordinary scores reach +-1e4."""
+    q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
+    kr, vr = reference_view(k, v, past, seq)
+    k[:, 0, 700] = q[:, 0, 0] * 8
+    k[:, 1, 900] = -q[:, 4, 0] * 8
+    kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
+    return q, k, v, past, kr, vr
+
+
+def paginate(caches, lengths, *, seed=0, spare_blocks=3, interleaved=False):
+    """Paged copies of contiguous caches [B, Hkv, L, D] (L a multiple of the block size): pools [N, Hkv, 64, D]
+    holding positions [64 j, 64 j + 64) of row b in block table[b, j], for the blocks row b's length needs; the
+    block ids are a random permutation of 1 .. N - 1, every other table entry is 0 (the null block), and block 0 and
+    the spare blocks hold NaN (a kernel reading them for a valid row would show it). The table is int32 [B, W] on
+    the GPU, a view of a wider tensor (row stride W + 3). interleaved: the pools are views [N, Hkv, 64, D] of
+    [N, 64, Hkv, D] storage (row stride Hkv x D: the per-row L2 prefetch). Returns ([pools], table)."""
+    from fdpp_rewrite.ref_ops import kv_block_size
+
+    block = kv_block_size()
+    batch, kv_heads, capacity, dim = caches[0].shape
+    assert capacity % block == 0, "pad the caches to whole blocks"
+    width = capacity // block
+    needed = [-(-int(n) // block) for n in lengths]
+    used = sum(needed)
+    count = 1 + used + spare_blocks
+    ids = (torch.randperm(count - 1, generator=torch.Generator().manual_seed(seed))[:used] + 1).tolist()
+    parent = torch.zeros(batch, width + 3, dtype=torch.int32)
+    pools = []
+    for cache in caches:
+        shape = (count, block, kv_heads, dim) if interleaved else (count, kv_heads, block, dim)
+        pool = torch.full(shape, float("nan"), dtype=cache.dtype, device=cache.device)
+        pools.append(pool.transpose(1, 2) if interleaved else pool)
+    i = 0
+    for b in range(batch):
+        for j in range(needed[b]):
+            parent[b, j] = ids[i]
+            for pool, cache in zip(pools, caches):
+                pool[ids[i]] = cache[b, :, j * block:(j + 1) * block]
+            i += 1
+    return pools, parent.cuda()[:, :width]
+
+
+def pad_to_blocks(cache):
+    """A cache [B, Hkv, L, D] extended with NaN rows to a whole number of KV blocks."""
+    from fdpp_rewrite.ref_ops import kv_block_size
+
+    block = kv_block_size()
+    batch, kv_heads, length, dim = cache.shape
+    padded = torch.full((batch, kv_heads, -(-length // block) * block, dim), float("nan"), dtype=cache.dtype,
+                        device=cache.device)
+    padded[:, :, :length] = cache
+    return padded

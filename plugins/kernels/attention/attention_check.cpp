@@ -54,6 +54,25 @@ ParamsCheck check_heads(int num_heads, int num_kv_heads) {
   return {};
 }
 
+// A paged cache's table (attention and the cache append): the block size is the contract's, the capacity whole
+// blocks, and each table row at least W = kv_capacity / kKvBlockSize entries long.
+ParamsCheck check_pages(const int32_t* table, int64_t stride, int block_size, int kv_capacity) {
+  if (table == nullptr) return {};
+  if (block_size != kKvBlockSize)
+    return invalid("kv_block_size " + str(block_size) + " with a block_table; the kernels are built for blocks of " +
+                   str(kKvBlockSize) + " tokens (the contract's kv_block_size): use pools [blocks, heads, " +
+                   str(kKvBlockSize) + ", head_dim]");
+  if (kv_capacity % kKvBlockSize != 0)
+    return invalid("kv_capacity " + str(kv_capacity) + " with a block_table must be W x " + str(kKvBlockSize) +
+                   " for a table of W columns; pass the table's width times the block size");
+  const int64_t width = kv_capacity / kKvBlockSize;
+  if (stride < width)
+    return invalid("block_table_stride " + str(stride) + " is below the table's " + str(width) +
+                   " columns (kv_capacity / kv_block_size); pass the row stride of the [batch, W] table");
+  if (reinterpret_cast<uintptr_t>(table) % 4 != 0) return invalid("block_table is not 4-byte aligned (int32)");
+  return {};
+}
+
 }  // namespace
 
 ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) {
@@ -65,11 +84,17 @@ ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) 
     return invalid("batch and seq must be >= 0 (got " + str(p.batch) + ", " + str(p.seq) + ")");
   if (ParamsCheck c = check_heads(p.num_heads, p.num_kv_heads)) return c;
   if (p.kv_capacity < 1) return invalid("kv_capacity (the key/value length dimension) must be >= 1");
+  if (p.block_table != nullptr && p.max_kv_len > p.kv_capacity)
+    return invalid("max_kv_len " + str(p.max_kv_len) + " is above the block table's " + str(p.kv_capacity) +
+                   " keys (W x kv_block_size); widen the table or shorten the sequence");
   if (p.max_kv_len < 1 || p.max_kv_len > p.kv_capacity)
     return invalid("max_kv_len " + str(p.max_kv_len) + " is outside [1, " + str(p.kv_capacity) +
                    "] (the KV cache length); the keys must fit in the cache (grow the cache or shorten the sequence)");
   const int mask = static_cast<int>(p.mask_mode);
   if (mask < 0 || mask > 2) return invalid("unknown mask_mode " + str(mask) + " (0 past_len, 1 bias, 2 none)");
+  if (p.block_table != nullptr && p.mask_mode != MaskMode::kPastLen)
+    return invalid("a block_table (paged KV cache) needs mask_mode past_len (0); pass past_len, or contiguous caches");
+  if (ParamsCheck c = check_pages(p.block_table, p.block_table_stride, p.kv_block_size, p.kv_capacity)) return c;
   if (p.mask_mode == MaskMode::kPastLen && p.seq > p.max_kv_len)
     return invalid("seq " + str(p.seq) + " new tokens do not fit in a KV length of " + str(p.max_kv_len) +
                    " (max_kv_len / kv_capacity); grow the cache");
@@ -136,6 +161,7 @@ ParamsCheck check_rope_append_params(const RopeAppendParams& p) {
     return invalid("batch and seq must be in [0, 65535]");
   if (ParamsCheck c = check_heads(p.num_heads, p.num_kv_heads)) return c;
   if (p.kv_capacity < 1) return invalid("kv_capacity must be >= 1");
+  if (ParamsCheck c = check_pages(p.block_table, p.block_table_stride, p.kv_block_size, p.kv_capacity)) return c;
   if (p.rope_dim < 0 || p.rope_dim > p.head_dim || p.rope_dim % 2 != 0)
     return invalid("rope_dim " + str(p.rope_dim) + " must be even and in [0, head_dim " + str(p.head_dim) +
                    "] (0: no rotation)");

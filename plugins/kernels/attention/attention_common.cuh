@@ -31,6 +31,8 @@ struct AttnArgs {
   const int64_t* past_len;
   const void* bias;
   int64_t bias_sb, bias_ss, bias_sl;
+  const int32_t* block_table;  // paged K/V (kv_locate); null: contiguous
+  int64_t block_table_stride;
 
   // decode split-KV
   int num_splits, row_blocks;
@@ -114,6 +116,36 @@ struct PrefillBlock {
     return it < kAnchorTiles - 1 ? num_tiles - 1 - it : it - (kAnchorTiles - 1);
   }
 };
+
+// The one K/V address rule (every attention kernel, the fallback and the cache append). Row `key` of sequence b
+// lives at outer * sb + h * sh + row * ss in a K or V tensor with strides sb, sh, ss (head h), where (outer, row) =
+// kv_locate(): (b, key) without a table (contiguous caches), (table[b][key / kKvBlockSize], key % kKvBlockSize) with
+// one (pools of blocks; sb is then the stride between blocks). Within one block rows are ss apart in both modes, so
+// a tile inside one block needs one lookup, shared by K and V. key must lie in [0, kv_capacity): the table has
+// kv_capacity / kKvBlockSize columns. Callers branch on the table uniformly (the same side in every thread).
+struct KvRow {
+  int64_t outer;  // multiplies sb: the sequence, or the block
+  int row;        // multiplies ss: the key, or the row within the block
+};
+__device__ __forceinline__ KvRow kv_locate(const int32_t* table, int64_t table_stride, int b, int key) {
+  if (table == nullptr) return {b, key};
+  const unsigned k = static_cast<unsigned>(key);  // >= 0: unsigned division is a shift
+  return {table[b * table_stride + k / kKvBlockSize], static_cast<int>(k % kKvBlockSize)};
+}
+__device__ __forceinline__ int64_t kv_row_offset(KvRow r, int64_t sb, int64_t sh, int64_t ss, int h) {
+  return r.outer * sb + h * sh + static_cast<int64_t>(r.row) * ss;
+}
+__device__ __forceinline__ KvRow kv_locate(const AttnArgs& a, int b, int key) {
+  return kv_locate(a.block_table, a.block_table_stride, b, key);
+}
+template <typename T>
+__device__ __forceinline__ const T* k_row(const AttnArgs& a, KvRow r, int hkv) {
+  return static_cast<const T*>(a.k) + kv_row_offset(r, a.k_sb, a.k_sh, a.k_ss, hkv);
+}
+template <typename T>
+__device__ __forceinline__ const T* v_row(const AttnArgs& a, KvRow r, int hkv) {
+  return static_cast<const T*>(a.v) + kv_row_offset(r, a.v_sb, a.v_sh, a.v_ss, hkv);
+}
 
 template <typename T>
 __device__ __forceinline__ const T* row_ptr(const void* base, int64_t sb, int64_t sh, int64_t ss, int b, int h, int s) {

@@ -69,6 +69,37 @@ __device__ __forceinline__ int kv_len_hint(const AttnArgs& a, int b) {
 // loads right after the wait). Every address lies in keys [0, kv_capacity) of (b, hkv): the hint length is clamped,
 // and the rows are whole rows the cp.async loads could read. Contiguous rows (seq stride == head_dim): one bulk
 // prefetch per tile per tensor, spread over the warps' lane 0; strided rows: one bulk prefetch per row.
+// Paged caches: the same keys block by block (a block's rows are contiguous when ss == D), the table read with
+// ld.global.cg like past_len. The table too may be stale before the wait; its entries are block ids of the pool
+// at every moment (the caller writes only ids of its pool, 0 for unused entries), so every hint lies in the pool.
+template <typename T, int D, int Stages>
+__device__ __forceinline__ void prefetch_first_blocks(const AttnArgs& a, int b, int hkv, int begin, int keys) {
+  using Tr = DecodeTraits<D, Stages>;
+  constexpr uint32_t kRowBytes = D * sizeof(T);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int32_t* table = a.block_table + b * a.block_table_stride;
+  const int blocks = (keys + kKvBlockSize - 1) / kKvBlockSize;  // begin is a block boundary (split_range)
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const int64_t sb = t == 0 ? a.k_sb : a.v_sb, sh = t == 0 ? a.k_sh : a.v_sh, ss = t == 0 ? a.k_ss : a.v_ss;
+    const T* base = static_cast<const T*>(t == 0 ? a.k : a.v);
+    if (ss == D) {
+      for (int j = 0; j < blocks; ++j) {
+        if (lane != 0 || warp != (2 * j + t) % Tr::kWarps) continue;
+        const int n = keys - j * kKvBlockSize < kKvBlockSize ? keys - j * kKvBlockSize : kKvBlockSize;
+        const KvRow at = {__ldcg(table + begin / kKvBlockSize + j), 0};
+        prefetch_l2_bulk(base + kv_row_offset(at, sb, sh, ss, hkv), static_cast<uint32_t>(n) * kRowBytes);
+      }
+    } else {
+      for (int i = threadIdx.x; i < keys; i += Tr::kThreads) {
+        const int key = begin + i;
+        const KvRow at = {__ldcg(table + key / kKvBlockSize), key % kKvBlockSize};
+        prefetch_l2_bulk(base + kv_row_offset(at, sb, sh, ss, hkv), kRowBytes);
+      }
+    }
+  }
+}
+
 template <typename T, int D, int Stages>
 __device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, int hkv, int split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -78,6 +109,10 @@ __device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, i
   const int span = r.end - r.begin;
   const int keys = span < (Tr::kStages - 1) * Tr::kTile ? span : (Tr::kStages - 1) * Tr::kTile;
   if (keys <= 0) return;
+  if (a.block_table != nullptr) {
+    prefetch_first_blocks<T, D, Stages>(a, b, hkv, r.begin, keys);
+    return;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
   for (int t = 0; t < 2; ++t) {
@@ -308,13 +343,40 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // Each thread copies chunk `c` of rows `lrow0 + pass * kRowsPerPass` of every K and V tile.
   const int c = tid % Tr::kChunks, lrow0 = tid / Tr::kChunks;
   const uint32_t dst0 = swizzled<Tr::kRowBytes>(lrow0, c);
-  const T* k_base = static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh + c * 8;
-  const T* v_base = static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh + c * 8;
   const int num_tiles = (range.end - range.begin + Tr::kTile - 1) / Tr::kTile;
+  // Contiguous: key at k_base + key * k_ss. Paged: a tile is kBlocks KV blocks (one at head_dim 128, two at 64;
+  // tiles start on a block boundary, split_range), each located once per tile (kv_locate); a block past the split's
+  // end is not looked up (its table entry may lie past the table). A row past the end reads nothing (zero-fill)
+  // from a valid row.
+  const bool paged = a.block_table != nullptr;
+  const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv) + c * 8;
+  const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + c * 8;
+  constexpr int kBlocks = Tr::kTile / kKvBlockSize;
+  constexpr int kPassesPerBlock = kKvBlockSize / Tr::kRowsPerPass;
+  static_assert(Tr::kTile % kKvBlockSize == 0 && kKvBlockSize % Tr::kRowsPerPass == 0, "a pass stays in one block");
   auto load_tile = [&](int tile) {
     const int key0 = range.begin + tile * Tr::kTile;
     const uint32_t kdst = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes + dst0;
     const uint32_t vdst = kdst + Tr::kTileBytes;
+    if (paged) {
+#pragma unroll
+      for (int i = 0; i < kBlocks; ++i) {
+        const int first = key0 + i * kKvBlockSize;
+        if (first >= range.end) break;
+        const KvRow at = kv_locate(a, b, first);
+        const T* k_blk = k_row<T>(a, at, hkv) + c * 8;
+        const T* v_blk = v_row<T>(a, at, hkv) + c * 8;
+#pragma unroll
+        for (int p = i * kPassesPerBlock; p < (i + 1) * kPassesPerBlock; ++p) {
+          const int r = lrow0 + (p - i * kPassesPerBlock) * Tr::kRowsPerPass;  // row within the block
+          const bool valid = first + r < range.end;
+          const int64_t rr = valid ? r : 0;
+          cp_async_16(kdst + p * Tr::kRowsPerPass * Tr::kRowBytes, k_blk + rr * a.k_ss, valid);
+          cp_async_16(vdst + p * Tr::kRowsPerPass * Tr::kRowBytes, v_blk + rr * a.v_ss, valid);
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int p = 0; p < Tr::kPasses; ++p) {
       const int key = key0 + lrow0 + p * Tr::kRowsPerPass;

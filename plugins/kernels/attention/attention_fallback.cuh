@@ -44,17 +44,25 @@ struct OnlineRow {
 };
 
 // Accumulates keys [j_begin, j_end) of query row (b, hq, s) into (st, acc). q_s: the query row in shared memory
-// times scale * log2(e). Lane owns dims [lane * D/32, lane * D/32 + D/32).
-template <typename T, int D>
+// times scale * log2(e). Lane owns dims [lane * D/32, lane * D/32 + D/32). kPaged: the keys are located through
+// the block table once per 32 (j_begin is a multiple of 32 in both callers, and 32 keys never straddle a block);
+// a template argument so that the contiguous code is the same as without paging (online_row_range below).
+template <typename T, int D, bool kPaged>
 __device__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const float* q_s, int j_begin, int j_end,
                                  OnlineRow& st, float (&acc)[D / 32]) {
+  static_assert(kKvBlockSize % 32 == 0, "32 keys never straddle a KV block");
   constexpr int kPer = D / 32;
   const int lane = threadIdx.x & 31;
   const int hkv = hq / a.group;
-  const T* k_base = static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh;
-  const T* v_base = static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh + lane * kPer;
+  const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv);  // contiguous: key j at k_base + j * k_ss
+  const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + lane * kPer;
   for (int jb = j_begin; jb < j_end; jb += 32) {
     const int j = jb + lane;
+    if constexpr (kPaged) {  // keys jb + i at k_base + i * k_ss, v_base + i * v_ss
+      const KvRow at = kv_locate(a, b, jb);
+      k_base = k_row<T>(a, at, hkv) - static_cast<int64_t>(jb) * a.k_ss;
+      v_base = v_row<T>(a, at, hkv) + lane * kPer - static_cast<int64_t>(jb) * a.v_ss;
+    }
     float x = -kInf;
     if (j < j_end) {
       const T* krow = k_base + static_cast<int64_t>(j) * a.k_ss;
@@ -92,6 +100,16 @@ __device__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const 
 #pragma unroll
       for (int i = 0; i < kPer; ++i) acc[i] = fmaf(pj, Elem<T>::to_float(vrow[i]), acc[i]);
     }
+  }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const float* q_s, int j_begin,
+                                                 int j_end, OnlineRow& st, float (&acc)[D / 32]) {
+  if (a.block_table != nullptr) {
+    online_row_range<T, D, true>(a, b, hq, s, q_s, j_begin, j_end, st, acc);
+  } else {
+    online_row_range<T, D, false>(a, b, hq, s, q_s, j_begin, j_end, st, acc);
   }
 }
 

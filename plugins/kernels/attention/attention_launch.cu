@@ -120,6 +120,7 @@ attn::AttnArgs make_args(const AttentionParams& p, AttnKernel kernel, unsigned l
   a.out = p.out, a.o_sb = p.o_sb, a.o_sh = p.o_sh, a.o_ss = p.o_ss;
   a.past_len = p.past_len;
   a.bias = p.bias, a.bias_sb = p.bias_sb, a.bias_ss = p.bias_ss, a.bias_sl = p.bias_sl;
+  a.block_table = p.block_table, a.block_table_stride = p.block_table_stride;
   a.counters = counters;
   return a;
 }

@@ -70,6 +70,9 @@ constexpr bool head_dim_supported(int head_dim) {
   return false;
 }
 
+// Keys per block of a paged KV cache (the contract's kv_block_size): what every kernel's address rule divides by.
+constexpr int kKvBlockSize = contract::kAttentionKvBlockSize;
+
 struct AttentionParams {
   AttnDtype dtype = AttnDtype::kFloat16;
   int batch = 0, num_heads = 0, num_kv_heads = 0, seq = 0, head_dim = 0;
@@ -101,6 +104,14 @@ struct AttentionParams {
   const void* bias = nullptr; int64_t bias_sb = 0, bias_ss = 0, bias_sl = 1;  // kBias, 0-strides broadcast
   // clang-format on
 
+  // Paged KV cache (mask_mode kPastLen only): k and v point at the pools [blocks, Hkv, kv_block_size, D], and key j
+  // of sequence b is row j % kv_block_size of block block_table[b * block_table_stride + j / kv_block_size]
+  // (k_sb: the stride between blocks, k_sh: between heads, k_ss: between rows of a block); kv_capacity is
+  // W * kv_block_size for a table of W columns. Null table: contiguous caches [B, Hkv, kv_capacity, D].
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;  // elements between table rows (>= W)
+  int kv_block_size = 0;           // must equal kKvBlockSize with a table
+
   // Diagnostics: device counters [0] rows that took the fallback, [1] rows whose kv length exceeded the cache
   // (clamped). Null: the library's own counters (attention_default_counters()).
   unsigned long long* counters = nullptr;
@@ -128,6 +139,12 @@ struct RopeAppendParams {
   unsigned long long* counters = nullptr;  // [1] counts tokens dropped because their position is past the cache
   int rope_dim = 0;                        // rotated channels per head (even, <= head_dim); 0: append only
   const float* inv_freq = nullptr;  // [rope_dim / 2] angle per position of each pair; nullptr: theta^(-2i/rope_dim)
+  // Paged caches, as in AttentionParams: position pos of sequence b goes to row pos % kv_block_size of block
+  // block_table[b * block_table_stride + pos / kv_block_size]; kc_sb / vc_sb are the strides between blocks and
+  // kv_capacity = W * kv_block_size (positions past it are dropped and counted).
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int kv_block_size = 0;
 };
 
 // --- argument checks (attention_check.cpp): what the C ABI and the TensorRT adapter both run first ----------------

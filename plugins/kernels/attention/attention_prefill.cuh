@@ -46,12 +46,28 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
       cp_async_16(q_smem + dst0 + (r - lrow0) * Tr::kRowBytes, q_base + (valid ? (m0 + r) * a.q_ss : 0), valid);
     }
   }
-  const T* k_base = static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh + c * 8;
-  const T* v_base = static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh + c * 8;
+  // Contiguous: key at k_base + key * k_ss. Paged: a key tile is one KV block (static_assert in PrefillTraits),
+  // located once per tile (kv_locate). A row past key_end reads nothing (zero-fill) from a valid row.
+  const bool paged = a.block_table != nullptr;
+  const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv) + c * 8;
+  const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + c * 8;
   auto load_tile = [&](int it) {  // iteration it's tile into buffer it % kStages
     const int tile = tile_at(it);
     const uint32_t kdst = kv_smem + (it % Tr::kStages) * 2 * Tr::kTileBytes + dst0;
     const uint32_t vdst = kdst + Tr::kTileBytes;
+    if (paged) {
+      const KvRow at = kv_locate(a, b, tile * Tr::kBlockN);
+      const T* k_tile = k_row<T>(a, at, hkv) + c * 8;
+      const T* v_tile = v_row<T>(a, at, hkv) + c * 8;
+#pragma unroll
+      for (int r = lrow0; r < Tr::kBlockN; r += Tr::kRowsPerPass) {
+        const bool valid = tile * Tr::kBlockN + r < key_end;
+        const int64_t rr = valid ? r : 0;
+        cp_async_16(kdst + (r - lrow0) * Tr::kRowBytes, k_tile + rr * a.k_ss, valid);
+        cp_async_16(vdst + (r - lrow0) * Tr::kRowBytes, v_tile + rr * a.v_ss, valid);
+      }
+      return;
+    }
 #pragma unroll
     for (int r = lrow0; r < Tr::kBlockN; r += Tr::kRowsPerPass) {
       const int key = tile * Tr::kBlockN + r;

@@ -42,6 +42,8 @@ struct PrefillSm90Traits {
   static constexpr int kSmemBytes = 1024 + kQBytes + kStages * 2 * kTileBytes + kScratchBytes + kBarrierBytes;
 
   static_assert(D == 64 || D == 128, "the Hopper prefill supports head_dim 64 and 128");
+  static_assert(kBlockN == contract::kAttentionKvBlockSize,
+                "a key tile is one KV block: one table lookup per tile (paged caches)");
   static_assert(kQBytes % 1024 == 0 && kTileBytes % 1024 == 0, "every swizzle panel 1024-byte aligned");
 };
 
@@ -90,21 +92,23 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
       cp_async_16(q_smem + sw128_offset(Tr::kBlockM, r, c), q_base + (valid ? (m0 + r) * a.q_ss : 0) + c * 8, valid);
     }
     mbar_arrive_on_copies(q_full);
-    const T* k_base = static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh;
-    const T* v_base = static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh;
     for (int it = 0; it < num_tiles; ++it) {
       const int stage = it % Tr::kStages, use = it / Tr::kStages;
       if (use > 0) mbar_wait(empty(stage), (use - 1) & 1);  // the consumers are done with the previous tile here
       const uint32_t kdst = kv_smem + stage * 2 * Tr::kTileBytes, vdst = kdst + Tr::kTileBytes;
       const int key0 = tile_at(it) * Tr::kBlockN;
+      // A key tile is one KV block: one kv_locate per tile (attention_common.cuh).
+      const KvRow at = kv_locate(a, b, key0);
+      const T* k_tile = k_row<T>(a, at, hkv);
+      const T* v_tile = v_row<T>(a, at, hkv);
 #pragma unroll 8
       for (int i = lane; i < Tr::kBlockN * Tr::kChunks; i += 32) {
         const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
         const bool valid = key0 + r < key_end;  // zero-fill past the end: cache garbage never reaches a product
-        const int64_t kk = valid ? key0 + r : 0;
+        const int64_t rr = valid ? r : 0;
         const uint32_t off = sw128_offset(Tr::kBlockN, r, c);
-        cp_async_16(kdst + off, k_base + kk * a.k_ss + c * 8, valid);
-        cp_async_16(vdst + off, v_base + kk * a.v_ss + c * 8, valid);
+        cp_async_16(kdst + off, k_tile + rr * a.k_ss + c * 8, valid);
+        cp_async_16(vdst + off, v_tile + rr * a.v_ss + c * 8, valid);
       }
       mbar_arrive_on_copies(full(stage));
     }

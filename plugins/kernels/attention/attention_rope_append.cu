@@ -1,5 +1,7 @@
 // RoPE on the new tokens' q and k, and the in-place append of k and v to the cache: the companion kernel of the
-// decode step (one launch; a step writes O(new tokens) of cache, never copies it).
+// decode step (one launch; a step writes O(new tokens) of cache, never copies it). With a block table the cache is
+// paged: position pos goes to row pos % 64 of block table[b][pos / 64] (kv_locate, attention_common.cuh), and
+// positions at or past kv_capacity = W * 64 are dropped and counted as positions past a contiguous cache are.
 //
 // The head slots are Hq query heads then Hkv key heads then Hkv value heads. One CTA per (batch, token, group of
 // slots): its 128 threads cover the channel pairs of 128 / (D/2) heads at once (its lanes) and walk the group, so
@@ -9,6 +11,7 @@
 // first R = rope_dim channels of a q or k head rotate; the pairs past them, and every pair of a value head, are
 // copies of adjacent channels. E.g. D = 128, R = 64 interleaved (chatglm2): pairs 0-31 rotate (2i, 2i+1), pairs
 // 32-63 copy channels (64 + 2(i - 32), +1); R = 0 (OPT) copies every pair.
+#include "kernels/attention/attention_common.cuh"
 #include "kernels/attention/attention_launch.h"
 #include "kernels/attention/attention_mma.cuh"
 #include "kernels/attention/attention_params.h"
@@ -48,6 +51,9 @@ __global__ void __launch_bounds__(kRopeThreads)
   if (lane >= lanes) return;
   const long long pos = p.past_len[b] + s;
   const bool in_cache = pos >= 0 && pos < p.kv_capacity;
+  // Where position pos goes in the caches (the attention kernels' address rule); only read when in_cache.
+  const attn::KvRow at =
+      in_cache ? attn::kv_locate(p.block_table, p.block_table_stride, b, static_cast<int>(pos)) : attn::KvRow{0, 0};
   const int rotated_pairs = p.rope_dim / 2;
   float sn = 0.0f, cs = 1.0f;
   if (i < rotated_pairs) {
@@ -68,7 +74,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     if (kv_slot >= p.num_kv_heads) {  // a value head: plain copy of the pair
       const int h = kv_slot - p.num_kv_heads;
       const T* src = static_cast<const T*>(p.v_new) + b * p.vn_sb + h * p.vn_sh + s * p.vn_ss;
-      T* dst = static_cast<T*>(p.v_cache) + b * p.vc_sb + h * p.vc_sh + pos * p.vc_ss;
+      T* dst = static_cast<T*>(p.v_cache) + attn::kv_row_offset(at, p.vc_sb, p.vc_sh, p.vc_ss, h);
       dst[2 * i] = src[2 * i];
       dst[2 * i + 1] = src[2 * i + 1];
       continue;
@@ -83,7 +89,7 @@ __global__ void __launch_bounds__(kRopeThreads)
       dst = static_cast<T*>(p.q_out) + b * p.q_sb + slot * p.q_sh + s * p.q_ss;
     } else {
       src = static_cast<const T*>(p.k_new) + b * p.kn_sb + kv_slot * p.kn_sh + s * p.kn_ss;
-      dst = static_cast<T*>(p.k_cache) + b * p.kc_sb + kv_slot * p.kc_sh + pos * p.kc_ss;
+      dst = static_cast<T*>(p.k_cache) + attn::kv_row_offset(at, p.kc_sb, p.kc_sh, p.kc_ss, kv_slot);
     }
     if (!rotate) {
       dst[i0] = src[i0];

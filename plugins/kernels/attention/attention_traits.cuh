@@ -79,6 +79,8 @@ struct PrefillTraits {
   static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row % 8) must stay fixed across a thread's passes");
   static_assert(kBlockN % kRowsPerPass == 0 && kBlockM % kRowsPerPass == 0, "whole passes per tile");
   static_assert(kBlockN % kStepN == 0 && kStepN % 16 == 0, "whole k16 steps per compute step");
+  static_assert(kBlockN == contract::kAttentionKvBlockSize,
+                "a key tile is one KV block: one table lookup per tile (paged caches)");
 };
 
 }  // namespace attn

@@ -5,8 +5,8 @@ input. Grids over kernel axes are pairwise (tests/helpers/pairwise.py)."""
 
 import pytest
 
-from attention_reference import check_close
-from gpu_kernels import kernels_launched
+from attention_reference import adversarial_inputs, check_close, make_inputs, reference_view
+from gpu_kernels import capture_graph, kernels_launched
 from pairwise import pairwise_params
 
 pytestmark = pytest.mark.gpu
@@ -30,38 +30,6 @@ def skip_unless_hopper(config):
     """Tile shape 4 runs warpgroup MMAs, which only sm_90 has."""
     if config == 4 and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("prefill_config 4 is the sm_90 (Hopper) wgmma kernel")
-
-
-def make_inputs(batch, heads, kv_heads, seq, kv_len, dim, dtype, *, capacity=None, q_scale=1.0, spread=False):
-    """q [B, Hq, S, D] and caches [B, Hkv, capacity, D] whose first past_len[b] + S rows are set; the rest of the
-    cache holds NaN so that reading past a sequence's end cannot go unnoticed. past_len varies per sequence."""
-    capacity = capacity or kv_len
-    q = (torch.randn(batch, heads, seq, dim, device="cuda") * q_scale).to(dtype)
-    k = torch.full((batch, kv_heads, capacity, dim), float("nan"), device="cuda", dtype=dtype)
-    v = torch.full_like(k, float("nan"))
-    past = torch.tensor([max(kv_len - seq - (i * 7 if spread else 0), 0) for i in range(batch)], dtype=torch.int64)
-    for b in range(batch):
-        n = int(past[b]) + seq
-        k[b, :, :n] = torch.randn(kv_heads, n, dim, device="cuda").to(dtype)
-        v[b, :, :n] = torch.randn(kv_heads, n, dim, device="cuda").to(dtype)
-    return q, k, v, past.cuda()
-
-
-def reference_view(k, v, past, seq):
-    """The caches cut to the longest sequence with NaN rows zeroed (the reference masks them anyway)."""
-    n = int(past.max()) + seq
-    return torch.nan_to_num(k[:, :, :n]), torch.nan_to_num(v[:, :, :n])
-
-
-def adversarial_inputs(seq, dtype):
-    """Inputs (and their reference view) with one tile of huge positive scores for head group 0 and one of huge
-    negative scores for group 1: with scale 30, ordinary scores reach +-1e4."""
-    q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
-    kr, vr = reference_view(k, v, past, seq)
-    k[:, 0, 700] = q[:, 0, 0] * 8
-    k[:, 1, 900] = -q[:, 4, 0] * 8
-    kr[:, 0, 700], kr[:, 1, 900] = k[:, 0, 700], k[:, 1, 900]
-    return q, k, v, past, kr, vr
 
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -407,7 +375,7 @@ def test_prefill_fallback_counts_rows_beyond_their_anchor():
     not matter; a key elsewhere scoring far above a row's anchor sends that row to the fallback."""
     import math
 
-    from fdpp_rewrite.calibrate import anchored_prefill_fallbacks
+    from fdpp_rewrite.calibration.prefill import anchored_prefill_fallbacks
 
     att = _att()
     seq, heads = 600, 2
@@ -640,17 +608,6 @@ def _chain_randn(step, *shape, scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).to(device="cuda", dtype=torch.float16)
 
 
-def _capture(calls):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            calls()
-    torch.cuda.current_stream().wait_stream(stream)
-    return graph
-
-
 def _query_chain(splits, steps=3, pdl=True):
     """out1 = attention(q1); out2 = attention(out1) in one CUDA graph sharing one workspace, replayed `steps` times
     with a new q1. Returns ([(q1, out1, out2) copied after each replay], (k, v, past))."""
@@ -677,7 +634,7 @@ def _query_chain(splits, steps=3, pdl=True):
         att.attention(out1, k, v, past, out=out2, workspace=workspace, **second)
 
     calls()  # eager once: kernel attributes and the counters' symbol are set up outside the capture
-    graph = _capture(calls)
+    graph = capture_graph(calls)
     results = []
     for step in range(steps):
         q1.copy_(_chain_randn(step + 1, batch, heads, 1, dim, scale=4.0))
@@ -734,7 +691,7 @@ def test_decode_chain_new_key_and_value_are_the_previous_calls_outputs(splits):
                       counters=counters, **_grid(splits, combine_counters))
 
     calls()
-    graph = _capture(calls)
+    graph = capture_graph(calls)
     for step in range(3):
         q_a.copy_(_chain_randn(10 + step, batch, kv_heads, 1, dim, scale=4.0))
         q_b.copy_(_chain_randn(20 + step, batch, kv_heads, 1, dim, scale=4.0))
@@ -869,7 +826,7 @@ def test_decode_last_block_combine_in_a_cuda_graph_equals_eager():
     options = dict(kernel="decode", num_splits=6, decode_combine="last_block", max_kv_len=3100,
                    combine_counters=combine_counters)
     att.attention(q, k, v, past, out=out, workspace=workspace, **options)  # eager once, outside the capture
-    graph = _capture(lambda: att.attention(q, k, v, past, out=out, workspace=workspace, **options))
+    graph = capture_graph(lambda: att.attention(q, k, v, past, out=out, workspace=workspace, **options))
     for step in range(3):
         q.copy_(torch.randn_like(q))
         past += 1
