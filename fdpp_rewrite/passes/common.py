@@ -81,19 +81,25 @@ def collect_matches(graph: gs.Graph, anchor_op: str, match, report) -> list:
     where it returns a reason (a str) instead is left as is with that reason in `report`.
         collect_matches(graph, "Softmax", match_attention, report) -> [AttentionMatch, ...]"""
     graph.toposort()
-    matches, names = [], None
+    matches = []
     for node in graph.nodes:
         if node.op != anchor_op or not is_standard(node):
             continue
-        if not node.name:  # the report and the rewrite's summary tell nodes apart by name
-            names = names or NameMaker(graph, anchor_op.lower())
-            node.name = names("node")
+        named(graph, node)  # a match the pass leaves later (the kernels lack it) is reported by this name too
         found = match(graph, node)
         if isinstance(found, str):
             report.leave(anchor_op, node.name, found)
         else:
             matches.append(found)
     return matches
+
+
+def named(graph: gs.Graph, node: gs.Node) -> str:
+    """The node's name, after giving it a unique one if it had none: the reports and the rewrite's summary tell the
+    nodes left as is apart by name."""
+    if not node.name:
+        node.name = NameMaker(graph, "fdpp_left")(node.op)
+    return node.name
 
 
 def producer_op(tensor: gs.Tensor, *ops: str) -> gs.Node | None:

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract
 from fdpp_rewrite.passes.common import (NameMaker, PassReport, constant_dtype, constant_shape, constant_value,
-                                        is_constant, is_standard, sole_consumer, weight_tensor)
+                                        is_constant, is_standard, named, sole_consumer, weight_tensor)
 from fdpp_rewrite.passes.projection_fusion import bias_of, silu_mul_of, weight_matmuls
 from fdpp_rewrite.passes.support import dtypes_of, unsupported
 from fdpp_rewrite.passes.weights import WeightStore
@@ -135,7 +135,7 @@ def find_matches(graph: gs.Graph, report: PassReport) -> list[GemmMatch]:
     for match, y in found:
         why_not = unsupported(OP, {}, dict(dtypes_of(x=match.x), weight=match.dtype))
         if why_not:
-            report.leave(match.node.op, match.node.name, why_not)
+            report.leave(match.node.op, named(graph, match.node), why_not)
             continue
         _find_epilogue(graph, match, y, claimed)
         matches.append(match)

@@ -31,21 +31,8 @@ RMS_NORM_FAMILIES = ("llama", "mistral", "qwen2")  # opt and gpt2 use LayerNorma
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """(family, exporter, kind) -> path of the exported graph, exported on first use."""
-    folder = tmp_path_factory.mktemp("hf-exports")
-    cache = {}
-
-    def get(family, exporter, kind):
-        key = (family, exporter, kind)
-        if key not in cache:
-            try:
-                cache[key] = hf_exports.export_hf(family, EXPORTERS[exporter], kind == "decode", folder)
-            except hf_exports.ExportUnsupported as exc:
-                cache[key] = exc
-        if isinstance(cache[key], Exception):
-            pytest.skip(str(cache[key]))
-        return cache[key]
-
-    return get
+    get = hf_exports.cached_exporter(tmp_path_factory.mktemp("hf-exports"))
+    return lambda family, exporter, kind: get(family, EXPORTERS[exporter], kind == "decode")
 
 
 def rewritten(path, **options):

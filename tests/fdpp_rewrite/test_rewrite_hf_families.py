@@ -26,21 +26,8 @@ GRAPHS = {"llama-hd32": ("llama", {"head_dim": 32}), "gemma2": ("gemma2", {}), "
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hf-families")
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            family, overrides = GRAPHS[name]
-            try:
-                cache[name] = hf_exports.export_hf(family, False, False, folder, overrides=overrides)
-            except hf_exports.ExportUnsupported as exc:
-                cache[name] = exc
-        if isinstance(cache[name], Exception):
-            pytest.skip(str(cache[name]))
-        return cache[name]
-
-    return get
+    get = hf_exports.cached_exporter(tmp_path_factory.mktemp("hf-families"))
+    return lambda name: get(GRAPHS[name][0], False, False, GRAPHS[name][1])
 
 
 @pytest.fixture(scope="module")

@@ -171,3 +171,24 @@ def export_hf(family: str, dynamo: bool, cache: bool, folder, dtype: str = "floa
         raise ExportUnsupported(f"torch {torch.__version__} cannot export {path.stem}: {type(exc).__name__}: "
                                 f"{first[:300]}") from exc
     return path
+
+
+def cached_exporter(folder):
+    """get(family, dynamo, cache, overrides=None) -> the path of that export in `folder`, exported on first use; a
+    combination the installed torch/transformers cannot export skips the calling test with the exporter's reason."""
+    import pytest
+
+    done = {}
+
+    def get(family: str, dynamo: bool, cache: bool, overrides: dict | None = None) -> Path:
+        key = (family, dynamo, cache, tuple(sorted((overrides or {}).items())))
+        if key not in done:
+            try:
+                done[key] = export_hf(family, dynamo, cache, folder, overrides=overrides)
+            except ExportUnsupported as exc:
+                done[key] = exc
+        if isinstance(done[key], Exception):
+            pytest.skip(str(done[key]))
+        return done[key]
+
+    return get
