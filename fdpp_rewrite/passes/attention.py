@@ -95,7 +95,7 @@ def _set_layers(nodes: list, calibration: list[SoftmaxSettings], report: PassRep
     """Layer k's settings on the k-th attention node, as `calibrate --apply` writes them."""
     if len(nodes) != len(calibration):  # a chain was left as is (its mask): the summary says so
         report.warnings.append(f"calibration not applied: {len(nodes)} of {len(calibration)} attention layers "
-                                  "were replaced")
+                               "were replaced")
         return
     for layer, (node, settings) in enumerate(zip(nodes, calibration)):
         node.attrs = node_attributes_with(node.attrs, settings, where=f"layer {layer}")

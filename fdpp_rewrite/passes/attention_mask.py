@@ -97,7 +97,7 @@ def mask_mode(graph: gs.Graph, mask: gs.Tensor | None, cache: dict, report: Pass
             mode = "past_len"
         else:
             report.warnings.append(f"mask '{mask.name}' is computed from past_len but does not follow the causal "
-                                      "rule j <= past_len + i (a sliding window?); passed to the op as a bias")
+                                   "rule j <= past_len + i (a sliding window?); passed to the op as a bias")
     cache[mask.name] = mode
     return mode
 
