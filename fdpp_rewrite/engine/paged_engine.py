@@ -193,6 +193,7 @@ def run(engine, key: tuple, buffers: StepBuffers):
     layout = PagedLayout(batch, count, chunk, kv_len, buffers.table)
     outputs, program = engine.traced.trace(feeds, engine.backend, layout=layout)
     out = outputs["logits"][0].index_select(0, buffers.rows)
+    engine.programs[key] = program  # what bench counts a step's eager launches with
     if engine.use_graphs and count * chunk <= MAX_GRAPH_PREFILL:
         engine.paged_steps[key] = engine.traced.capture(
             program, feeds, lambda logits: logits[0].index_select(0, buffers.rows))
