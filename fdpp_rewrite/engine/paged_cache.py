@@ -92,8 +92,7 @@ class PagedCache:
     def require(self, needed: int) -> None:
         """OutOfBlocks (one line) unless `needed` blocks can be had now."""
         if needed > self.free_blocks:
-            raise OutOfBlocks(f"a step needs {needed} KV blocks and {self.free_blocks} of {self.total_blocks} are "
-                              "free; release finished sequences or build with a larger --kv-memory")
+            raise self.pool.out_of_blocks(needed)
 
     def wrote_prompt(self, slot: int, ids: list[int], length: int) -> None:
         """Slot `slot` now holds `length` tokens, the last of them these prompt `ids`; its full blocks are published
