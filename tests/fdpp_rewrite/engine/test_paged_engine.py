@@ -187,6 +187,25 @@ def test_the_cli_refuses_kv_memory_for_other_backends(folders, capsys):
     assert "drop --kv-memory or --backend tensorrt" in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_run_and_bench_on_a_paged_engine(folders, contiguous, capsys, tmp_path):
+    """run and bench on the paged build, and on the contiguous build with --kv-memory (paged at load)."""
+    from fdpp_rewrite.cli import main
+
+    expected = ",".join(map(str, contiguous.generate([PROMPT], 5).tokens[0]))
+    for folder, extra in ((folders[2], []), (folders[1], ["--kv-memory", "0.25"])):
+        assert main(["run", str(folder), "--token-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "5",
+                     *extra]) == 0
+        assert capsys.readouterr().out.strip() == expected
+    out = tmp_path / "b.json"
+    assert main(["bench", str(folders[2]), "--context", "16", "--new-tokens", "3", "--batch", "6", "--out",
+                 str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["kv_cache"]["layout"] == "paged"
+    assert [(p["batch"], p["kv_buckets"]) for p in report["points"]] == [(6, [128])]
+    assert main(["bench", str(folders[1]), "--context", "16", "--new-tokens", "3", "--kv-memory", "9"]) == 2
+    assert "--kv-memory 9" in capsys.readouterr().err
+
+
 def test_the_step_views_copy_nothing():
     """Decode rows [B, H, 1, D] and chunks [P, H, C, D] are views of the tokens-major query [1, T, H, D]."""
     batch, chunks, chunk, heads, dim = 3, 2, 4, 2, 8
