@@ -112,7 +112,8 @@ class Engine:
         if self.plan.get("interface") == "hf":
             from fdpp_rewrite.engine.hf_interface import HfFeeds
 
-            self.hf_feeds = HfFeeds(self.plan["inputs"], self.cache_names, self.max_batch, self.max_seq, device)
+            self.hf_feeds = HfFeeds(self.plan["inputs"], self.plan["cache_inputs"], self.max_batch, self.max_seq,
+                                    device)
         self.use_graphs = use_graphs and backend == "cuda"
         self.traced = ProgramCache(self.nodes, self.weights, self.host_values, self.use_graphs)
         tensor_parallel = self.manifest.get("tensor_parallel", 1) > 1
