@@ -33,6 +33,12 @@ def upload(values, device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+def check_fits(longest: int, max_seq: int) -> None:
+    """A step needs `longest` positions in some sequence: refuse one past max_seq in one line."""
+    if longest > max_seq:
+        raise FdppError(f"a sequence reached the engine's max sequence {max_seq}; rebuild with a larger --max-seq")
+
+
 class SlotCache:
     def __init__(self, names: list, max_batch: int, max_seq: int, kv_heads: int, head_dim: int, dtype, device):
         self.names, self.max_batch, self.max_seq, self.device = list(names), max_batch, max_seq, device
@@ -46,10 +52,7 @@ class SlotCache:
         return {name: tensor[slots, :, :kv_len] for name, tensor in zip(self.names, self.tensors)}
 
     def check_fits(self, longest: int) -> None:
-        """A step needs `longest` positions in some slot: refuse one past max_seq in one line."""
-        if longest > self.max_seq:
-            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
-                            "--max-seq")
+        check_fits(longest, self.max_seq)
 
     def set_length(self, slot: int, length: int) -> None:
         """A slot's length on the host and on the GPU, there in stream order with no host synchronization (an item

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fdpp_rewrite.engine.kv_cache import check_fits
 from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool, OutOfBlocks, blocks_for
 from fdpp_rewrite.engine.paged.prefix import PrefixCache
 from fdpp_rewrite.engine.paged.sequence import SequenceBlocks
@@ -76,9 +77,7 @@ class PagedCache:
     # -- growing and retiring --------------------------------------------------------------------------------------
 
     def check_fits(self, longest: int) -> None:
-        if longest > self.max_seq:
-            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
-                            "--max-seq")
+        check_fits(longest, self.max_seq)
 
     def blocks_needed(self, slot: int, length: int) -> int:
         """New blocks slot `slot` needs to hold `length` tokens."""
