@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fdpp_rewrite.engine.bench import decode_kv_buckets, decode_step
 from fdpp_rewrite.engine.build import build_engine
 from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, OutOfBlocks
 from fdpp_rewrite.engine.paged_step import chunk_rows, decode_rows, join
@@ -63,6 +64,8 @@ def test_generate_equals_the_contiguous_engine(contiguous, paged):
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-4, rtol=1e-4)
     assert paged.paged and not contiguous.paged
     assert any(key[1] > 0 for key in paged.paged_steps)  # the prompts ran as batched chunks: P > 0, B = 0
+    program, feeds, graph = decode_step(paged, 3)  # what bench counts kernels of: the last decode bucket's step
+    assert graph is None and program.run(feeds)["logits"].shape[:2] == (1, 4) and decode_kv_buckets(paged, 3) == [128]
 
 
 def test_slot_api_equals_the_contiguous_engine(contiguous, paged):
