@@ -13,7 +13,7 @@ import torch
 from fdpp_rewrite.engine.bench import decode_kv_buckets, decode_step
 from fdpp_rewrite.engine.build import build_engine
 from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, OutOfBlocks
-from fdpp_rewrite.engine.paged_step import chunk_rows, decode_rows, join
+from fdpp_rewrite.engine.paged_step import PagedLayout, chunk_rows, decode_rows, join
 from fdpp_rewrite.engine.runtime import Engine, Sampler
 from fdpp_rewrite.errors import FdppError
 
@@ -219,3 +219,37 @@ def test_the_step_views_copy_nothing():
     assert dec.data_ptr() == query.data_ptr() and chk.stride(-1) == 1
     assert chk[1, 0, :, 0].tolist() == [7, 8, 9, 10]  # chunk 1 = tokens B + C .. B + 2C - 1
     assert torch.equal(join(dec, chk), query)
+
+
+LAYOUT = PagedLayout(batch=2, chunks=2, chunk=3, kv_len=128, table=torch.tensor([[1, 0], [2, 0], [3, 4], [5, 0]]))
+
+
+def test_a_rope_that_rotates_in_place_gets_each_part_its_table_rows():
+    """As the cuda kernel: rotate the views in place (here: add past_len + the row's first block); the wrapped step
+    returns the query itself, no join or copy."""
+    seen = []
+
+    def rotate_in_place(query, k_new, v_new, key_pool, value_pool, past_len, inv_freq, block_table):
+        seen.append((tuple(query.shape), block_table.tolist()))
+        query.add_((past_len + 10 * block_table[:, 0]).reshape(-1, 1, 1, 1).to(query.dtype))
+        return query, key_pool, value_pool
+
+    query, pool = torch.zeros(1, 2, 8, 4), torch.zeros(6, 2, 64, 4)
+    out, _, _ = LAYOUT.wrap("RopeAppend", rotate_in_place)(query, query, query, pool, pool,
+                                                           torch.tensor([5, 6, 0, 64]), None)
+    assert out is query
+    assert seen == [((2, 2, 1, 4), [[1, 0], [2, 0]]), ((2, 2, 3, 4), [[3, 4], [5, 0]])]
+    assert query[0, 0, :, 0].tolist() == [15, 26, 30, 30, 30, 114, 114, 114]
+
+
+def test_the_split_attention_writes_one_tokens_major_output():
+    def attention(query, key_pool, value_pool, past_len, out=None, block_table=None, max_kv_len=None):
+        assert max_kv_len == 128 and block_table.shape[0] == query.shape[0]
+        return out.copy_(query * 2 + past_len.reshape(-1, 1, 1, 1))
+
+    query = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(1, 2, 8, 4)
+    pool = torch.zeros(6, 2, 64, 4)
+    out = LAYOUT.wrap("AsyncSoftmaxAttention", attention)(query, pool, pool, torch.tensor([5, 6, 0, 64]))
+    expected = query * 2 + torch.tensor([5, 6, 0, 0, 0, 64, 64, 64.0]).reshape(1, 1, 8, 1)
+    assert torch.equal(out, expected)
+    assert out.transpose(1, 2).is_contiguous()  # the graph's Transpose back to tokens-major costs no copy
