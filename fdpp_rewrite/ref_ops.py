@@ -109,7 +109,9 @@ def _online_max(scores, visible, v, tile: int):
 
 def kv_block_size() -> int:
     """Tokens per block of the paged KV cache (the attention contract's kv_block_size)."""
-    return int(load_contract("AsyncSoftmaxAttention").raw["kv_block_size"])
+    from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE
+
+    return KV_BLOCK_SIZE
 
 
 def gather_pages(pool, table, kv_len: int):

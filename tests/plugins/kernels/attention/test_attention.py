@@ -407,7 +407,7 @@ def test_prefill_fallback_counts_rows_beyond_their_anchor():
     not matter; a key elsewhere scoring far above a row's anchor sends that row to the fallback."""
     import math
 
-    from fdpp_rewrite.calibrate import anchored_prefill_fallbacks
+    from fdpp_rewrite.calibration.prefill import anchored_prefill_fallbacks
 
     att = _att()
     seq, heads = 600, 2
