@@ -3,7 +3,7 @@ sequence grows and given back when it retires (the design: /work/notes/paged_des
 
     cache = PagedCache(names, max_batch=256, max_seq=4096, kv_heads=8, head_dim=128, dtype=torch.float16,
                        device=dev, num_blocks=5000)
-    cache.grow(3, 200)                 # slot 3 will hold 200 tokens: blocks for positions 0..199, table row 3
+    cache.grow([(3, 200)])             # slot 3 will hold 200 tokens: blocks for positions 0..199, table row 3
     cache.rows([3, 0])                 # the host table rows a step of slots 3 and 0 reads (numpy int32 [2, W])
     cache.release(3)                   # its blocks unreferenced (prefix-cached ones stay, evictable), row zeroed
 
@@ -24,12 +24,10 @@ import numpy as np
 import torch
 
 from fdpp_rewrite.engine.kv_cache import check_fits
-from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool, OutOfBlocks, blocks_for
+from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE, BlockPool, blocks_for
 from fdpp_rewrite.engine.paged.prefix import PrefixCache
-from fdpp_rewrite.engine.paged.sequence import SequenceBlocks
+from fdpp_rewrite.engine.paged.sequence import SequenceBlocks, grow_all
 from fdpp_rewrite.errors import FdppError
-
-__all__ = ["OutOfBlocks", "PagedCache"]
 
 
 class PagedCache:
@@ -83,15 +81,13 @@ class PagedCache:
         """New blocks slot `slot` needs to hold `length` tokens."""
         return self.sequences[slot].blocks_needed(length)
 
-    def grow(self, slot: int, length: int) -> None:
-        """Allocate what slot `slot` needs to hold `length` tokens and enter the new blocks in its table row."""
-        for index, block in self.sequences[slot].grow(length):
-            self.table[slot, index] = block
-
-    def require(self, needed: int) -> None:
-        """OutOfBlocks (one line) unless `needed` blocks can be had now."""
-        if needed > self.free_blocks:
-            raise self.pool.out_of_blocks(needed)
+    def grow(self, growths: list) -> None:
+        """Allocate what each (slot, length) needs to hold `length` tokens, all or nothing (OutOfBlocks, nothing
+        allocated, when they do not fit), and enter the new blocks in the slots' table rows."""
+        entries = grow_all((self.sequences[slot], length) for slot, length in growths)
+        for (slot, _), new in zip(growths, entries):
+            for index, block in new:
+                self.table[slot, index] = block
 
     def wrote_prompt(self, slot: int, ids: list[int], length: int) -> None:
         """Slot `slot` now holds `length` tokens, the last of them these prompt `ids`; its full blocks are published
@@ -126,8 +122,7 @@ class PagedCache:
     def assume(self, slot: int, length: int) -> None:
         """Warm-up only: the slot holds `length` tokens of junk (its blocks allocated; OutOfBlocks if they are not
         free)."""
-        self.require(self.blocks_needed(slot, length))
-        self.grow(slot, length)
+        self.grow([(slot, length)])
         self.lengths[slot] = length
         self.known[slot] = False
 

@@ -86,10 +86,15 @@ def setup(engine, kv_memory=None, kv_blocks: int | None = None, prefix_caching: 
 
 # -- the step API -------------------------------------------------------------------------------------------------
 
+def growths(engine, decode_slots: list[int], chunks: list) -> list:
+    """(slot, length) of every row a step grows: a decode row by one token, a chunk's row by its ids."""
+    lengths = engine.kv.lengths
+    return [(slot, lengths[slot] + 1) for slot in decode_slots] + [(slot, lengths[slot] + len(ids))
+                                                                   for slot, ids in chunks]
+
+
 def blocks_needed(engine, decode_slots: list[int], chunks: list) -> int:
-    kv = engine.kv
-    return (sum(kv.blocks_needed(slot, kv.lengths[slot] + 1) for slot in decode_slots)
-            + sum(kv.blocks_needed(slot, kv.lengths[slot] + len(ids)) for slot, ids in chunks))
+    return sum(engine.kv.blocks_needed(slot, length) for slot, length in growths(engine, decode_slots, chunks))
 
 
 def step_budget(engine) -> tuple[int, int]:
@@ -127,11 +132,7 @@ def step(engine, decode_slots: list[int], tokens, chunks: list, padded: int | No
     bucket)."""
     check_step(engine, decode_slots, chunks, padded)
     kv = engine.kv
-    kv.require(blocks_needed(engine, decode_slots, chunks))
-    for slot in decode_slots:
-        kv.grow(slot, kv.lengths[slot] + 1)
-    for slot, ids in chunks:
-        kv.grow(slot, kv.lengths[slot] + len(ids))
+    kv.grow(growths(engine, decode_slots, chunks))
     n, m = len(decode_slots), len(chunks)
     batch = pick(n, engine.batch_buckets) if n else 0
     count = pick(m, engine.batch_buckets) if m else 0
