@@ -176,10 +176,23 @@ def test_a_paged_build_runs_more_sequences_than_slots(folders, contiguous):
 
 
 def test_build_and_load_refuse_what_cannot_be_paged(folders, tmp_path):
+    from fdpp_rewrite.export import export_model
+    from fdpp_rewrite.rewrite import rewrite_file
+
     with pytest.raises(FdppError, match="--kv-memory 2.5"):
         build_engine(folders[0], tmp_path / "e", backend="cpu", kv_memory="2.5", stream=io.StringIO())
     with pytest.raises(FdppError, match="kv_blocks must be at least 2"):
         Engine(folders[1], kv_blocks=1)
+    onnx_path = tmp_path / "tiny-opt.onnx"  # learned absolute positions: computed from past_len in the graph
+    export_model("tiny-opt", onnx_path, dtype="float32", max_cache=64, progress=False)
+    rewritten = rewrite_file(onnx_path, stream=io.StringIO())
+    with pytest.raises(FdppError, match="--kv-memory needs a graph that runs mixed steps .*computes positions") as info:
+        build_engine(rewritten, tmp_path / "opt", backend="cpu", kv_memory="0.5", stream=io.StringIO())
+    assert "\n" not in str(info.value)
+    build_engine(rewritten, tmp_path / "opt", backend="cpu", max_seq=64, stream=io.StringIO())
+    with pytest.raises(FdppError, match="a paged KV cache needs mixed steps"):
+        Engine(tmp_path / "opt", kv_memory="0.5")
+    assert not Engine(tmp_path / "opt").paged
 
 
 def test_the_cli_refuses_kv_memory_for_other_backends(folders, capsys):
