@@ -217,6 +217,8 @@ def release(engine, slot: int) -> None:
 
 def prefill(engine, slot: int, ids: list[int]):
     """The prompt into a fresh `slot` (its blocks given back first), in chunks of up to MAX_PREFILL_CHUNK."""
+    if not ids:
+        raise FdppError(f"an empty prompt for slot {slot}; pass at least one token id")
     engine.kv.release(slot)
     for start in range(0, len(ids), buckets.MAX_PREFILL_CHUNK):
         logits = prefill_chunk(engine, slot, ids[start:start + buckets.MAX_PREFILL_CHUNK])
