@@ -24,6 +24,7 @@ import torch
 from fdpp_rewrite.engine import buckets
 from fdpp_rewrite.engine.buckets import MAX_GRAPH_PREFILL, MAX_PREFILL_CHUNK, pick
 from fdpp_rewrite.engine.kv_cache import upload
+from fdpp_rewrite.engine.paged import sizing
 from fdpp_rewrite.engine.paged.blocks import blocks_for
 from fdpp_rewrite.engine.paged_cache import PagedCache
 from fdpp_rewrite.engine.paged_step import PagedLayout, StepBuffers
@@ -57,12 +58,11 @@ def reserve_bytes(engine) -> int:
 
 
 def pool_blocks(engine, kv_memory, kv_blocks: int | None) -> int:
+    """Blocks of the pool, the null block included (the module docstring)."""
     if kv_blocks is not None:
         if kv_blocks < 2:
             raise FdppError(f"kv_blocks must be at least 2 (block 0 is the null block), got {kv_blocks}")
         return int(kv_blocks)
-    from fdpp_rewrite.engine.paged import sizing
-
     if kv_memory is None:
         kv_memory = engine.manifest["kv_cache"]["kv_memory"]
     amount = sizing.parse_kv_memory(str(kv_memory))
