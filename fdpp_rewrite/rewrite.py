@@ -6,9 +6,10 @@ sanitize -> attention -> rope_append -> norm -> projection fusion -> flat gemm -
 was and was not replaced -> write (external data beside the model when the input had it or the model is big) with the
 profile and the calibration used stamped into the model's metadata.
 
-The passes are independent: when the attention pass proves no chain (or only some), the GEMM passes still run and
-the rewrite is partial, with a warning per pattern left behind. `--require attention,gemm` makes a pattern that is
-not fully replaced an error instead.
+The passes are independent and never abort on one match: a chain a pass cannot prove, or one the kernels cannot serve
+(a head size, dtype or soft cap their contract lacks), is left as is while everything else is rewritten; each pass
+prints one warning line per reason, and the summary names per pattern how many were left and why.
+`--require attention,gemm` makes a pattern that is not fully replaced an error instead.
 """
 
 from __future__ import annotations
@@ -112,9 +113,7 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
     for report in reports:
         report.print(stream)
 
-    summary = PatternSummary({"attention": reports[0].total, "gemm": reports[-1].total},
-                             {"attention": attention.remaining_attention(graph),
-                              "gemm": flat_gemm.remaining_weight_matmuls(graph)})
+    summary = PatternSummary.of(graph, reports[0], reports[-1])
     for line in summary.lines():
         print(line, file=stream)
     summary.check(require)
@@ -132,12 +131,38 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
     return RewriteResult(rewritten, reports, profile_label, calibration_label)
 
 
+UNEXPLAINED = "not matched by the pass"  # a node the summary finds but the pass's report does not name
+
+
 @dataclass
 class PatternSummary:
-    """Per pattern: how many instances were replaced and the names of those left in the graph."""
+    """Per pattern: how many instances were replaced, and for each one left in the graph its name and why."""
 
     replaced: dict
-    left: dict
+    left: dict  # pattern -> [(node name, reason)]
+
+    @classmethod
+    def of(cls, graph, attention_report, gemm_report) -> PatternSummary:
+        """What is left is read from the graph (the passes' reports may not know everything that looks like the
+        pattern); why, from the report of the pass that left it."""
+        from fdpp_rewrite.passes import attention, flat_gemm
+
+        left = {}
+        for name, report, names in (("attention", attention_report, attention.remaining_attention(graph)),
+                                    ("gemm", gemm_report, flat_gemm.remaining_weight_matmuls(graph))):
+            reasons = report.reasons()
+            left[name] = [(node, reasons.get(node, UNEXPLAINED)) for node in names]
+        return cls({"attention": attention_report.total, "gemm": gemm_report.total}, left)
+
+    def why(self, name: str) -> str:
+        """The reasons the `name` nodes were left, e.g. 'head_dim 32: the kernels are built for 64, 128' or
+        '2 x head_dim 32: ...; 1 x logit soft-capping: ...' when they differ."""
+        counts = {}
+        for _, reason in self.left[name]:
+            counts[reason] = counts.get(reason, 0) + 1
+        if len(counts) == 1:
+            return next(iter(counts))
+        return "; ".join(f"{count} x {reason}" for reason, count in counts.items())
 
     def lines(self) -> list[str]:
         out = []
@@ -145,8 +170,7 @@ class PatternSummary:
             left = self.left[name]
             line = f"{name}: {self.replaced[name]} replaced, {len(left)} left"
             if left:
-                line = f"warning: {line} ({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}; see the pass " \
-                       "report above for why)"
+                line = f"warning: {line} ({self.why(name)})"
             elif not self.replaced[name]:
                 line = f"warning: {name}: none found"
             out.append(line)
@@ -157,10 +181,16 @@ class PatternSummary:
 
         supported = {"attention": f"attention chains {attention.SUPPORTED}", "gemm": flat_gemm.SUPPORTED}
         for name in require:
-            if self.left[name] or not self.replaced[name]:
-                raise FdppError(f"--require {name}: {self.replaced[name]} replaced, {len(self.left[name])} left "
-                                f"{self.left[name][:3]}; the rewriter replaces {supported[name]}")
+            left = self.left[name]
+            if left or not self.replaced[name]:
+                shown = ", ".join(node for node, _ in left[:3]) + (" ..." if len(left) > 3 else "")
+                why = f" ({self.why(name)}: {shown})" if left else ""
+                raise FdppError(f"--require {name}: {self.replaced[name]} replaced, {len(left)} left{why}; the "
+                                f"rewriter replaces {supported[name]}")
         if not any(self.replaced.values()):
+            if any(self.left.values()):
+                why = "; ".join(f"{name}: {self.why(name)}" for name in REQUIRABLE if self.left[name])
+                raise FdppError(f"nothing rewritten: every attention chain and weight matmul was left as is ({why})")
             raise FdppError(f"nothing to rewrite: no attention chain and no weight matmul found; the rewriter "
                             f"replaces {supported['attention']} and {supported['gemm']}")
 

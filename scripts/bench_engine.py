@@ -4,8 +4,10 @@ of the same engine, in one run. Writes WORK/bench.json (with the command) and pr
 
     python scripts/bench_engine.py llama2-7b --batch 1 2 4 8 16 --context 128 1024 8192 --new-tokens 128
     python scripts/bench_engine.py tiny-llama --dtype float32 --backend cpu --batch 1 --context 16 --new-tokens 4
+    python scripts/bench_engine.py llama2-7b --kv-memory 0.9 --batch 64 128 256 --context 512   # a paged KV cache
 
-The engine is built for max batch = the largest --batch and max sequence = the longest --context + --new-tokens.
+The engine is built for max batch = the largest --batch and max sequence = the longest --context + --new-tokens;
+with --kv-memory its KV cache is paged (build --kv-memory), sized by memory instead of batch x sequence.
 """
 
 import argparse
@@ -27,6 +29,8 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, nargs="+", default=[128, 1024])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--kernels", nargs="+", default=["fdpp", "torch"], choices=["fdpp", "torch"])
+    parser.add_argument("--kv-memory", help="build a paged KV cache of this size (0.9 of the free GPU memory, or "
+                                            "20GiB; default: contiguous slots)")
     parser.add_argument("--work", type=Path, help="folder for the graphs and the engine (default: a temp folder)")
     args = parser.parse_args(argv)
 
@@ -54,7 +58,8 @@ def run_steps(args, work: Path) -> int:
         run([sys.executable, "-m", "fdpp_rewrite", *step])
     engine_cli = [sys.executable, "-m", "fdpp_rewrite"]
     run(engine_cli + ["build", str(work / "model.fdpp.onnx"), "-o", str(engine), "--max-batch", str(max(args.batch)),
-                      "--max-seq", str(max_seq), "--backend", args.backend, "--force"])
+                      "--max-seq", str(max_seq), "--backend", args.backend, "--force",
+                      *(["--kv-memory", args.kv_memory] if args.kv_memory else [])])
     run(engine_cli + ["bench", str(engine), "--batch", *map(str, args.batch), "--context", *map(str, args.context),
                       "--new-tokens", str(args.new_tokens), "--kernels", *args.kernels, "--out",
                       str(work / "bench.json")])

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from fdpp_rewrite.engine.backends import Backend, gemm_inputs, torch_rms_norm
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.ref_ops import gather_pages
 
 
 def torch_epilogue(y, epilogue: str, residual):
@@ -48,7 +49,9 @@ def sdpa_attention(attrs):
         raise FdppError(f"the baseline attention takes mask_mode past_len, not {attrs.get('mask_mode')!r}")
     scale = float(attrs["scale"])
 
-    def attention(query, key, value, past_len, out=None):
+    def attention(query, key, value, past_len, out=None, block_table=None, max_kv_len=None):
+        if block_table is not None:  # a paged engine: the contiguous caches the pools hold (a copy per call)
+            key, value = (gather_pages(pool, block_table.long(), max_kv_len) for pool in (key, value))
         batch, heads, seq, _ = query.shape
         length = key.shape[2]
         last = past_len.reshape(batch, 1, 1, 1) + torch.arange(seq, device=query.device).reshape(1, 1, seq, 1)

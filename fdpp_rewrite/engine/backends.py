@@ -44,9 +44,9 @@ def gemm_inputs(attrs, inputs):
     return x, weight, bias, residual
 
 
-def rope_append_torch(attrs, query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
-    """fdpp::RopeAppend in torch: RoPE on the first rope_dim channels of query and k_new at positions
-    past_len[b] + s, then k_new and v_new written into the caches in place. Returns (query_out, caches)."""
+def rotate_torch(attrs, query, k_new, past_len, inv_freq):
+    """RopeAppend's rotation in torch: RoPE on the first rope_dim channels of query and k_new at positions
+    past_len[b] + s. Returns (query_out, k_rotated, positions [B, S])."""
     batch, _, seq, dim = query.shape
     rope_dim = int(attrs.get("rope_dim", dim))  # 0: no rotation (OPT), the new rows are only appended
     interleaved = bool(attrs.get("interleaved", 0))
@@ -60,12 +60,29 @@ def rope_append_torch(attrs, query, k_new, v_new, key_cache, value_cache, past_l
         rotated = ops.rotary(x[..., :rope_dim], cos, sin, interleaved)
         return torch.cat((rotated, x[..., rope_dim:]), dim=-1) if rope_dim < dim else rotated
 
-    q_out, k_rot = rotate(query), rotate(k_new)
-    b_index = torch.arange(batch, device=query.device).reshape(batch, 1, 1)
+    return rotate(query), rotate(k_new), positions
+
+
+def rope_append_torch(attrs, query, k_new, v_new, key_cache, value_cache, past_len, inv_freq, block_table=None):
+    """fdpp::RopeAppend in torch: RoPE on the first rope_dim channels of query and k_new at positions
+    past_len[b] + s, then k_new and v_new written into the caches in place. Returns (query_out, caches).
+    With a block_table [B, W] the caches are pools [N, Hkv, block, D] and position p of row b is row p % block of
+    block table[b, p // block]; a position past the table's W blocks goes to the null block 0, as the kernel drops it
+    (a padding row)."""
+    q_out, k_rot, positions = rotate_torch(attrs, query, k_new, past_len, inv_freq)
+    batch, seq = positions.shape
     h_index = torch.arange(k_new.shape[1], device=query.device).reshape(1, -1, 1)
-    s_index = positions.reshape(batch, 1, seq)
-    key_cache.index_put_((b_index, h_index, s_index), k_rot.to(key_cache.dtype))
-    value_cache.index_put_((b_index, h_index, s_index), v_new.to(value_cache.dtype))
+    if block_table is None:
+        rows = torch.arange(batch, device=query.device).reshape(batch, 1, 1)
+        index = (rows, h_index, positions.reshape(batch, 1, seq))
+    else:
+        block = key_cache.shape[2]
+        entry = positions // block
+        inside = entry < block_table.shape[1]
+        blocks = torch.gather(block_table.long(), 1, entry.clamp(max=block_table.shape[1] - 1)) * inside
+        index = (blocks.reshape(batch, 1, seq), h_index, (positions % block).reshape(batch, 1, seq))
+    key_cache.index_put_(index, k_rot.to(key_cache.dtype))
+    value_cache.index_put_(index, v_new.to(value_cache.dtype))
     return q_out, key_cache, value_cache
 
 
@@ -122,12 +139,14 @@ class CpuBackend(Backend):
             epilogue = attrs.get("epilogue", "none")
             return lambda *inputs: _flat_gemm_math(*gemm_inputs(attrs, inputs), epilogue)
         if op_type == "AsyncSoftmaxAttention":
-            from fdpp_rewrite.ref_ops import async_softmax_attention
+            from fdpp_rewrite.ref_ops import async_softmax_attention, gather_pages
 
             options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
             options["softmax"] = node_softmax(attrs)
 
-            def attention(query, key, value, mask=None, out=None):
+            def attention(query, key, value, mask=None, out=None, block_table=None, max_kv_len=None):
+                if block_table is not None:  # pools: the contiguous caches they hold, then the same math
+                    key, value = (gather_pages(pool, block_table.long(), max_kv_len) for pool in (key, value))
                 mask_np = None if mask is None else mask.numpy()
                 result = async_softmax_attention(query.numpy(), key.numpy(), value.numpy(), mask_np, **options)
                 result = torch.from_numpy(np.ascontiguousarray(result))
@@ -136,7 +155,7 @@ class CpuBackend(Backend):
         if op_type == "RMSNorm":
             return torch_rms_norm(attrs)
         if op_type == "RopeAppend":
-            return lambda *inputs: rope_append_torch(attrs, *inputs)
+            return lambda *inputs, block_table=None: rope_append_torch(attrs, *inputs, block_table=block_table)
         raise FdppError(f"the cpu backend has no fdpp::{op_type}")
 
 
@@ -200,7 +219,7 @@ class CudaBackend(Backend):
                 buffers.append(torch.zeros(need, dtype=torch.int32, device=self.device))
             return buffers[-1] if need else None
 
-        def attention(query, key, value, mask=None, out=None):
+        def attention(query, key, value, mask=None, out=None, block_table=None, max_kv_len=None):
             past_len = mask if options["mask_mode"] == "past_len" else None
             bias = mask if options["mask_mode"] == "bias" else None
             if out is None and query.shape[2] > 1:  # a prompt pass: tokens-major, free to transpose back
@@ -208,8 +227,9 @@ class CudaBackend(Backend):
             # GQA keeps the combine kernel: its last block would recompute a group's flagged rows one after
             # another, where the combine kernel gives each row a CTA
             counters = combine_counters(query, key) if query.shape[1] == key.shape[1] else None
+            paged = {} if block_table is None else {"block_table": block_table, "max_kv_len": max_kv_len}
             return gpu_attention.attention(query, key, value, past_len, bias, softmax=softmax, out=out,
-                                           combine_counters=counters, **options)
+                                           combine_counters=counters, **paged, **options)
         return attention
 
     def gemm_plan(self, name: str) -> dict:
@@ -244,9 +264,10 @@ class CudaBackend(Backend):
 
         interleaved, rope_dim = bool(attrs.get("interleaved", 0)), int(attrs["rope_dim"])
 
-        def kernel(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq):
+        def kernel(query, k_new, v_new, key_cache, value_cache, past_len, inv_freq, block_table=None):
+            paged = {} if block_table is None else {"block_table": block_table}
             q_out = gpu_attention.rope_append(query, k_new, v_new, key_cache, value_cache, past_len,
                                               inv_freq=inv_freq if rope_dim else None, rope_dim=rope_dim,
-                                              interleaved=interleaved)
+                                              interleaved=interleaved, **paged)
             return q_out, key_cache, value_cache
         return kernel

@@ -9,11 +9,12 @@ the same graph, norms, RoPE and CUDA graphs) and prints the ratios. `--ablate` a
 each technique buys: fdpp's tokens/s over the ablated engine's, per point.
 
 Reported: decode tokens/s (batch / mean step); ms per step (mean and median); first-token time (prefill of every
-prompt + the first token); the memory roofline (weight bytes + KV bytes a step reads, over a streaming read
-measured in the same run: torch.sum over --stream-gib of fp16 timed with CUDA events, median of 10, once before
-and once after the points, the faster of the two counting: the GPU's clocks vary between reads) and its percent;
-kernel launches per decode step counted with torch.profiler over one replay of the step's CUDA graph (and over one
-eager run of the same Program), per transformer layer. Weight bytes: every weight a step reads
+prompt + the first token; a paged engine prefills the batch as batched chunk rounds, engine.prefill_batch: 16
+prompts of 128 tokens are one pass of 2,048); the memory roofline (weight bytes + KV bytes a step reads, over a
+streaming read measured in the same run: torch.sum over --stream-gib of fp16 timed with CUDA events, median of
+10, once before and once after the points, the faster of the two counting: the GPU's clocks vary between reads)
+and its percent; kernel launches per decode step counted with torch.profiler over one replay of the step's CUDA
+graph (and over one eager run of the same Program), per transformer layer. Weight bytes: every weight a step reads
 whole (embedding tables read by Gather count one row per token).
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from fdpp_rewrite.engine.buckets import pick
 from fdpp_rewrite.errors import FdppError
 
 
@@ -83,15 +85,12 @@ def count_kernels(engine, batch: int) -> dict:
         return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
                 if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
 
-    bucket_batch = engine.decode_buckets(batch)[0]
-    kv_len = max(k[1] for k in engine.programs if k[0] == (bucket_batch, 1))  # the last bucket the run used
-    feeds = engine.feeds(engine.step_ids[:bucket_batch], engine.past_len[:bucket_batch], slice(0, bucket_batch), kv_len)
-    program = engine.programs[(tuple(feeds["input_ids"].shape), kv_len)]
+    program, feeds, graph = decode_step(engine, batch)
     eager = kernels(lambda: program.run(feeds))
     counts = {"eager": len(eager)}
     launched = eager
-    if (bucket_batch, kv_len) in engine.graphs:
-        launched = kernels(engine.graphs[(bucket_batch, kv_len)][0].replay)
+    if graph is not None:
+        launched = kernels(graph.replay)
         counts["graph"] = len(launched)
     counts["per_layer"] = round(counts.get("graph") or counts["eager"]) / engine.num_layers
     # which kernels a step launches, by name (shortened), and their summed time in that one run (profiler clock):
@@ -104,6 +103,29 @@ def count_kernels(engine, batch: int) -> dict:
     counts["kernel_us"] = {name: round(us, 1) for name, us in sorted(times.items(), key=lambda item: -item[1])}
     counts["op_counts_per_step"] = dict(sorted(program.op_counts.items()))
     return counts
+
+
+def decode_step(engine, batch: int) -> tuple:
+    """(Program, its feeds, its CUDA graph or None) of the last decode bucket a run of `batch` used."""
+    bucket_batch = pick(batch, engine.batch_buckets)
+    if engine.paged:  # paged step keys: (B, P, C, kv bucket); a decode step has P = 0
+        key = max((k for k in engine.paged_steps if k[:3] == (bucket_batch, 0, 0)), key=lambda k: k[3])
+        buffers = engine.step_buffers[key]
+        feeds = {"input_ids": buffers.ids, "past_len": buffers.past, **engine.kv.views()}
+        runner, out = engine.paged_steps[key]
+        return engine.programs[key], feeds, runner if out is not None else None
+    kv_len = max(k[1] for k in engine.programs if k[0] == (bucket_batch, 1))  # the last bucket the run used
+    feeds = engine.feeds(engine.step_ids[:bucket_batch], engine.past_len[:bucket_batch], slice(0, bucket_batch), kv_len)
+    graph = engine.graphs.get((bucket_batch, kv_len))
+    return engine.programs[(tuple(feeds["input_ids"].shape), kv_len)], feeds, None if graph is None else graph[0]
+
+
+def decode_kv_buckets(engine, batch: int) -> list[int]:
+    """The KV buckets the decode steps of `batch` rows ran as."""
+    bucket_batch = pick(batch, engine.batch_buckets)
+    if engine.paged:
+        return sorted({k[3] for k in engine.paged_steps if k[:3] == (bucket_batch, 0, 0)})
+    return sorted({k[1] for k in engine.graphs if k[0] == bucket_batch})
 
 
 def bench_point(engine, batch: int, context: int, new_tokens: int, roofline: bool) -> dict:
@@ -121,7 +143,7 @@ def bench_point(engine, batch: int, context: int, new_tokens: int, roofline: boo
              "ms_per_step_median": statistics.median(steps) * 1e3,
              "ms_per_step_p90": sorted(steps)[int(0.9 * (len(steps) - 1))] * 1e3, "ms_per_step_max": max(steps) * 1e3,
              "first_token_ms": result.first_token_s * 1e3,
-             "kv_buckets": sorted({k[1] for k in engine.graphs if k[0] == engine.decode_buckets(batch)[0]})}
+             "kv_buckets": decode_kv_buckets(engine, batch)}
     if roofline:
         mean_len = context + new_tokens / 2
         point.update(weight_bytes=weight_bytes_per_step(engine, batch),
@@ -212,7 +234,8 @@ def bench_command(args, command: str) -> int:
                             f"{max_seq}; rebuild with a larger --max-seq")
     points, reads = [], []
     for label, options in configurations(args.kernels, args.ablate):  # one engine at a time: weights on the GPU once
-        engine = Engine(args.engine, backend=args.backend, use_graphs=not args.no_graphs, **options)
+        engine = Engine(args.engine, backend=args.backend, use_graphs=not args.no_graphs, kv_memory=args.kv_memory,
+                        **options)
         cuda = engine.backend.name == "cuda"
         if cuda and not reads:
             reads.append(stream_read_bytes_per_s(args.stream_gib))
@@ -236,7 +259,7 @@ def bench_command(args, command: str) -> int:
     if args.out:
         report = {"command": command, "engine": str(args.engine), "backend": backend_name,
                   "cuda_graphs": graphs, "gpu": manifest.get("gpu"),
-                  "model": manifest.get("model"), "dtype": manifest["dtype"],
+                  "model": manifest.get("model"), "dtype": manifest["dtype"], "kv_cache": manifest.get("kv_cache"),
                   "stream_read_bytes_per_s": bandwidth, "stream_reads_bytes_per_s": reads, "points": points}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(f"{args.out}.tmp")

@@ -15,6 +15,10 @@ MAX_PREFILL_CHUNK = 8192
 # Prompt passes up to this many (padded) tokens are replayed from CUDA graphs; a longer pass is compute-bound
 # enough that the host time does not matter, and its graph would pin a large activation pool.
 MAX_GRAPH_PREFILL = 2048
+# Sequence rows an engine is built for by default: contiguous slots each reserve max_seq of cache; a paged row costs
+# only a block-table row, so a paged build takes hundreds.
+DEFAULT_MAX_BATCH = 8
+PAGED_MAX_BATCH = 256
 
 
 def _doubling(first: int, last: int) -> list[int]:

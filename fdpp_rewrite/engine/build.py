@@ -202,11 +202,14 @@ def gemm_shapes(plan: dict, arrays: dict) -> dict:
 
 # ---- the command --------------------------------------------------------------------------------------------
 
-def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch: int = 8, max_seq: int | None = None,
-                 dtype: str | None = None, profile: Path | None = None, force: bool = False,
-                 tensor_parallel: int | None = None, stream=sys.stdout) -> dict:
-    """Build the engine folder (see the module docstring); returns the manifest."""
+def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch: int | None = None,
+                 max_seq: int | None = None, dtype: str | None = None, profile: Path | None = None, force: bool = False,
+                 tensor_parallel: int | None = None, kv_memory: str | None = None, stream=sys.stdout) -> dict:
+    """Build the engine folder (see the module docstring); returns the manifest. kv_memory: a paged KV cache of
+    that much memory ("0.9" of the free GPU memory after the weights, or "20GiB"; max_batch default 256)."""
     import torch
+
+    from fdpp_rewrite.engine.buckets import DEFAULT_MAX_BATCH, PAGED_MAX_BATCH
 
     source, output = Path(source), Path(output)
     check_output(output, force)
@@ -221,6 +224,7 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
         raise FdppError(f"{source} is {plan['dtype']}; the GPU kernels take float16 or bfloat16, re-export with "
                         "--dtype float16")
     max_seq = int(max_seq or plan["graph_capacity"] or 2048)
+    max_batch = max_batch or (PAGED_MAX_BATCH if kv_memory else DEFAULT_MAX_BATCH)
     metadata = _export_metadata(source)
     config = metadata.get("config") if metadata else None
     limit = (config or {}).get("max_position")
@@ -231,6 +235,7 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
 
     prune(plan)
     check_ops(plan)
+    kv_cache = paged_kv_cache(plan, kv_memory, tensor_parallel) if kv_memory else None
     op_types = [node["op"] for node in plan["nodes"]]
     glue_ops = {"rms_norm": op_types.count("RMSNorm"), "rope_append": op_types.count("RopeAppend")}
     unsharded_shapes = gemm_shapes(plan, arrays)  # the shapes the rewriter chose the nodes' plans for
@@ -245,6 +250,8 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
         "glue_ops": glue_ops, "model": {"config": config, "source": (metadata or {}).get("source"),
                                   "origin": (metadata or {}).get("origin")}, "tokenizer": None,
     }
+    if kv_cache:
+        manifest["kv_cache"] = kv_cache
     if tensor_parallel:
         from fdpp_rewrite.engine import tensor_parallel as tp
 
@@ -277,6 +284,20 @@ def build_engine(source: Path, output: Path, *, backend: str = "auto", max_batch
         return manifest
     _write_tensor_parallel(output, manifest, ranks, metadata, force)
     return manifest
+
+
+def paged_kv_cache(plan: dict, kv_memory: str, tensor_parallel: int | None) -> dict:
+    """The manifest's kv_cache of a paged build, or a one-line refusal for a graph that cannot run paged steps."""
+    from fdpp_rewrite.engine import mixed
+    from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE
+    from fdpp_rewrite.engine.paged.sizing import parse_kv_memory
+
+    parse_kv_memory(str(kv_memory))
+    reason = ("tensor-parallel engines keep contiguous slots" if tensor_parallel else
+              "a Hugging Face graph" if plan["interface"] == "hf" else mixed.unsupported_reason(plan))
+    if reason:
+        raise FdppError(f"--kv-memory needs a graph that runs mixed steps ({reason}); build without --kv-memory")
+    return {"layout": "paged", "block_size": KV_BLOCK_SIZE, "kv_memory": str(kv_memory)}
 
 
 def _finish_plan(plan: dict, arrays: dict, plans: dict, shapes: dict) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fdpp_rewrite.cli import number
 from fdpp_rewrite.cli_args import add_engine_backend, add_force, add_gemm_profile
+from fdpp_rewrite.engine.buckets import DEFAULT_MAX_BATCH
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.serve import server
 
@@ -25,7 +26,8 @@ def add_build_arguments(parser) -> None:
     parser.add_argument("model", type=Path, help="the rewritten graph (model.fdpp.onnx from `rewrite`)")
     parser.add_argument("-o", "--output", type=Path, required=True,
                         help="the engine folder to write (a plan file for --backend tensorrt)")
-    parser.add_argument("--max-batch", type=int, default=8, help="most sequences decoded together (default 8)")
+    parser.add_argument("--max-batch", type=int, help="most sequences decoded together (default 8; 256 with "
+                                                      "--kv-memory)")
     parser.add_argument("--max-seq", type=int, help="longest sequence, prompt + new tokens (default: the graph's "
                                                     "cache capacity)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
@@ -37,7 +39,14 @@ def add_build_arguments(parser) -> None:
     parser.add_argument("--tensor-parallel", type=int, metavar="N",
                         help="shard the model over N ranks, one GPU each (1, 2, 4 or 8; docs/tensor-parallel.md); "
                              "default: one unsharded engine")
+    add_kv_memory(parser, "a paged KV cache (blocks of 64 tokens shared by up to --max-batch sequences) in this "
+                          "much memory: a fraction of the GPU memory free after the weights (0.9) or GiB (20GiB); "
+                          "default: contiguous slots of --max-seq each")
     add_force(parser, "the output if it is an engine folder or an empty folder (anything else is refused)")
+
+
+def add_kv_memory(parser, text: str) -> None:
+    parser.add_argument("--kv-memory", metavar="X", help=text)
 
 
 def add_run_arguments(parser) -> None:
@@ -56,6 +65,7 @@ def add_run_arguments(parser) -> None:
                         help="sample from the smallest set with this mass, in (0, 1]")
     parser.add_argument("--seed", type=int, help="seed of the sampler (default: none, a fresh seed)")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    add_kv_memory(parser, "run with a paged KV cache of this size (0.9 or 20GiB; default: the engine's own)")
     parser.add_argument("--system", help="a system message for --chat (default: none)")
     add_engine_backend(parser)
 
@@ -74,10 +84,16 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--ablate", action="store_true", help="also run the engine with each technique switched to "
                         "its baseline, one at a time, and print what each buys (cuda backend)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here (default: print only)")
+    add_kv_memory(parser, "run with a paged KV cache of this size (0.9 or 20GiB; default: the engine's own)")
     add_engine_backend(parser)
 
 
 def run_build(args) -> int:
+    if args.kv_memory and (args.backend in ("migraphx", "tensorrt") or args.tensor_parallel):
+        what = f"--backend {args.backend}" if args.backend in ("migraphx", "tensorrt") else "--tensor-parallel"
+        raise FdppError(f"--kv-memory (a paged KV cache) runs on the cuda and cpu backends without tensor "
+                        f"parallelism; drop --kv-memory or {what}")
+    max_batch = args.max_batch or DEFAULT_MAX_BATCH
     if args.backend == "migraphx":  # the AMD path: its own module (docs/amd.md)
         from fdpp_rewrite.engine.migraphx_build import build_migraphx_engine
 
@@ -86,21 +102,22 @@ def run_build(args) -> int:
     if args.backend == "tensorrt":  # a serialized TensorRT engine: its own module (docs/tensorrt.md)
         from fdpp_rewrite.engine.tensorrt_build import build_tensorrt_engine
 
-        built = build_tensorrt_engine(args.model, args.output, max_batch=args.max_batch, max_seq=args.max_seq,
+        built = build_tensorrt_engine(args.model, args.output, max_batch=max_batch, max_seq=args.max_seq,
                                       force=args.force)
         print(f"wrote {args.output} ({built['module']} {built['version']}, {built['bytes']} bytes, decode and "
-              f"prefill profiles up to batch {args.max_batch})")
+              f"prefill profiles up to batch {max_batch})")
         return 0
     from fdpp_rewrite.engine.build import build_engine
 
     manifest = build_engine(args.model, args.output, backend=args.backend, max_batch=args.max_batch,
                             max_seq=args.max_seq, dtype=args.dtype, profile=args.profile, force=args.force,
-                            tensor_parallel=args.tensor_parallel)
+                            tensor_parallel=args.tensor_parallel, kv_memory=args.kv_memory)
     gpu = manifest["gpu"]["name"] if manifest["gpu"] else "cpu"
+    paged = f", paged KV cache of {args.kv_memory}" if args.kv_memory else ""
     print(f"wrote {args.output} ({manifest['backend']} backend, {gpu}, {manifest['dtype']}, max batch "
           f"{manifest['max_batch']}, max seq {manifest['max_seq']}, {manifest['glue_ops']['rms_norm']} RMSNorm and "
           f"{manifest['glue_ops']['rope_append']} RopeAppend nodes, "
-          f"{len(manifest['gemm_shapes_profiled_now'])} GEMM shapes profiled now)")
+          f"{len(manifest['gemm_shapes_profiled_now'])} GEMM shapes profiled now{paged})")
     return 0
 
 
@@ -115,7 +132,7 @@ def run_run(args) -> int:
     from fdpp_rewrite.engine.runtime import Engine, Sampler
 
     sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
-    engine = Engine(args.engine, backend=args.backend)
+    engine = Engine(args.engine, backend=args.backend, kv_memory=args.kv_memory)
     tokenizer = _tokenizer(engine)
     if args.token_ids is not None:
         try:

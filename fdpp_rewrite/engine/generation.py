@@ -1,4 +1,5 @@
-"""Batch generation on an Engine: prefill every prompt into its slot, then decode them together.
+"""Batch generation on an Engine: prefill every prompt into its slot (a paged engine: batched chunks), then decode
+them together.
 
     result = generate(engine, [ids_a, ids_b], max_new_tokens=32, sampler=Sampler())
     result.tokens                     # the new ids of each sequence (stop id excluded)
@@ -8,8 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-
-import torch
 
 from fdpp_rewrite.engine.sampling import Sampler
 from fdpp_rewrite.errors import FdppError
@@ -41,6 +40,14 @@ def check_request(engine, prompts: list, max_new_tokens: int) -> None:
         if engine.vocab_size and (min(ids) < 0 or max(ids) >= engine.vocab_size):
             raise FdppError(f"prompt {index} has token ids outside the vocabulary [0, {engine.vocab_size}); "
                             "use the engine's tokenizer")
+    if engine.paged:
+        from fdpp_rewrite.engine.paged.blocks import OutOfBlocks, blocks_for
+
+        needed = sum(blocks_for(len(ids) + max_new_tokens) for ids in prompts)
+        if needed > engine.kv.total_blocks:
+            raise OutOfBlocks(f"{len(prompts)} sequences of up to {max_new_tokens} new tokens need {needed} KV blocks "
+                              f"and the pool has {engine.kv.total_blocks}; pass fewer prompts or build with a larger "
+                              "--kv-memory")
 
 
 def generate(engine, prompts: list, max_new_tokens: int, sampler: Sampler | None = None, stop_ids=(),
@@ -52,7 +59,7 @@ def generate(engine, prompts: list, max_new_tokens: int, sampler: Sampler | None
     stop_ids = set(stop_ids)
     engine.reset()
     started = time.perf_counter()
-    logits = torch.stack([engine.prefill(slot, list(ids)) for slot, ids in enumerate(prompts)])
+    logits = engine.prefill_batch(prompts)
     engine.active = len(prompts)
     result = GenerateResult(tokens=[[] for _ in prompts])
     done = [False] * len(prompts)

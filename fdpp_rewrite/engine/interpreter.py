@@ -78,8 +78,9 @@ def prepare_nodes(plan_nodes: list) -> list:
 def trace(nodes: list, output_names: list, feeds: dict, weights: dict, host_values: dict, backend, layout=None):
     """Run the graph on feeds; return (outputs, Program). host_values: small initializers (CPU tensors);
     weights: device tensors. Feeds that are graph inputs the runtime owns (the KV caches) may be written in
-    place by ScatterND / RopeAppend. layout: a mixed step's MixedLayout (mixed.py), which splits the RopeAppend
-    and attention steps between the decode rows and the chunk."""
+    place by ScatterND / RopeAppend. layout: a mixed step's MixedLayout (mixed.py) or a paged step's PagedLayout
+    (paged_step.py), whose wrap(op, fn) splits the RopeAppend and attention steps between the decode rows and the
+    chunks."""
     host = dict(host_values)
     device_values = dict(weights)
     device_values.update(feeds)
@@ -108,7 +109,7 @@ def trace(nodes: list, output_names: list, feeds: dict, weights: dict, host_valu
                 raise FdppError(f"fdpp::{op} (node {node['name']}) is not supported by this engine version")
             fn = backend.lower(op, attrs, node["name"])
             if layout is not None and op in mixed.MIXED_OPS:
-                fn = mixed.wrap(op, fn, layout)
+                fn = layout.wrap(op, fn)
             host_positions = set()
         elif domain == ops.ENGINE_DOMAIN:  # the engine's own ops (CacheAppend), written into the plan by build
             if op not in ops.ENGINE_OPS:

@@ -6,25 +6,37 @@
 
 Slot s is row s of every tensor [max_batch, Hkv, max_seq, D]; its length is lengths[s] on the host (known without a
 readback: prompt length + steps) and past_len[s] on the GPU, the graph input that positions RoPE and masks the
-attention. The Engine reaches the cache only through this interface, so a paged cache (a block pool and a block
-table per sequence, DESIGN.md) can take its place.
+attention. A paged engine keeps a PagedCache (paged_cache.py: a block pool and a block table per sequence) instead.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from fdpp_rewrite.errors import FdppError
 
 
 def upload(values, device) -> torch.Tensor:
-    """int64 `values` (a list or a CPU tensor) on `device` with no host synchronization: staged in pinned memory and
-    copied on the current stream. A plain torch.tensor(..., device="cuda"), or a copy_ from pageable memory, first
-    waits for every kernel queued on the stream: the GPU would idle while the host prepares the next step."""
-    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+    """`values` (a list of ints: int64; a CPU tensor or a numpy array: its dtype) on `device` with no host
+    synchronization: staged in pinned memory and copied on the current stream. A plain torch.tensor(...,
+    device="cuda"), or a copy_ from pageable memory, first waits for every kernel queued on the stream: the GPU would
+    idle while the host prepares the next step."""
+    if isinstance(values, torch.Tensor):
+        host = values
+    elif isinstance(values, np.ndarray):
+        host = torch.from_numpy(np.ascontiguousarray(values))
+    else:
+        host = torch.tensor(values, dtype=torch.int64)
     if device.type != "cuda":
         return host
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def check_fits(longest: int, max_seq: int) -> None:
+    """A step needs `longest` positions in some sequence: refuse one past max_seq in one line."""
+    if longest > max_seq:
+        raise FdppError(f"a sequence reached the engine's max sequence {max_seq}; rebuild with a larger --max-seq")
 
 
 class SlotCache:
@@ -40,10 +52,7 @@ class SlotCache:
         return {name: tensor[slots, :, :kv_len] for name, tensor in zip(self.names, self.tensors)}
 
     def check_fits(self, longest: int) -> None:
-        """A step needs `longest` positions in some slot: refuse one past max_seq in one line."""
-        if longest > self.max_seq:
-            raise FdppError(f"a sequence reached the engine's max sequence {self.max_seq}; rebuild with a larger "
-                            "--max-seq")
+        check_fits(longest, self.max_seq)
 
     def set_length(self, slot: int, length: int) -> None:
         """A slot's length on the host and on the GPU, there in stream order with no host synchronization (an item

@@ -83,6 +83,10 @@ MANIFEST_SCHEMA = {
     "model": Field("object", required=False),
     "model.config": Field("object", required=False, nullable=True),
     "model.config.max_position": Field("int", required=False, nullable=True, minimum=1),
+    "kv_cache": Field("object", required=False),  # a paged engine's (build --kv-memory); absent: contiguous slots
+    "kv_cache.layout": Field("str", choices=("paged",)),
+    "kv_cache.block_size": Field("int", minimum=1),
+    "kv_cache.kv_memory": Field("str"),
 }
 
 PLAN_SCHEMA = {
@@ -204,6 +208,17 @@ def _consistent(manifest: dict) -> str | None:
         for key in ("gpu", "library"):
             if not isinstance(manifest.get(key), dict):
                 return f"{key} is {_shown(manifest.get(key))}, expected an object for a cuda engine"
+    cache = manifest.get("kv_cache")
+    if cache:
+        from fdpp_rewrite.engine.paged.blocks import KV_BLOCK_SIZE
+        from fdpp_rewrite.engine.paged.sizing import parse_kv_memory
+
+        if cache["block_size"] != KV_BLOCK_SIZE:
+            return f"kv_cache.block_size is {cache['block_size']}, this version's KV blocks hold {KV_BLOCK_SIZE} tokens"
+        try:
+            parse_kv_memory(cache["kv_memory"])
+        except FdppError as exc:
+            return f"kv_cache.kv_memory: {exc}"
     if not manifest.get("tensor_parallel") and "weights_sha256" not in manifest:
         return f"weights_sha256 is missing, expected {KINDS['sha256'][1]}"
     return None

@@ -36,6 +36,9 @@ class MixedLayout:
     slot: int   # the chunk's cache slot (one of the batch's slots: its decode row is junk, see above)
     chunk: int  # the chunk's tokens (padded) after the decode rows
 
+    def wrap(self, op_type: str, fn):
+        return wrap(op_type, fn, self)
+
 
 def unsupported_reason(plan: dict) -> str | None:
     """Why this plan cannot run mixed steps, or None."""

@@ -22,6 +22,7 @@ class ProgramCache:
         self.decode_graphs = {}   # (batch bucket, kv bucket) -> (CUDAGraph, logits tensor it writes)
         self.prefill_graphs = {}  # (slot, prefill bucket, kv bucket) -> (CUDAGraph, [1, V] logits of the last token)
         self.mixed_steps = {}     # (batch bucket, chunk, slot, kv bucket) -> (CUDAGraph or Program, output rows)
+        self.paged_steps = {}     # (B bucket, P bucket, C, kv bucket) -> (CUDAGraph, output rows) or (Program, None)
 
     def forward(self, key: tuple, feeds: dict, backend, keep: bool):
         """logits for these feeds: the Program kept for `key` when there is one, else a trace (kept if `keep`)."""

@@ -6,5 +6,7 @@
 4. projection_fusion  q/k/v MatMuls on one input -> one MatMul + Split; gate/up of a SiLU MLP -> one MatMul + Split
 5. flat_gemm          MatMul against a constant 2-D weight (+ bias, + silu_mul or residual epilogue) -> fdpp::FlatGemm
 
-Each pass takes an onnx-graphsurgeon graph, edits it in place and returns a PassReport.
+Each pass takes an onnx-graphsurgeon graph, edits it in place and returns a PassReport. No pass aborts on one match:
+what the kernels serve comes from the op contracts (support.py), and a match they cannot serve, like one the pass
+cannot prove, is left as is with its reason in the report (common.PassReport.left).
 """

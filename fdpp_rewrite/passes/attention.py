@@ -3,8 +3,9 @@
 The chain is matched by structure (passes/attention_match.py: the pattern and its two layouts), its mask becomes the
 op's mask_mode and 4th input (passes/attention_mask.py), and the node takes phi, the guard and the softmax verdict
 per layer from a calibration file (fdpp_rewrite/calibration/settings.py, layers numbered by graph order), else the
-contract's defaults. What the pass cannot express stays a near miss; the rewrite's final check
-(remaining_attention) then refuses the graph rather than leave attention behind.
+contract's defaults. A chain the pass cannot express, or one the kernels cannot serve (a head size, a dtype or a
+soft cap the contract lacks: passes/support.py), is left as is with the reason in the report; the rewrite's summary
+(remaining_attention) counts what is left and `--require attention` refuses it.
 """
 
 from __future__ import annotations
@@ -19,25 +20,49 @@ from fdpp_rewrite.passes.attention_mask import bias_input, dtypes_differ, mask_m
 from fdpp_rewrite.passes.attention_match import AttentionMatch, match_attention, permuted_shape
 from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, collect_matches, is_constant,
                                         producer)
+from fdpp_rewrite.passes.support import dtypes_of, supports_attribute, unsupported
 
 __all__ = ["run", "remaining_attention", "looks_like_attention", "SUPPORTED", "DEFAULT_PHI",
            "DEFAULT_GUARD_LO", "DEFAULT_GUARD_HI"]  # what rewrite.py reads from the pass
 
 DEFAULT_PHI, DEFAULT_GUARD_LO, DEFAULT_GUARD_HI = DEFAULT_SETTINGS.phi, DEFAULT_SETTINGS.guard_lo, \
     DEFAULT_SETTINGS.guard_hi
+SOFTCAP = "softcap"  # the contract attribute a soft-capped chain needs
+SOFTCAP_MISSING = "logit soft-capping: not supported by the kernels yet"
+
+
+def _model_attributes(match: AttentionMatch) -> dict:
+    """The op's attributes that come from the model (the rest are the mask mode and the calibration's)."""
+    attrs = {"scale": match.scale, "num_heads": match.num_heads, "num_kv_heads": match.num_kv_heads,
+             "head_dim": match.head_dim}
+    if match.softcap is not None:
+        attrs[SOFTCAP] = match.softcap
+    return attrs
+
+
+def _why_not_served(match: AttentionMatch) -> str | None:
+    if match.softcap is not None and not supports_attribute(OP, SOFTCAP):
+        return SOFTCAP_MISSING
+    return unsupported(OP, _model_attributes(match), dtypes_of(query=match.query, key=match.key, value=match.value))
 
 
 def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> PassReport:
-    """Replace every attention chain it can prove; the chains it cannot are near misses in the report (the
-    rewrite decides whether that is an error)."""
+    """Replace every attention chain it can prove and the kernels can serve; the others are left as is, with the
+    reason in the report (the rewrite decides whether that is an error)."""
     report = PassReport("attention")
     contract = load_contract(OP)
-    matches = collect_matches(graph, "Softmax", match_attention, report)
+    matches = []
+    for match in collect_matches(graph, "Softmax", match_attention, report):
+        why_not = _why_not_served(match)
+        if why_not:
+            report.leave("Softmax", match.softmax.name, why_not)
+        else:
+            matches.append(match)
     if not matches and calibration is None:
         return report
     if calibration is not None and len(calibration) != len(matches):
         raise FdppError(f"the calibration has {len(calibration)} layers but the graph has {len(matches)} attention "
-                        "layers; calibrate this model (`python -m fdpp_rewrite calibrate`)")
+                        "layers the kernels serve; calibrate this model (`python -m fdpp_rewrite calibrate`)")
 
     names = NameMaker(graph, "fdpp_attention")
     mode_cache, bias_cache = {}, {}
@@ -50,12 +75,11 @@ def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> Pa
         elif mode == "bias":
             bias = bias_input(graph, match, names, bias_cache)
             if isinstance(bias, str):
-                report.near_misses.append(f"Softmax '{match.softmax.name}' left as is: {bias}")
+                report.leave("Softmax", match.softmax.name, bias)
                 continue
             fourth = [bias]
-        attrs = contract.validate_attributes(
-            {"scale": match.scale, "mask_mode": mode, "num_heads": match.num_heads,
-             "num_kv_heads": match.num_kv_heads, "head_dim": match.head_dim}, where=f"Softmax '{match.softmax.name}'")
+        attrs = contract.validate_attributes(dict(_model_attributes(match), mask_mode=mode),
+                                             where=f"Softmax '{match.softmax.name}'")
         _replace(graph, match, node_attributes_with(attrs, DEFAULT_SETTINGS), fourth, names)
         report.replaced[f"{match.layout}/{mode}"] += 1
     graph.cleanup().toposort()
@@ -69,9 +93,9 @@ def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> Pa
 
 def _set_layers(nodes: list, calibration: list[SoftmaxSettings], report: PassReport) -> None:
     """Layer k's settings on the k-th attention node, as `calibrate --apply` writes them."""
-    if len(nodes) != len(calibration):  # a chain was left as a near miss: the final check refuses the graph
-        report.near_misses.append(f"calibration not applied: {len(nodes)} of {len(calibration)} attention layers "
-                                  "were replaced")
+    if len(nodes) != len(calibration):  # a chain was left as is (its mask): the summary says so
+        report.warnings.append(f"calibration not applied: {len(nodes)} of {len(calibration)} attention layers "
+                               "were replaced")
         return
     for layer, (node, settings) in enumerate(zip(nodes, calibration)):
         node.attrs = node_attributes_with(node.attrs, settings, where=f"layer {layer}")
@@ -103,7 +127,7 @@ def looks_like_attention(graph: gs.Graph, softmax: gs.Node) -> bool:
     if not _reaches_probs_matmul(softmax.outputs[0]):
         return False
     frontier = [softmax.inputs[0]]
-    for _ in range(6):  # Cast / Add(mask) / Mul|Div(scale) / Where between the scores and the softmax
+    for _ in range(8):  # Cast / Add(mask) / Mul|Div(scale) / soft cap / Where between the scores and the softmax
         next_frontier = []
         for tensor in frontier:
             node = producer(tensor)
@@ -111,7 +135,7 @@ def looks_like_attention(graph: gs.Graph, softmax: gs.Node) -> bool:
                 continue
             if node.op == "MatMul" and not any(is_constant(t) for t in node.inputs):
                 return True
-            if node.op in ("Cast", "Add", "Mul", "Div", "Where", "Identity", "Dropout"):
+            if node.op in ("Cast", "Add", "Mul", "Div", "Tanh", "Where", "Identity", "Dropout"):
                 next_frontier.extend(t for t in node.inputs if not is_constant(t))
         frontier = next_frontier
     return False

@@ -96,8 +96,8 @@ def mask_mode(graph: gs.Graph, mask: gs.Tensor | None, cache: dict, report: Pass
         if _mask_follows_past_len(graph, mask, past_len):
             mode = "past_len"
         else:
-            report.near_misses.append(f"mask '{mask.name}' is computed from past_len but does not follow the causal "
-                                      "rule j <= past_len + i (a sliding window?); passed to the op as a bias")
+            report.warnings.append(f"mask '{mask.name}' is computed from past_len but does not follow the causal "
+                                   "rule j <= past_len + i (a sliding window?); passed to the op as a bias")
     cache[mask.name] = mode
     return mode
 

@@ -2,7 +2,7 @@
 (q, k, v, mask, scale, head counts, layout) or a one-line reason why the chain is not one. Cast/Identity/Dropout
 nodes anywhere on the chain are absorbed; the op computes in float32 whatever the casts did.
 
-    scores = MatMul(q, k^T) -> Mul|Div(scalar)? -> Add(mask)? -> Softmax(last axis) -> NaN guard?
+    scores = MatMul(q, k^T) -> Mul|Div(scalar)? -> soft cap? -> Add(mask)? -> Softmax(last axis) -> NaN guard?
     out    = MatMul(probs, v)
 
 where
@@ -11,7 +11,9 @@ where
     Reshape([X, L, D]) -> Transpose(last two) -> Reshape(k's leading dims + [D, L]), proven from the shapes;
   * q and k^T may each be multiplied (or divided) by a scalar first (torch's SDPA applies sqrt(scale) to both):
     every such factor is folded into the op's scale;
-  * the NaN guard is Where(IsNaN(p), 0, p) on the probabilities (a fully masked row; the op gives 0 there too).
+  * the NaN guard is Where(IsNaN(p), 0, p) on the probabilities (a fully masked row; the op gives 0 there too);
+  * the soft cap is Gemma 2's cap * Tanh(s / cap): matched so the pass can say why it leaves the chain (or set
+    the op's `softcap` once the contract has it).
 
 in two layouts:
   * grouped 5-D (our exporter): q5 = Reshape(q [B,Hq,S,D]) -> [B,Hkv,G,S,D], k5/v5 = Unsqueeze(cache, 2),
@@ -48,6 +50,7 @@ class AttentionMatch:
     head_dim: int
     layout: str            # "grouped-5d" | "4d"
     key_perm: list | None = None  # the op's key is Transpose(key, key_perm) (made by the pass), or key itself
+    softcap: float | None = None  # scores = softcap * tanh(scale * q.k / softcap) before the mask (Gemma 2)
 
 
 
@@ -92,9 +95,30 @@ def strip_scalar_factors(graph: gs.Graph, tensor: gs.Tensor) -> tuple[float, gs.
         tensor = found[1]
 
 
+def soft_cap(graph: gs.Graph, tensor: gs.Tensor) -> tuple[float, gs.Tensor] | None:
+    """(cap, x) when `tensor` = cap * Tanh(x / cap) (Gemma 2's logit soft-capping: Mul(Tanh(Div(x, cap)), cap),
+    the division possibly a Mul by 1/cap), every intermediate read only by the chain; else None."""
+    tensor, _ = skip_backward(graph, tensor)
+    outer = _scalar_factor(producer(tensor))
+    if outer is None or sole_consumer(graph, tensor) is None:
+        return None
+    cap, capped = outer
+    tanh = producer_op(capped, "Tanh")
+    if tanh is None or sole_consumer(graph, capped) is None or sole_consumer(graph, tanh.inputs[0]) is None:
+        return None
+    inner = _scalar_factor(producer(tanh.inputs[0]))
+    if inner is None or cap <= 0 or not np.isclose(inner[0] * cap, 1.0, rtol=1e-5):
+        return None
+    return cap, inner[1]
+
+
 def _scores_matmul(graph: gs.Graph, tensor: gs.Tensor):
-    """From a tensor above the softmax, walk up through an optional scale to MatMul(q, k^T).
-    Returns (scale, matmul) or a reason string."""
+    """From a tensor above the softmax, walk up through an optional soft cap and an optional scale to
+    MatMul(q, k^T). Returns (scale, matmul, cap or None) or a reason string."""
+    capped = soft_cap(graph, tensor)
+    cap = None
+    if capped is not None:
+        cap, tensor = capped
     tensor, _ = skip_backward(graph, tensor)
     scale = 1.0
     node = producer(tensor)
@@ -109,7 +133,7 @@ def _scores_matmul(graph: gs.Graph, tensor: gs.Tensor):
         return NOT_FROM_MATMUL
     if any(is_constant(t) for t in node.inputs):
         return "the scores MatMul multiplies by a constant (not queries x keys)"
-    return scale, node
+    return scale, node, cap
 
 
 def _canonical_symbol(dim: str) -> str:
@@ -241,7 +265,7 @@ def match_attention(graph: gs.Graph, softmax: gs.Node):
         found = _scores_matmul(graph, top)
         if isinstance(found, str):
             return found
-    scale, qk = found
+    scale, qk, cap = found
 
     # downward: probs -> [NaN guard] -> MatMul(probs, v)
     probs = _through_nan_guard(graph, skip_forward(graph, softmax.outputs[0])[0])
@@ -271,10 +295,14 @@ def match_attention(graph: gs.Graph, softmax: gs.Node):
     if scores_rank == 5:
         if key_perm is not None:
             return "grouped 5-D scores whose keys are a transposed view, not Unsqueeze(axis 2) of the caches"
-        return _match_grouped(graph, softmax, qk, pv, query_side, key_side, value_side, mask, scale)
-    if scores_rank == 4:
-        return _match_4d(softmax, pv, query_side, key_side, key_perm, value_side, mask, scale)
-    return f"the scores have rank {scores_rank}, expected 4 (Hugging Face layout) or 5 (grouped layout)"
+        found = _match_grouped(graph, softmax, qk, pv, query_side, key_side, value_side, mask, scale)
+    elif scores_rank == 4:
+        found = _match_4d(softmax, pv, query_side, key_side, key_perm, value_side, mask, scale)
+    else:
+        return f"the scores have rank {scores_rank}, expected 4 (Hugging Face layout) or 5 (grouped layout)"
+    if isinstance(found, AttentionMatch):
+        found.softcap = cap
+    return found
 
 
 def is_nan_guard(graph: gs.Graph, where: gs.Node, probs: gs.Tensor) -> bool:

@@ -24,16 +24,35 @@ PASS_THROUGH_OPS = ("Identity", "Dropout")
 
 @dataclass
 class PassReport:
-    """What one pass did: `replaced` instances (by kind) and `near_misses` (one line each: what, why not)."""
+    """What one pass did: `replaced` instances (by kind), the matches `left` as is (reason -> [(what, name)]: one
+    warning line per reason, however many layers share it) and other `warnings` (one line each)."""
 
     name: str
     replaced: Counter = field(default_factory=Counter)
-    near_misses: list = field(default_factory=list)
+    left: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
     notes: list = field(default_factory=list)
 
     @property
     def total(self) -> int:
         return sum(self.replaced.values())
+
+    def leave(self, what: str, name: str, reason: str) -> None:
+        """Record that `what` '`name`' (e.g. Softmax '/layers.0/Softmax') stays as is, and why."""
+        self.left.setdefault(reason, []).append((what, name))
+
+    def reasons(self) -> dict:
+        """name -> why it was left as is."""
+        return {name: reason for reason, entries in self.left.items() for _, name in entries}
+
+    @property
+    def near_misses(self) -> list[str]:
+        """The warning lines: one per reason a match was left as is, then the other warnings."""
+        lines = []
+        for reason, entries in self.left.items():
+            shown = ", ".join(f"{what} '{name}'" for what, name in entries[:3]) + (" ..." if len(entries) > 3 else "")
+            lines.append(f"{len(entries)} left as is ({reason}): {shown}")
+        return lines + list(self.warnings)
 
     def print(self, stream=None) -> None:
         stream = stream or sys.stdout
@@ -58,20 +77,29 @@ def is_standard(node: gs.Node) -> bool:
 
 
 def collect_matches(graph: gs.Graph, anchor_op: str, match, report) -> list:
-    """match(graph, node) for every standard `anchor_op` node, in topological order: the matches it returns, and a
-    near miss in `report` for each node where it returns a reason (a str) instead.
+    """match(graph, node) for every standard `anchor_op` node, in topological order: the matches it returns; a node
+    where it returns a reason (a str) instead is left as is with that reason in `report`.
         collect_matches(graph, "Softmax", match_attention, report) -> [AttentionMatch, ...]"""
     graph.toposort()
     matches = []
     for node in graph.nodes:
         if node.op != anchor_op or not is_standard(node):
             continue
+        named(graph, node)  # a match the pass leaves later (the kernels lack it) is reported by this name too
         found = match(graph, node)
         if isinstance(found, str):
-            report.near_misses.append(f"{anchor_op} '{node.name}' left as is: {found}")
+            report.leave(anchor_op, node.name, found)
         else:
             matches.append(found)
     return matches
+
+
+def named(graph: gs.Graph, node: gs.Node) -> str:
+    """The node's name, after giving it a unique one if it had none: the reports and the rewrite's summary tell the
+    nodes left as is apart by name."""
+    if not node.name:
+        node.name = NameMaker(graph, "fdpp_left")(node.op)
+    return node.name
 
 
 def producer_op(tensor: gs.Tensor, *ops: str) -> gs.Node | None:

@@ -21,8 +21,9 @@ from tqdm import tqdm
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract
 from fdpp_rewrite.passes.common import (NameMaker, PassReport, constant_dtype, constant_shape, constant_value,
-                                        is_constant, is_standard, sole_consumer, weight_tensor)
+                                        is_constant, is_standard, named, sole_consumer, weight_tensor)
 from fdpp_rewrite.passes.projection_fusion import bias_of, silu_mul_of, weight_matmuls
+from fdpp_rewrite.passes.support import dtypes_of, unsupported
 from fdpp_rewrite.passes.weights import WeightStore
 from fdpp_rewrite.profiles import DEFAULT_PROFILE, resolve_choices
 
@@ -76,7 +77,10 @@ def _equal_halves_split(graph: gs.Graph, split: gs.Node, n: int) -> bool:
     return sizes is None or [int(s) for s in np.ravel(sizes)] == [n // 2, n // 2]
 
 
-def _find_epilogue(graph: gs.Graph, match: GemmMatch, y: gs.Tensor) -> None:
+def _find_epilogue(graph: gs.Graph, match: GemmMatch, y: gs.Tensor, claimed: set) -> None:
+    """The epilogue that folds into `match`, whose result is `y`. `claimed`: ids of the residual Adds earlier
+    matches fold in; a parallel-residual block (GPT-NeoX, Falcon) adds two GEMM outputs, and only one of the two
+    may own that Add (the other keeps its plain output, which the first reads as its residual)."""
     reader = sole_consumer(graph, y)
     match.output = y
     if reader is None:
@@ -93,7 +97,9 @@ def _find_epilogue(graph: gs.Graph, match: GemmMatch, y: gs.Tensor) -> None:
         other = reader.inputs[1] if reader.inputs[0] is y else reader.inputs[0]
         same_shape = (other.shape is not None and y.shape is not None and list(other.shape) == list(y.shape)
                       and all(d is not None for d in y.shape))
-        if not is_constant(other) and other is not y and same_shape and other.dtype == y.dtype:
+        if (not is_constant(other) and other is not y and same_shape and other.dtype == y.dtype
+                and id(reader) not in claimed):
+            claimed.add(id(reader))
             match.epilogue, match.residual, match.output = "residual", other, reader.outputs[0]
 
 
@@ -112,22 +118,26 @@ def transposed_weight_matmuls(graph: gs.Graph) -> list[gs.Node]:
             and not is_constant(node.inputs[0]) and _transposed_weight(node.inputs[1]) is not None]
 
 
-def find_matches(graph: gs.Graph) -> list[GemmMatch]:
-    matches = []
+def find_matches(graph: gs.Graph, report: PassReport) -> list[GemmMatch]:
+    """Every weight matmul the kernels serve, with what folds into it; the others are left as is in `report`."""
+    found, claimed = [], set()
     for node in weight_matmuls(graph):
         add, bias = bias_of(graph, node)
-        match = GemmMatch(node, node.inputs[0], node.inputs[1], False, bias)
-        _find_epilogue(graph, match, add.outputs[0] if add is not None else node.outputs[0])
-        matches.append(match)
+        found.append((GemmMatch(node, node.inputs[0], node.inputs[1], False, bias),
+                      add.outputs[0] if add is not None else node.outputs[0]))
     for node in transposed_weight_matmuls(graph):
         weight = _transposed_weight(node.inputs[1])
         add, bias = bias_of(graph, node, n=constant_shape(weight)[0])
-        match = GemmMatch(node, node.inputs[0], weight, True, bias)
-        _find_epilogue(graph, match, add.outputs[0] if add is not None else node.outputs[0])
-        matches.append(match)
-    for node in weight_gemms(graph):
-        match = _gemm_as_weight_matmul(node)
-        _find_epilogue(graph, match, node.outputs[0])
+        found.append((GemmMatch(node, node.inputs[0], weight, True, bias),
+                      add.outputs[0] if add is not None else node.outputs[0]))
+    found += [(match, match.node.outputs[0]) for match in map(_gemm_as_weight_matmul, weight_gemms(graph))]
+    matches = []
+    for match, y in found:
+        why_not = unsupported(OP, {}, dict(dtypes_of(x=match.x), weight=match.dtype))
+        if why_not:
+            report.leave(match.node.op, named(graph, match.node), why_not)
+            continue
+        _find_epilogue(graph, match, y, claimed)
         matches.append(match)
     return matches
 
@@ -138,9 +148,9 @@ def run(graph: gs.Graph, profile_path=None, default_profile=DEFAULT_PROFILE, sto
     store = store or WeightStore()
     report = PassReport("flat gemm")
     contract = load_contract(OP)
-    matches = find_matches(graph)
+    matches = find_matches(graph, report)
     choices, source, warnings = resolve_choices([m.shape_key for m in matches], profile_path, default_profile)
-    report.near_misses.extend(warnings)
+    report.warnings.extend(warnings)
     report.notes.append(f"thresholds from {source}")
     for key in sorted({(m.shape_key, m.epilogue == "silu_mul") for m in matches}):
         (n, k, dtype), silu = key

@@ -138,7 +138,7 @@ def run(graph: gs.Graph) -> PassReport:
             continue
         shapes = {(constant_shape(m.inputs[1])[0], constant_dtype(m.inputs[1])) for m in matmuls}
         if len(shapes) != 1:
-            report.near_misses.append(f"{len(matmuls)} MatMuls read '{x.name}' with different K or dtype; left unfused")
+            report.leave("input", x.name, f"{len(matmuls)} MatMuls read it with different K or dtype")
             continue
         outputs = [_projection_output(graph, m) for m in matmuls]
         if len(matmuls) == 3:
@@ -146,7 +146,7 @@ def run(graph: gs.Graph) -> PassReport:
                 _fuse(graph, x, matmuls, names, "qkv")
                 report.replaced["qkv"] += 1
             else:
-                report.near_misses.append(f"3 MatMuls read '{x.name}' but not all feed an attention op; left unfused")
+                report.leave("input", x.name, "3 MatMuls read it but not all feed an attention op")
         elif len(matmuls) == 2:
             pair = None
             for gate_index in (0, 1):
@@ -156,10 +156,9 @@ def run(graph: gs.Graph) -> PassReport:
                 _fuse(graph, x, pair, names, "gate_up")
                 report.replaced["gate_up"] += 1
             else:
-                report.near_misses.append(f"2 MatMuls read '{x.name}' but are not gate/up of a SiLU-gated MLP "
-                                          "(Mul(Mul(g, Sigmoid(g)), u)); left unfused")
+                report.leave("input", x.name, "2 MatMuls read it but are not gate/up of a SiLU-gated MLP "
+                                              "(Mul(Mul(g, Sigmoid(g)), u))")
         else:
-            report.near_misses.append(f"{len(matmuls)} MatMuls read '{x.name}'; only q/k/v (3) and gate/up (2) "
-                                      "are fused")
+            report.leave("input", x.name, f"{len(matmuls)} MatMuls read it; only q/k/v (3) and gate/up (2) are fused")
     graph.cleanup().toposort()
     return report

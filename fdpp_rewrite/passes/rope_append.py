@@ -29,8 +29,10 @@ import onnx_graphsurgeon as gs
 from fdpp_rewrite.contracts import DOMAIN, load_contract
 from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, ancestors, constant_value, is_constant,
                                         is_standard, producer, rank, static_dim)
+from fdpp_rewrite.passes.support import dtypes_of, unsupported
 
 OP = "RopeAppend"
+LEFT = "RoPE and cache writes of attention"  # what a report line names when a layer's are left as is
 SHAPE_ONLY_OPS = ("Shape", "Size")
 TABLE_ATOL = 2e-3  # cos/sin tables may be rounded to float16 by the export (half an ulp at 1.0 is 4.9e-4)
 
@@ -343,11 +345,11 @@ def run(graph: gs.Graph) -> PassReport:
             continue
         found = match_layer(graph, node)
         if isinstance(found, str):
-            report.near_misses.append(f"attention '{node.name}': RoPE and cache writes left as is: {found}")
+            report.leave(LEFT, node.name, found)
         elif found is not None:
             matches.append(found)
     if matches and past_len is None:
-        report.near_misses.append(f"the graph has no '{PAST_LEN_INPUT}' input; RoPE and cache writes left as is")
+        report.warnings.append(f"the graph has no '{PAST_LEN_INPUT}' input; RoPE and cache writes left as is")
         return report
     proofs, tables = {}, {}
     for match in matches:
@@ -356,17 +358,20 @@ def run(graph: gs.Graph) -> PassReport:
         if rotation is not None:
             inv_freq = inv_freq_of(rotation)
             if inv_freq is None:
-                report.near_misses.append(f"attention '{match.attention.name}': the rotary angles are not "
-                                          "Mul(positions, a float32 inv_freq constant); left as is")
+                report.leave(LEFT, match.attention.name, "the rotary angles are not Mul(positions, a float32 "
+                                                         "inv_freq constant)")
                 continue
         why_not = _proven(graph, match, inv_freq, proofs)
         if why_not:
-            report.near_misses.append(f"attention '{match.attention.name}': RoPE and cache writes left as is: "
-                                      f"{why_not}")
+            report.leave(LEFT, match.attention.name, why_not)
             continue
         attrs = {name: match.attention.attrs[name] for name in ("num_heads", "num_kv_heads", "head_dim")}
         attrs.update(rope_dim=rotation.rope_dim if rotation else 0, interleaved=int(bool(rotation and
                                                                                         rotation.interleaved)))
+        why_not = unsupported(OP, attrs, dtypes_of(query=match.query))
+        if why_not:
+            report.leave(LEFT, match.attention.name, why_not)
+            continue
         attrs = contract.validate_attributes(attrs, where=f"attention '{match.attention.name}'")
         table_key = inv_freq.tobytes()
         if table_key not in tables:

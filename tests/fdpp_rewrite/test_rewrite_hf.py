@@ -58,7 +58,8 @@ def test_hugging_face_llama(tmp_path, num_kv_heads):
     assert [(a["num_heads"], a["num_kv_heads"], a["head_dim"]) for a in attention] == [(4, num_kv_heads, 64)] * 2
     gemms = [n for n in rewritten.graph.node if n.op_type == "FlatGemm"]
     assert len(gemms) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the lm_head
-    assert not any(n.op_type in ("Softmax", "MatMul") for n in rewritten.graph.node)
+    assert not any(n.op_type in ("Softmax", "MatMul", "ReduceMean") for n in rewritten.graph.node)
+    assert sum(n.op_type == "RMSNorm" for n in rewritten.graph.node) == 2 * 2 + 1  # Hugging Face's Pow(x, 2) form
 
     report = compare_models(path, output)
     assert report.passed, [(r.output, r.max_abs) for r in report.rows]

@@ -25,26 +25,14 @@ WEIGHT_MATMULS_PER_LAYER = {"llama": 4, "mistral": 4, "qwen2": 4, "opt": 4, "gpt
 # OPT multiplies q by 1/sqrt(D) right after its projection, before the head reshape: that Mul stays a standard op
 # and the scores are not scaled again (scale 1); the others scale the scores (eager) or q and k^T (sdpa)
 SCALE = {"opt": 1.0}
+RMS_NORM_FAMILIES = ("llama", "mistral", "qwen2")  # opt and gpt2 use LayerNormalization
 
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """(family, exporter, kind) -> path of the exported graph, exported on first use."""
-    folder = tmp_path_factory.mktemp("hf-exports")
-    cache = {}
-
-    def get(family, exporter, kind):
-        key = (family, exporter, kind)
-        if key not in cache:
-            try:
-                cache[key] = hf_exports.export_hf(family, EXPORTERS[exporter], kind == "decode", folder)
-            except hf_exports.ExportUnsupported as exc:
-                cache[key] = exc
-        if isinstance(cache[key], Exception):
-            pytest.skip(str(cache[key]))
-        return cache[key]
-
-    return get
+    get = hf_exports.cached_exporter(tmp_path_factory.mktemp("hf-exports"))
+    return lambda family, exporter, kind: get(family, EXPORTERS[exporter], kind == "decode")
 
 
 def rewritten(path, **options):
@@ -71,6 +59,8 @@ def test_every_attention_and_gemm_replaced_and_compare_passes(exported, family, 
         [(heads, kv_heads, 64, "bias")] * layers
     assert [a["scale"] for a in attention] == pytest.approx([SCALE.get(family, 64 ** -0.5)] * layers, rel=1e-5)
     assert ops.count("FlatGemm") >= WEIGHT_MATMULS_PER_LAYER[family] * layers + 1  # + the lm_head
+    if family in RMS_NORM_FAMILIES:  # Hugging Face's Pow(x, 2) RMSNorm: two per layer and the final one
+        assert ops.count("RMSNorm") == 2 * layers + 1 and "ReduceMean" not in ops and "Pow" not in ops
 
     report = compare_models(path, output)
     assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]

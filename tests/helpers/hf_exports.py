@@ -1,10 +1,12 @@
-"""ONNX graphs of transformers' own models, as today's exporters write them: tiny configs of five families, exported
-by torch.onnx.export with dynamo=True (sdpa attention, the exporter's default) or dynamo=False (TorchScript, eager
-attention), as a prefill graph (input_ids, attention_mask -> logits) or a decode-with-cache graph
+"""ONNX graphs of transformers' own models, as today's exporters write them: tiny configs of five families (and of
+three more the rewriter must take apart, MORE_FAMILIES), exported by torch.onnx.export with dynamo=True (sdpa
+attention, the exporter's default) or dynamo=False (TorchScript, eager attention), as a prefill graph
+(input_ids, attention_mask -> logits) or a decode-with-cache graph
 (input_ids, attention_mask, position_ids, past_key_values.N.key/value -> logits, present.N.key/value).
 
 export_hf(family, dynamo, cache, folder) writes one graph and returns its path, or raises ExportUnsupported with the
-exact reason when the installed torch/transformers cannot export that combination.
+exact reason when the installed torch/transformers cannot export that combination; `overrides` change the tiny config
+(e.g. {"head_dim": 32}, a head size no kernel has).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import warnings
 from pathlib import Path
 
 FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2")
+# parallel residual (gpt_neox, falcon: attention and MLP outputs added together), logit soft-capping (gemma2)
+MORE_FAMILIES = ("gpt_neox", "falcon", "gemma2")
 VOCAB = 128
 LAYERS = 2
 BATCH, SEQ, PAST = 2, 5, 3  # the sizes traced; every one of them is a dynamic dim of the graph
@@ -22,8 +26,16 @@ class ExportUnsupported(Exception):
     """This combination cannot be exported with the installed torch/transformers (the message says why)."""
 
 
-def tiny_config(family: str):
-    """hidden 64-128 with head_dim 64 (the smallest the attention contract takes), 2 layers, vocab 128."""
+def tiny_config(family: str, **overrides):
+    """hidden 64-128 with head_dim 64 (the smallest the attention contract takes), 2 layers, vocab 128; `overrides`
+    set config fields (e.g. head_dim=32)."""
+    config = _tiny_config(family)
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    return config
+
+
+def _tiny_config(family: str):
     import transformers
 
     common = {"vocab_size": VOCAB, "use_cache": True}
@@ -44,14 +56,25 @@ def tiny_config(family: str):
                                       word_embed_proj_dim=128, max_position_embeddings=64, **common)
     if family == "gpt2":
         return transformers.GPT2Config(n_embd=128, n_layer=LAYERS, n_head=2, n_positions=64, **common)
-    raise ValueError(f"unknown family {family}; known: {', '.join(FAMILIES)}")
+    if family == "gpt_neox":  # parallel residual, partial rotary (a quarter of each head)
+        return transformers.GPTNeoXConfig(hidden_size=128, intermediate_size=96, num_hidden_layers=LAYERS,
+                                          num_attention_heads=2, max_position_embeddings=64,
+                                          use_parallel_residual=True, **common)
+    if family == "falcon":  # parallel attention and MLP, no biases
+        return transformers.FalconConfig(hidden_size=128, num_hidden_layers=LAYERS, num_attention_heads=2,
+                                         parallel_attn=True, **common)
+    if family == "gemma2":  # logit soft-capping (50), Gemma's RMSNorm (1 + weight), sliding window off at this length
+        return transformers.Gemma2Config(hidden_size=64, head_dim=64, intermediate_size=96, num_hidden_layers=LAYERS,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                         **common)
+    raise ValueError(f"unknown family {family}; known: {', '.join(FAMILIES + MORE_FAMILIES)}")
 
 
-def _model(family: str, attention: str, dtype: str = "float32"):
+def _model(family: str, attention: str, dtype: str = "float32", overrides: dict | None = None):
     import torch
     import transformers
 
-    config = tiny_config(family)
+    config = tiny_config(family, **(overrides or {}))
     config._attn_implementation = attention  # noqa: SLF001 - how transformers picks the attention function
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).eval().to(getattr(torch, dtype))
@@ -94,14 +117,15 @@ def _wrappers():
     return Prefill, Decode
 
 
-def export_hf(family: str, dynamo: bool, cache: bool, folder, dtype: str = "float32") -> Path:
+def export_hf(family: str, dynamo: bool, cache: bool, folder, dtype: str = "float32",
+              overrides: dict | None = None) -> Path:
     """dtype: the model's weights and caches (float16 for the GPU engine; the file name then says so)."""
     import torch
 
-    suffix = "" if dtype == "float32" else f"-{dtype}"
+    suffix = ("" if dtype == "float32" else f"-{dtype}") + "".join(f"-{k}{v}" for k, v in (overrides or {}).items())
     path = Path(folder) / (f"{family}-{'dynamo' if dynamo else 'torchscript'}-{'decode' if cache else 'prefill'}"
                            f"{suffix}.onnx")
-    model = _model(family, "sdpa" if dynamo else "eager", dtype)
+    model = _model(family, "sdpa" if dynamo else "eager", dtype, overrides)
     config = model.config
     prefill, decode = _wrappers()
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
@@ -147,3 +171,24 @@ def export_hf(family: str, dynamo: bool, cache: bool, folder, dtype: str = "floa
         raise ExportUnsupported(f"torch {torch.__version__} cannot export {path.stem}: {type(exc).__name__}: "
                                 f"{first[:300]}") from exc
     return path
+
+
+def cached_exporter(folder):
+    """get(family, dynamo, cache, overrides=None) -> the path of that export in `folder`, exported on first use; a
+    combination the installed torch/transformers cannot export skips the calling test with the exporter's reason."""
+    import pytest
+
+    done = {}
+
+    def get(family: str, dynamo: bool, cache: bool, overrides: dict | None = None) -> Path:
+        key = (family, dynamo, cache, tuple(sorted((overrides or {}).items())))
+        if key not in done:
+            try:
+                done[key] = export_hf(family, dynamo, cache, folder, overrides=overrides)
+            except ExportUnsupported as exc:
+                done[key] = exc
+        if isinstance(done[key], Exception):
+            pytest.skip(str(done[key]))
+        return done[key]
+
+    return get

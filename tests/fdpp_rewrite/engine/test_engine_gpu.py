@@ -1,7 +1,8 @@
 """The engine on the GPU (cuda backend, fp16): CUDA-graph replay against eager runs of the same Programs, KV and
-batch bucket switches, per-sequence lengths, the cache written in place, and the tokens and logits against the
-cpu backend on the same graph. The model: smollm2-135m's shapes (every GEMM shape is in engines/profiles/h200.json,
-so the build profiles nothing), 2 layers, random weights."""
+batch bucket switches, per-sequence lengths, the cache written in place, the tokens and logits against the
+cpu backend on the same graph, and the paged engine (kv_memory / kv_blocks) against the contiguous one. The model:
+smollm2-135m's shapes (every GEMM shape is in engines/profiles/h200.json, so the build profiles nothing), 2 layers,
+random weights."""
 
 import io
 
@@ -175,3 +176,45 @@ def test_each_ablation_computes_the_same_model(engine_dir, ablation):
     launches, fused_launches = count_kernels(engine, 1)["per_layer"], count_kernels(fused, 1)["per_layer"]
     if ablation == "unfused-glue":  # the separate SiLU-mul, residual add and norm ops are more launches
         assert launches > fused_launches
+
+
+# -- the paged engine (paged_engine.py) ----------------------------------------------------------------------------
+
+PAGED_PROMPTS = [PROMPT, [(13 * i + 7) % 4000 for i in range(150)], [9, 9]]
+
+
+def test_paged_tokens_equal_the_contiguous_engine(engine_dir):
+    import torch
+
+    paged, contiguous = _engine(engine_dir, kv_memory="1GiB"), _engine(engine_dir)
+    assert paged.paged and paged.kv.tensors[0].shape[2] == 64
+    ours, our_logits = _greedy_with_logits(paged, PAGED_PROMPTS, 16)
+    theirs, their_logits = _greedy_with_logits(contiguous, PAGED_PROMPTS, 16)
+    assert ours == theirs
+    torch.testing.assert_close(our_logits, their_logits, atol=2e-2, rtol=2e-2)  # other kernels' tile orders
+
+
+def test_paged_graph_replay_equals_eager(engine_dir):
+    import torch
+
+    graphs, eager = _engine(engine_dir, kv_blocks=64), _engine(engine_dir, kv_blocks=64, use_graphs=False)
+    for _ in range(2):  # the second generate replays every step the first captured
+        a_tokens, a_logits = _greedy_with_logits(graphs, PAGED_PROMPTS, 10)
+        b_tokens, b_logits = _greedy_with_logits(eager, PAGED_PROMPTS, 10)
+        assert a_tokens == b_tokens and torch.equal(a_logits, b_logits)
+    assert any(out is not None for _, out in graphs.paged_steps.values())  # captured graphs
+    assert all(out is None for _, out in eager.paged_steps.values())
+    assert graphs.kv.used_blocks == eager.kv.used_blocks > 0
+
+
+def test_a_batched_prefill_equals_each_prompt_alone(engine_dir):
+    import torch
+
+    engine = _engine(engine_dir, kv_blocks=64)
+    together = engine.prefill_batch(PAGED_PROMPTS).float().cpu()
+    alone = []
+    for ids in PAGED_PROMPTS:
+        engine.reset()
+        alone.append(engine.prefill(0, ids).float().cpu())
+    torch.testing.assert_close(together, torch.stack(alone), atol=2e-2, rtol=2e-2)
+    assert engine.kv.pool.check() is None

@@ -96,6 +96,13 @@ def _drop(key):
     (_drop("max_seq"), "max_seq is missing, expected an integer >= 2"),
     (_set("model.config.max_position", "many"), 'model.config.max_position is "many"'),
     (_set("backend", "cuda"), "gpu is null, expected an object for a cuda engine"),
+    (_set("kv_cache", {"layout": "ring", "block_size": 64, "kv_memory": "0.9"}),
+     'kv_cache.layout is "ring", expected a string (one of paged)'),
+    (_set("kv_cache", {"layout": "paged", "block_size": 32, "kv_memory": "0.9"}),
+     "kv_cache.block_size is 32, this version's KV blocks hold 64 tokens"),
+    (_set("kv_cache", {"layout": "paged", "block_size": 64}), "kv_cache.kv_memory is missing, expected a string"),
+    (_set("kv_cache", {"layout": "paged", "block_size": 64, "kv_memory": "lots"}),
+     "kv_cache.kv_memory: --kv-memory lots"),
 ])
 @pytest.mark.parametrize("command", ["run", "verify"])
 def test_edited_manifest_is_one_line(engine, capsys, change, words, command):

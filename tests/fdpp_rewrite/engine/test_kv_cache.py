@@ -1,6 +1,7 @@
 """The contiguous slot cache (kv_cache.py) and the bucket rules (buckets.py) on the CPU: views share the one
 allocation, host and device lengths move together, a step past max_seq is a one-line error."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,4 +50,6 @@ def test_a_step_past_max_seq_is_one_line():
 def test_upload_keeps_values_and_pick_takes_the_smallest_bucket_that_fits():
     assert upload([3, 1, 4], torch.device("cpu")).tolist() == [3, 1, 4]
     assert upload([5], torch.device("cpu")).dtype == torch.int64
+    table = upload(np.array([[2, 0], [7, 1]], dtype=np.int32), torch.device("cpu"))  # a block table keeps int32
+    assert table.dtype == torch.int32 and table.tolist() == [[2, 0], [7, 1]]
     assert [pick(v, [16, 32, 40]) for v in (1, 16, 17, 40)] == [16, 16, 32, 40]

@@ -17,9 +17,11 @@ from fdpp_rewrite.ref_session import make_reference_session
 BATCH, SEQ, KV_LEN, D = 2, 5, 7, 64
 
 
-def build(heads=4, kv_heads=2, key_form="dynamo", q_scale=None, k_scale=None, score_scale=None, guard="nan"):
+def build(heads=4, kv_heads=2, key_form="dynamo", q_scale=None, k_scale=None, score_scale=None, guard="nan",
+          softcap=None):
     """query [B, Hq, S, D], key/value [B, Hkv, L, D] (or [B, L, Hkv, D] for key_form "torchscript"), mask
-    [B, 1, S, L] -> attention output [B, Hq, S, D]."""
+    [B, 1, S, L] -> attention output [B, Hq, S, D]. softcap (cap, cap2): Gemma 2's Mul(Tanh(Div(s, cap)), cap2)
+    after the scale (a soft cap when cap == cap2)."""
     nodes, inits = [], []
 
     def const(value, dtype=np.float32):
@@ -77,6 +79,8 @@ def build(heads=4, kv_heads=2, key_form="dynamo", q_scale=None, k_scale=None, sc
     scores = op("MatMul", [query, key_t])
     if score_scale is not None:
         scores = op("Div", [scores, const(1.0 / score_scale)])
+    if softcap is not None:
+        scores = op("Mul", [op("Tanh", [op("Div", [scores, const(softcap[0])])]), const(softcap[1])])
     probs = op("Softmax", [op("Add", [scores, "mask"])], axis=-1)
     if guard is not None:
         isnan = op("IsNaN", [probs])
@@ -197,3 +201,34 @@ def test_contract_says_a_fully_masked_row_is_exactly_zero():
     text = " ".join(load_contract("AsyncSoftmaxAttention").raw["semantics"])
     assert "exactly 0" in text and "NaN guard" in text
     onnx.checker.check_model(build())
+
+
+def test_soft_capped_attention_is_found_and_left_with_its_reason():
+    """Gemma 2's cap * tanh(s / cap) between the scale and the mask: the kernels have no soft cap yet, so the chain is
+    left as is, and said so (the summary counts it as attention left, not as none found)."""
+    model = build(softcap=(50.0, 50.0), score_scale=0.125)
+    (softmax,) = [n.name for n in model.graph.node if n.op_type == "Softmax"]
+    rewritten, report = rewrite(model)
+    assert report.total == 0 and not attention_attrs(rewritten)
+    assert report.near_misses == [f"1 left as is (logit soft-capping: not supported by the kernels yet): Softmax "
+                                  f"'{softmax}'"]
+    assert attention.remaining_attention(gs.import_onnx(rewritten)) == [softmax]
+
+
+def test_unequal_caps_are_no_soft_cap():
+    model = build(softcap=(50.0, 30.0))
+    rewritten, report = rewrite(model)
+    assert report.total == 0 and "neither side of the Add" in report.near_misses[0]
+    assert attention.remaining_attention(gs.import_onnx(rewritten))  # still attention for the summary
+
+
+def test_a_contract_with_softcap_gets_the_cap(monkeypatch):
+    """The day the contract has a `softcap` attribute, the same chain is replaced and the op carries the cap."""
+    from fdpp_rewrite.contracts import load_contract
+
+    spec = {"type": "float", "default": 0.0, "range": [0.0, 1000.0], "doc": "0: no soft cap"}
+    monkeypatch.setitem(load_contract("AsyncSoftmaxAttention").attributes, "softcap", spec)
+    rewritten, report = rewrite(build(softcap=(50.0, 50.0), score_scale=0.125))
+    (attrs,) = attention_attrs(rewritten)
+    assert report.total == 1 and attrs["softcap"] == pytest.approx(50.0) and attrs["scale"] == pytest.approx(0.125)
+    assert "Tanh" not in [n.op_type for n in rewritten.graph.node]

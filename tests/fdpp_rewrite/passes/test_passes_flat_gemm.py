@@ -77,6 +77,23 @@ def test_bias_and_residual_fold_into_one_node(tmp_path):
                                   "r": rng.standard_normal((2, 3, N)).astype(np.float32)})
 
 
+def test_parallel_residual_add_is_claimed_once(tmp_path):
+    """GPT-NeoX / Falcon: Add(mlp_out, attn_out), both GEMM outputs. One GEMM owns the Add as its residual epilogue
+    and reads the other's plain output; a second claim would detach the first FlatGemm and leave a MatMul behind."""
+    rng = np.random.default_rng(4)
+    weights = {"w_attn": rng.standard_normal((K, N)).astype(np.float32), "b_attn": rng.standard_normal(N).astype(
+        np.float32), "w_mlp": rng.standard_normal((N, N)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w_attn"], ["xa"]), helper.make_node("Add", ["xa", "b_attn"], ["attn"]),
+             helper.make_node("MatMul", ["h", "w_mlp"], ["mlp"]), helper.make_node("Add", ["mlp", "attn"], ["y"])]
+    model = make_model(nodes, [vinfo("x", ["batch", "seq", K]), vinfo("h", ["batch", "seq", N])],
+                       [vinfo("y", ["batch", "seq", N])], weights)
+    rewritten, report = run_pass(model, tmp_path=tmp_path)
+    assert report.replaced == {"residual": 1, "none": 1}
+    assert [n.op_type for n in rewritten.graph.node] == ["FlatGemm", "FlatGemm"]  # no MatMul, no Add left
+    check_same(model, rewritten, {"x": rng.standard_normal((2, 3, K)).astype(np.float32),
+                                  "h": rng.standard_normal((2, 3, N)).astype(np.float32)})
+
+
 def test_broadcasting_add_is_not_a_residual(tmp_path):
     model, _ = linear_residual_model(bias=False, residual_shape=(1, 1, N))
     rewritten, report = run_pass(model, tmp_path=tmp_path)

@@ -21,9 +21,12 @@ ONNX = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
 def norm_graph(dtype="float32", casts=None, axis=-1, keepdims=1, weight_input=False, extra_output=None,
-               swap_operands=False, eps=1e-5, weight_shape=(HIDDEN,)) -> onnx.ModelProto:
+               swap_operands=False, eps=1e-5, weight_shape=(HIDDEN,), square="mul", inverse="div",
+               weight_in_float32=False) -> onnx.ModelProto:
     """x [B, S, H] -> the exported RMSNorm chain -> y. casts default: only for float16 (as the exporter writes).
-    extra_output: 'mean' or 'normed' makes that intermediate a graph output too."""
+    extra_output: 'mean' or 'normed' makes that intermediate a graph output too. Hugging Face's forms:
+    square "pow" (Pow(x, 2)); inverse "reciprocal" or "one_div" (x * Reciprocal(rms) or x * Div(1, rms));
+    weight_in_float32 (Gemma: Mul(normed32, float32 weight), then the Cast back)."""
     casts = dtype != "float32" if casts is None else casts
     rng = np.random.default_rng(0)
     nodes, inits = [], []
@@ -31,18 +34,31 @@ def norm_graph(dtype="float32", casts=None, axis=-1, keepdims=1, weight_input=Fa
     if casts:
         nodes.append(helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT))
         x32 = "x32"
-    nodes += [helper.make_node("Mul", [x32, x32], ["sq"]),
-              helper.make_node("ReduceMean", ["sq"], ["mean"], axes=[axis], keepdims=keepdims),
+    if square == "pow":
+        nodes.append(helper.make_node("Pow", [x32, "two"], ["sq"]))
+        inits.append(numpy_helper.from_array(np.array(2.0, np.float32), "two"))
+    else:
+        nodes.append(helper.make_node("Mul", [x32, x32], ["sq"]))
+    nodes += [helper.make_node("ReduceMean", ["sq"], ["mean"], axes=[axis], keepdims=keepdims),
               helper.make_node("Add", ["eps", "mean"] if swap_operands else ["mean", "eps"], ["ms"]),
-              helper.make_node("Sqrt", ["ms"], ["rms"]),
-              helper.make_node("Div", [x32, "rms"], ["normed32"])]
+              helper.make_node("Sqrt", ["ms"], ["rms"])]
+    if inverse == "div":
+        nodes.append(helper.make_node("Div", [x32, "rms"], ["normed32"]))
+    else:
+        nodes.append(helper.make_node("Reciprocal", ["rms"], ["inv"]) if inverse == "reciprocal" else
+                     helper.make_node("Div", ["one", "rms"], ["inv"]))
+        nodes.append(helper.make_node("Mul", ["inv", x32] if swap_operands else [x32, "inv"], ["normed32"]))
+        inits.append(numpy_helper.from_array(np.array(1.0, np.float32), "one"))
     inits.append(numpy_helper.from_array(np.array(eps, np.float32), "eps"))
     normed = "normed32"
-    if casts:
+    if casts and not weight_in_float32:
         nodes.append(helper.make_node("Cast", ["normed32"], ["normed"], to=ONNX[dtype]))
         normed = "normed"
-    nodes.append(helper.make_node("Mul", ["w", normed] if swap_operands else [normed, "w"], ["y"]))
-    weight = (1.0 + 0.1 * rng.standard_normal(weight_shape)).astype(NP[dtype])
+    scaled = "y32" if weight_in_float32 else "y"
+    nodes.append(helper.make_node("Mul", ["w", normed] if swap_operands else [normed, "w"], [scaled]))
+    if weight_in_float32:
+        nodes.append(helper.make_node("Cast", [scaled], ["y"], to=ONNX[dtype]))
+    weight = (1.0 + 0.1 * rng.standard_normal(weight_shape)).astype(np.float32 if weight_in_float32 else NP[dtype])
     inputs = [helper.make_tensor_value_info("x", ONNX[dtype], ["batch", "seq", HIDDEN])]
     if weight_input:
         inputs.append(helper.make_tensor_value_info("w", ONNX[dtype], list(weight_shape)))
@@ -95,6 +111,33 @@ def test_exported_chain_becomes_one_rms_norm(dtype, casts, swap):
     np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("form", [
+    {"square": "pow", "inverse": "reciprocal"},                            # LlamaRMSNorm, dynamo (rsqrt)
+    {"square": "pow", "inverse": "one_div", "casts": True},                # LlamaRMSNorm, TorchScript
+    {"square": "pow", "inverse": "reciprocal", "swap_operands": True},
+    {"square": "pow", "inverse": "reciprocal", "weight_in_float32": True},  # GemmaRMSNorm
+])
+def test_hugging_face_forms_become_one_rms_norm(dtype, form):
+    """Hugging Face's RMSNorm (Pow(x, 2), rsqrt written as Reciprocal or Div(1, .), Casts to float32 even in a
+    float32 model, Gemma's weight applied in float32): one op, its weight in x's dtype, the same values."""
+    form = dict(form)
+    casts = form.pop("casts", False) or dtype != "float32"
+    model = norm_graph(dtype, casts=casts, eps=1e-6, **form)
+    rewritten, report = rewrite_norms(model)
+    assert op_types(rewritten)[0] == "RMSNorm" and report.replaced == {"rms_norm": 1}
+    assert op_types(rewritten)[1:] in ([], ["Cast"])  # a float32 -> float32 Cast after Gemma's float32 weight stays
+    node = rewritten.graph.node[0]
+    weight = next(i for i in rewritten.graph.initializer if i.name == node.input[1])
+    assert node.input[0] == "x" and weight.data_type == ONNX[dtype]
+    assert node_attributes(node)["epsilon"] == pytest.approx(1e-6, rel=1e-6)
+    feeds = feeds_for(model, dtype)
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    got = make_reference_session(rewritten).run(None, feeds)[0]
+    atol, rtol = load_contract("RMSNorm").tolerance(dtype)
+    np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), atol=atol, rtol=rtol)
+
+
 @pytest.mark.parametrize("options, reason", [
     ({"axis": 1}, "does not average the last axis"),
     ({"keepdims": 0}, "does not average the last axis"),
@@ -103,6 +146,7 @@ def test_exported_chain_becomes_one_rms_norm(dtype, casts, swap):
     ({"extra_output": "normed"}, "not scaled by a constant weight"),
     ({"dtype": "float16", "casts": False}, "without a Cast to float32"),
     ({"weight_shape": (1,)}, "the weight has shape (1,)"),
+    ({"square": "pow", "inverse": "reciprocal", "extra_output": "mean"}, "not followed by Add"),
 ])
 def test_near_misses_are_left_alone(options, reason):
     model = norm_graph(**options)

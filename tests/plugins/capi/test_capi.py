@@ -71,7 +71,7 @@ def test_the_mirror_structs_have_the_headers_fields_in_order(header, struct, mir
     for (name, kind), (_, c_kind) in zip(mirrored, declared):
         assert ctypes.sizeof(kind) == ctypes.sizeof(c_kind), name
         assert (kind is ctypes.c_void_p) == (c_kind is ctypes.c_void_p), name
-    assert attention.AttentionArgs._fields_[-1] == ("combine_counters", ctypes.c_void_p)
+    assert attention.AttentionArgs._fields_[-1] == ("kv_block_size", ctypes.c_int32)
 
 
 def _attention_args(**changes):
