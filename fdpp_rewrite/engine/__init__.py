@@ -9,8 +9,10 @@ Modules: build.py (lowering and the engine folder; GEMM plans from fdpp_rewrite/
 atomic folder swap), manifest.py (reading and checking manifest, plan and weights), verify.py (`fdpp verify`),
 hf_interface.py (Hugging Face graphs), ops.py (ONNX op -> torch), backends.py (fdpp ops -> kernels on `cuda`,
 reference math on `cpu`), ablations.py (the stock-torch peer and `bench --ablate` as wrapper backends),
-interpreter.py (per-bucket tracing into replayable Programs), runtime.py (Engine: load, one forward pass, slot
-API), kv_cache.py (the KV cache and per-slot lengths), buckets.py, programs.py (traced Programs and CUDA graphs),
+interpreter.py (per-bucket tracing into replayable Programs), runtime.py (Engine: load, one forward pass; its calls
+forward to slots.py, the contiguous slot API, or paged_engine.py, the step API of a paged engine), kv_cache.py
+(contiguous slots and their lengths), paged_cache.py (block pools and the block table), paged_step.py (RopeAppend and
+attention split over block tables), paged/ (block pool, prefix cache, sizing), buckets.py, programs.py (traced Programs and CUDA graphs),
 sampling.py, generation.py (batch generate), tensor_parallel.py (sharding) and tp_group.py (ranks at run time),
 bench.py, cli.py.
 
@@ -27,7 +29,10 @@ Decisions (what docs/design.md records):
 - The glue ops come from the rewriter (fdpp_rewrite/passes/norm.py, rope_append.py): fdpp::RMSNorm runs the norm
   kernel, fdpp::RopeAppend the rope_append kernel (writing the caches in place). A llama-family decode step is then 8
   launches per layer: 4 GEMMs, 2 norms, rope_append, attention.
-- Prefill runs one sequence at a time at batch 1 into its slot, right-padded to a prefill bucket (16, 32, ...) so
+- A paged engine (build --kv-memory) keeps a pool of 64-token blocks per cache input and a block table per row;
+  every call is one step of B decode rows and P prompt chunks (tokens-major [1, B + P x C]), so the prefill of a
+  batch of prompts runs as batched chunk rounds, and a row costs only a table row (256 rows by default).
+- On a contiguous engine, prefill runs one sequence at a time at batch 1 into its slot, right-padded to a prefill bucket (16, 32, ...) so
   every prompt length of a bucket replays one traced Program (exact: see Engine.prefill); decode steps of a
   bucket are traced once, then captured as one CUDA graph and replayed.
 - wrapper=ablations.TorchKernels swaps only the GEMMs (cuBLAS through torch, epilogues unfused) and the attention
