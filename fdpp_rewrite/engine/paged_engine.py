@@ -16,11 +16,9 @@ padded prompt tokens are at most engine.max_prefill_tokens (a longer prompt runs
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from fdpp_rewrite.engine.buckets import MAX_GRAPH_PREFILL, pick
-from fdpp_rewrite.engine.kv_cache import upload
 from fdpp_rewrite.engine.paged.blocks import blocks_for
 from fdpp_rewrite.engine.paged_cache import PagedCache
 from fdpp_rewrite.engine.paged_memory import max_prefill_tokens, pool_blocks
@@ -123,31 +121,24 @@ def step(engine, decode_slots: list[int], tokens, chunks: list, padded: int | No
 
 
 def fill(engine, buffers: StepBuffers, key: tuple, decode_slots: list[int], tokens, chunks: list) -> None:
-    """Upload a step's inputs into its static buffers (stream-ordered, no host synchronization)."""
+    """Write a step's inputs into its static buffers: one upload of the ids, past lengths, table rows and logits
+    rows from the host, then the decode tokens from the device (stream-ordered, no host synchronization)."""
     batch, count, chunk, _ = key
-    kv, n, device = engine.kv, len(decode_slots), engine.device
-    width = buffers.table.shape[1]
-    table = np.zeros((batch + count, width), dtype=np.int32)
-    slots = list(decode_slots) + [slot for slot, _ in chunks]
-    used = min(width, kv.width)
-    table[:n] = kv.rows(decode_slots)[:, :used]
-    table[batch:batch + len(chunks)] = kv.rows([slot for slot, _ in chunks])[:, :used]
-    past = [kv.lengths[slot] for slot in slots[:n]] + [0] * (batch - n)
-    past += [kv.lengths[slot] for slot, _ in chunks] + [0] * (count - len(chunks))
-    rows = list(range(batch)) + [batch + p * chunk + len(ids) - 1 for p, (_, ids) in enumerate(chunks)]
-    rows += [batch + p * chunk for p in range(len(chunks), count)]
-    buffers.table.copy_(upload(table, device))
-    buffers.past.copy_(upload(past, device))
-    buffers.rows.copy_(upload(rows, device))
+    kv, n = engine.kv, len(decode_slots)
+    host, fields = buffers.staging()
+    used = min(fields["table"].shape[1], kv.width)
+    chunk_slots = [slot for slot, _ in chunks]
+    fields["table"][:n, :used] = kv.rows(decode_slots)[:, :used]
+    fields["table"][batch:batch + len(chunks), :used] = kv.rows(chunk_slots)[:, :used]
+    fields["past"][:n] = [kv.lengths[slot] for slot in decode_slots]
+    fields["past"][batch:batch + len(chunks)] = [kv.lengths[slot] for slot in chunk_slots]
+    fields["rows"][:] = (list(range(batch)) + [batch + p * chunk + len(ids) - 1 for p, (_, ids) in enumerate(chunks)]
+                         + [batch + p * chunk for p in range(len(chunks), count)])
+    for p, (_, ids) in enumerate(chunks):
+        fields["ids"][0, batch + p * chunk:batch + p * chunk + len(ids)] = ids
+    buffers.upload(host)
     if n:
         buffers.ids[0, :n].copy_(tokens.reshape(-1))
-    if batch > n:
-        buffers.ids[0, n:batch].zero_()
-    if count:
-        ids = np.zeros((count, chunk), dtype=np.int64)
-        for p, (_, chunk_ids) in enumerate(chunks):
-            ids[p, :len(chunk_ids)] = chunk_ids
-        buffers.ids[0, batch:].copy_(upload(ids.reshape(-1), device))
 
 
 def run(engine, key: tuple, buffers: StepBuffers):

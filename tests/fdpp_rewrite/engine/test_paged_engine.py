@@ -317,3 +317,24 @@ def test_bench_runs_the_torch_peer_of_a_paged_engine_on_a_contiguous_build(folde
     names = [label for label, _ in configurations(["fdpp"], True, paged=True)]
     assert "-sdpa-attention" not in names and "torch" not in names and "-cublaslt-gemm" in names
     assert [label for label, _ in configurations(["fdpp"], True)][-2:] == ["-sdpa-attention", "torch"]
+
+
+def test_a_steps_inputs_upload_in_one_copy():
+    """StepBuffers: ids, past_len, table rows and logits rows are views of one buffer, filled from one staging
+    buffer of the same layout."""
+    from fdpp_rewrite.engine.paged_step import StepBuffers
+
+    buffers = StepBuffers(batch=2, chunks=1, chunk=3, width=5, device=torch.device("cpu"))
+    assert buffers.ids.shape == (1, 5) and buffers.table.shape == (3, 5) and buffers.table.dtype == torch.int32
+    assert buffers.rows.tolist() == [0, 1, 2]
+    bases = {t.untyped_storage().data_ptr() for t in (buffers.ids, buffers.past, buffers.rows, buffers.table)}
+    assert bases == {buffers.packed.untyped_storage().data_ptr()}
+    host, fields = buffers.staging()
+    fields["ids"][0] = [1, 2, 3, 4, 5]
+    fields["past"][:] = [7, 8, 9]
+    fields["rows"][:] = [0, 1, 4]
+    fields["table"][2, :2] = [6, 11]
+    buffers.upload(host)
+    assert buffers.ids.tolist() == [[1, 2, 3, 4, 5]] and buffers.past.tolist() == [7, 8, 9]
+    assert buffers.rows.tolist() == [0, 1, 4] and buffers.table[2].tolist() == [6, 11, 0, 0, 0]
+    assert buffers.table[:2].sum() == 0
