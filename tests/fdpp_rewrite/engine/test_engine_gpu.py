@@ -227,7 +227,7 @@ def test_paged_pool_is_sized_around_the_measured_largest_step(engine_dir, capsys
 
     from fdpp_rewrite.engine import paged_memory
 
-    engine = _engine(engine_dir, kv_memory="0.5")
+    engine = _engine(engine_dir, kv_memory="0.05")
     line = capsys.readouterr().err
     assert "KV pool: " in line and "kept back (step peak" in line
     peak = paged_memory.step_peak_bytes(engine)
