@@ -40,11 +40,15 @@ from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.gpu.device import spec_memory_bandwidth
 
 
+MIN_READ_BYTES = 256 << 20  # a smaller read would partly hit the L2 cache (60 MB on an H200) between repeats
+
+
 class StreamReads:
     """The streaming reads the roofline divides by, on one buffer of `gib` GiB of fp16 allocated before any engine
     loads (so a paged engine's KV pool is sized around it): torch.sum over all of it and over a quarter, and a copy
-    of its first half over its second (read + written bytes), each timed with CUDA events, median of 10. measure()
-    runs them all (before and after the points); best() is the fastest of every read: the attainable rate."""
+    of its first half over its second (read + written bytes); each read of at least MIN_READ_BYTES, timed with CUDA
+    events, median of 10. measure() runs them all (before and after the points); best() is the fastest of every
+    read: the attainable rate."""
 
     def __init__(self, gib: float):
         self.x = torch.randn(int(gib * (1 << 30)) // 2, dtype=torch.float16, device="cuda")
@@ -56,9 +60,10 @@ class StreamReads:
         """(name, fn, bytes it moves) of each read."""
         x, half, quarter = self.x, self.x.numel() // 2, self.x.numel() // 4
         size = x.element_size()
-        return [("sum", lambda: torch.sum(x, dim=0, out=self.out), x.numel() * size),
-                ("sum of a quarter", lambda: torch.sum(x[:quarter], dim=0, out=self.out), quarter * size),
-                ("copy", lambda: x[half:2 * half].copy_(x[:half]), 2 * half * size)]
+        reads = [("sum", lambda: torch.sum(x, dim=0, out=self.out), x.numel() * size),
+                 ("sum of a quarter", lambda: torch.sum(x[:quarter], dim=0, out=self.out), quarter * size),
+                 ("copy", lambda: x[half:2 * half].copy_(x[:half]), 2 * half * size)]
+        return [read for read in reads if read[2] >= MIN_READ_BYTES]
 
     def measure(self, when: str) -> None:
         for name, fn, nbytes in self.reads():
@@ -294,6 +299,9 @@ def bench_command(args, command: str) -> int:
     from fdpp_rewrite.engine.manifest import read_manifest
     from fdpp_rewrite.engine.runtime import Engine
 
+    if args.stream_gib * (1 << 30) < MIN_READ_BYTES:
+        raise FdppError(f"--stream-gib {args.stream_gib} is too small to stream past the L2 cache; give at least "
+                        f"{MIN_READ_BYTES / (1 << 30):g}")
     limits = read_manifest(args.engine)
     if args.ablate and (args.backend or limits["backend"]) != "cuda":
         raise FdppError("--ablate switches GPU kernels: it needs a cuda engine (build --backend cuda)")

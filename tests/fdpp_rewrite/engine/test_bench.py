@@ -34,3 +34,11 @@ def test_the_roofline_against_the_read_and_the_spec():
 def test_spec_bandwidth_by_device_name():
     assert spec_memory_bandwidth("NVIDIA H200") == 4.8e12
     assert spec_memory_bandwidth("a GPU nobody listed") is None
+
+
+def test_a_stream_read_too_small_to_pass_the_l2_is_refused(capsys):
+    from fdpp_rewrite.cli import main
+
+    assert main(["bench", "no-such-engine", "--stream-gib", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "--stream-gib 0.1 is too small" in err and len(err.strip().splitlines()) == 1

@@ -243,7 +243,7 @@ def test_paged_pool_is_sized_around_the_measured_largest_step(engine_dir, capsys
 def test_stream_reads_take_the_fastest_of_every_read():
     from fdpp_rewrite.engine.bench import StreamReads
 
-    reads = StreamReads(0.25)
+    reads = StreamReads(1.0)  # its quarter is 256 MiB: every read runs
     reads.measure("before")
     reads.measure("after")
     assert [(r["read"], r["when"]) for r in reads.results] == [
@@ -251,3 +251,6 @@ def test_stream_reads_take_the_fastest_of_every_read():
     assert all(r["bytes_per_s"] > 1e10 for r in reads.results)
     assert reads.best() == max(r["bytes_per_s"] for r in reads.results)
     reads.close()
+    small = StreamReads(0.5)  # a quarter of 128 MiB would partly hit the L2 cache: not run
+    assert [name for name, _, _ in small.reads()] == ["sum", "copy"]
+    small.close()
