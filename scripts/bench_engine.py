@@ -7,7 +7,8 @@ of the same engine, in one run. Writes WORK/bench.json (with the command) and pr
     python scripts/bench_engine.py llama2-7b --kv-memory 0.9 --batch 64 128 256 --context 512   # a paged KV cache
 
 The engine is built for max batch = the largest --batch and max sequence = the longest --context + --new-tokens;
-with --kv-memory its KV cache is paged (build --kv-memory), sized by memory instead of batch x sequence.
+with --kv-memory its KV cache is paged (build --kv-memory), sized by memory instead of batch x sequence, and the
+torch peer runs on a second, contiguous build of the same graph (bench --torch-engine; its slots must fit the GPU).
 """
 
 import argparse
@@ -60,8 +61,13 @@ def run_steps(args, work: Path) -> int:
     run(engine_cli + ["build", str(work / "model.fdpp.onnx"), "-o", str(engine), "--max-batch", str(max(args.batch)),
                       "--max-seq", str(max_seq), "--backend", args.backend, "--force",
                       *(["--kv-memory", args.kv_memory] if args.kv_memory else [])])
+    peer = []
+    if args.kv_memory and "torch" in args.kernels:  # SDPA reads contiguous caches: the peer gets its own build
+        peer = ["--torch-engine", str(work / "engine_contiguous")]
+        run(engine_cli + ["build", str(work / "model.fdpp.onnx"), "-o", peer[1], "--max-batch", str(max(args.batch)),
+                          "--max-seq", str(max_seq), "--backend", args.backend, "--force"])
     run(engine_cli + ["bench", str(engine), "--batch", *map(str, args.batch), "--context", *map(str, args.context),
-                      "--new-tokens", str(args.new_tokens), "--kernels", *args.kernels, "--out",
+                      "--new-tokens", str(args.new_tokens), "--kernels", *args.kernels, *peer, "--out",
                       str(work / "bench.json")])
     return 0
 

@@ -8,19 +8,25 @@ the same graph, norms, RoPE and CUDA graphs) and prints the ratios. `--ablate` a
 (ablations.ABLATIONS: one technique switched back to its baseline, everything else unchanged) and prints what
 each technique buys: fdpp's tokens/s over the ablated engine's, per point.
 
+A paged engine's torch peer runs on a contiguous build of the same model (--torch-engine FOLDER): SDPA on a paged
+engine would read a gathered copy of every page each step, so bench refuses --kernels torch there without one,
+and --ablate skips the ablations that would gather (GATHERING_ABLATIONS).
+
 Reported: decode tokens/s (batch / mean step); ms per step (mean and median); first-token time (prefill of every
 prompt + the first token; a paged engine prefills the batch as batched chunk rounds, engine.prefill_batch: 16
-prompts of 128 tokens are one pass of 2,048); the memory roofline (weight bytes + KV bytes a step reads, over a
-streaming read measured in the same run: torch.sum over --stream-gib of fp16 timed with CUDA events, median of
-10, once before and once after the points, the faster of the two counting: the GPU's clocks vary between reads)
-and its percent; kernel launches per decode step counted with torch.profiler over one replay of the step's CUDA
-graph (and over one eager run of the same Program), per transformer layer. Weight bytes: every weight a step reads
-whole (embedding tables read by Gather count one row per token).
+prompts of 128 tokens are one pass of 2,048); the memory roofline: weight bytes + KV bytes a step reads, over the
+attainable read (StreamReads: the fastest of torch.sum over --stream-gib of fp16, over a quarter of it and a copy
+of half of it, each before and after the points, as the GPU's clocks vary between reads) as `% read`, and over
+the spec sheet's bandwidth (gpu/device.py) as `% spec`, which no point can exceed; kernel launches per decode step
+counted with torch.profiler over one replay of the step's CUDA graph (and over one eager run of the same Program),
+per transformer layer. Weight bytes: every weight a step reads whole (embedding tables read by Gather count one row
+per token).
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import random
@@ -31,25 +37,58 @@ import torch
 
 from fdpp_rewrite.engine.buckets import pick
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.gpu.device import spec_memory_bandwidth
 
 
-def stream_read_bytes_per_s(gib: float) -> float:
-    x = torch.randn(int(gib * (1 << 30)) // 2, dtype=torch.float16, device="cuda")
-    out = torch.empty((), dtype=torch.float16, device="cuda")
-    for _ in range(3):
-        torch.sum(x, dim=0, out=out)
+MIN_READ_BYTES = 256 << 20  # a smaller read would partly hit the L2 cache (60 MB on an H200) between repeats
+
+
+class StreamReads:
+    """The streaming reads the roofline divides by, on one buffer of `gib` GiB of fp16 allocated before any engine
+    loads (so a paged engine's KV pool is sized around it): torch.sum over all of it and over a quarter, and a copy
+    of its first half over its second (read + written bytes); each read of at least MIN_READ_BYTES, timed with CUDA
+    events, median of 10. measure() runs them all (before and after the points); best() is the fastest of every
+    read: the attainable rate."""
+
+    def __init__(self, gib: float):
+        self.x = torch.randn(int(gib * (1 << 30)) // 2, dtype=torch.float16, device="cuda")
+        self.out = torch.empty((), dtype=torch.float16, device="cuda")
+        self.results = []  # {"read", "when", "bytes_per_s"}
+        self.gib = gib
+
+    def reads(self) -> list:
+        """(name, fn, bytes it moves) of each read."""
+        x, half, quarter = self.x, self.x.numel() // 2, self.x.numel() // 4
+        size = x.element_size()
+        reads = [("sum", lambda: torch.sum(x, dim=0, out=self.out), x.numel() * size),
+                 ("sum of a quarter", lambda: torch.sum(x[:quarter], dim=0, out=self.out), quarter * size),
+                 ("copy", lambda: x[half:2 * half].copy_(x[:half]), 2 * half * size)]
+        return [read for read in reads if read[2] >= MIN_READ_BYTES]
+
+    def measure(self, when: str) -> None:
+        for name, fn, nbytes in self.reads():
+            self.results.append({"read": name, "when": when, "bytes_per_s": nbytes / median_seconds(fn)})
+
+    def best(self) -> float:
+        return max(r["bytes_per_s"] for r in self.results)
+
+    def close(self) -> None:
+        self.x = self.out = None
+        torch.cuda.empty_cache()
+
+
+def median_seconds(fn, warmup: int = 3, repeats: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
     times = []
-    for _ in range(10):
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        torch.sum(x, dim=0, out=out)
+        fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    nbytes = x.numel() * x.element_size()
-    del x
-    torch.cuda.empty_cache()
-    return nbytes / statistics.median(times)
+    return statistics.median(times)
 
 
 def weight_bytes_per_step(engine, batch: int) -> int:
@@ -154,25 +193,54 @@ def bench_point(engine, batch: int, context: int, new_tokens: int, roofline: boo
     return point
 
 
-def add_roofline(points: list, bandwidth: float) -> None:
-    """roofline_ms and roofline_pct of every point with its bytes: (weights + mean KV bytes) / bandwidth.
-    Example: 13.2 GB + 0.1 GB at 4.2 TB/s -> 3.17 ms; at 3.80 ms a step, 83.4%."""
+def add_roofline(points: list, bandwidth: float, spec: float | None = None) -> None:
+    """roofline_ms and roofline_pct of every point with its bytes: (weights + mean KV bytes) / bandwidth (the
+    attainable read), and roofline_spec_pct against the spec sheet's bandwidth when it is known.
+    Example: 13.2 GB + 0.1 GB at 4.2 TB/s -> 3.17 ms; at 3.80 ms a step, 83.4% (73.0% of 4.8 TB/s)."""
     for point in points:
         if "weight_bytes" in point:
-            point["roofline_ms"] = (point["weight_bytes"] + point["kv_bytes_mean"]) / bandwidth * 1e3
+            nbytes = point["weight_bytes"] + point["kv_bytes_mean"]
+            point["roofline_ms"] = nbytes / bandwidth * 1e3
             point["roofline_pct"] = 100 * point["roofline_ms"] / point["ms_per_step"]
+            if spec:
+                point["roofline_spec_pct"] = 100 * nbytes / spec * 1e3 / point["ms_per_step"]
 
 
-def configurations(kernels: list, ablate: bool) -> list:
-    """(label, Engine options) of each engine the bench runs, in order: fdpp, each ablation, torch."""
+# ablations that read a paged cache by gathering its pages into a contiguous copy in every call: no fair peer
+GATHERING_ABLATIONS = ("sdpa-attention",)
+
+
+def configurations(kernels: list, ablate: bool, paged: bool = False) -> list:
+    """(label, Engine options) of each engine the bench runs, in order: fdpp, each ablation, torch. A paged engine
+    skips the ablations that gather pages; its torch peer runs on --torch-engine (check_peer)."""
     from fdpp_rewrite.engine.ablations import ABLATIONS, TorchKernels
 
     runs = [("fdpp", {})] if "fdpp" in kernels or ablate else []
     if ablate:
-        runs += [(f"-{name}", {"wrapper": wrapper}) for name, wrapper in ABLATIONS.items()]
-    if "torch" in kernels or ablate:
+        runs += [(f"-{name}", {"wrapper": wrapper}) for name, wrapper in ABLATIONS.items()
+                 if not (paged and name in GATHERING_ABLATIONS)]
+    if "torch" in kernels or (ablate and not paged):
         runs.append(("torch", {"wrapper": TorchKernels}))
     return runs
+
+
+def is_paged(manifest: dict, kv_memory) -> bool:
+    return bool(manifest.get("kv_cache")) or kv_memory is not None
+
+
+def check_peer(args, paged: bool) -> None:
+    """The torch peer's engine is contiguous: on a paged one SDPA would read a gathered copy of every page each
+    step, a peer no one would write. A paged ENGINE's peer runs on --torch-engine, a contiguous build."""
+    from fdpp_rewrite.engine.manifest import read_manifest
+
+    if "torch" not in args.kernels:
+        return
+    if args.torch_engine is None and paged:
+        raise FdppError("--kernels torch on a paged engine would gather every KV page for SDPA in each step; build "
+                        "the same model without --kv-memory (contiguous, --max-batch and --max-seq covering the "
+                        "grid) and pass it as --torch-engine, or drop torch")
+    if args.torch_engine is not None and read_manifest(args.torch_engine).get("kv_cache"):
+        raise FdppError(f"--torch-engine {args.torch_engine} is a paged build; build it without --kv-memory")
 
 
 def print_ablation(points: list, stream=None) -> None:
@@ -193,15 +261,18 @@ def print_ablation(points: list, stream=None) -> None:
 
 
 def print_table(points: list, stream=None) -> None:
+    """One row a point; `% read`: the roofline over the best streaming read of the run, `% spec`: over the spec
+    sheet's bandwidth (never above 100)."""
     header = f"{'kernels':>21} {'batch':>5} {'context':>7} {'tok/s':>9} {'ms/step':>8} {'median':>7} " \
-             f"{'1st tok ms':>10} {'roofline ms':>11} {'roofline %':>10} {'launches/layer':>14}"
+             f"{'1st tok ms':>10} {'roofline ms':>11} {'% read':>6} {'% spec':>6} {'launches/layer':>14}"
     print(header, file=stream)
     for p in points:
-        roof = f"{p['roofline_ms']:>11.3f} {p['roofline_pct']:>10.1f}" if "roofline_ms" in p else f"{'-':>11} {'-':>10}"
+        roof = f"{p['roofline_ms']:>11.3f} {p['roofline_pct']:>6.1f}" if "roofline_ms" in p else f"{'-':>11} {'-':>6}"
+        spec = f"{p['roofline_spec_pct']:>6.1f}" if "roofline_spec_pct" in p else f"{'-':>6}"
         launches = f"{p['launches']['per_layer']:>14.2f}" if "launches" in p else f"{'-':>14}"
         print(f"{p['kernels']:>21} {p['batch']:>5} {p['context']:>7} {p['tokens_per_s']:>9.1f} "
               f"{p['ms_per_step']:>8.3f} {p['ms_per_step_median']:>7.3f} {p['first_token_ms']:>10.2f} "
-              f"{roof} {launches}", file=stream)
+              f"{roof} {spec} {launches}", file=stream)
     ours = {(p["batch"], p["context"]): p for p in points if p["kernels"] == "fdpp"}
     for p in points:
         mine = ours.get((p["batch"], p["context"]))
@@ -212,55 +283,76 @@ def print_table(points: list, stream=None) -> None:
                   f"decode tokens/s, first token {first:.2f}x", file=stream)
 
 
+def check_limits(args, folder, manifest: dict) -> None:
+    """Every point fits the engine in `folder`: batch within its max batch, context + new tokens its max seq."""
+    for batch in args.batch:
+        if batch > manifest["max_batch"]:
+            raise FdppError(f"--batch {batch} exceeds the max batch {manifest['max_batch']} of {folder}; rebuild "
+                            f"with --max-batch {batch}")
+    for context in args.context:
+        if context + args.new_tokens > manifest["max_seq"]:
+            raise FdppError(f"--context {context} + --new-tokens {args.new_tokens} exceed the max sequence "
+                            f"{manifest['max_seq']} of {folder}; rebuild with a larger --max-seq")
+
+
 def bench_command(args, command: str) -> int:
     from fdpp_rewrite.engine.manifest import read_manifest
     from fdpp_rewrite.engine.runtime import Engine
 
+    if args.stream_gib * (1 << 30) < MIN_READ_BYTES:
+        raise FdppError(f"--stream-gib {args.stream_gib} is too small to stream past the L2 cache; give at least "
+                        f"{MIN_READ_BYTES / (1 << 30):g}")
     limits = read_manifest(args.engine)
-    max_batch, max_seq = limits["max_batch"], limits["max_seq"]
     if args.ablate and (args.backend or limits["backend"]) != "cuda":
         raise FdppError("--ablate switches GPU kernels: it needs a cuda engine (build --backend cuda)")
     if min(args.batch) < 1 or min(args.context) < 1 or args.new_tokens < 2:
         raise FdppError("--batch and --context must be >= 1 and --new-tokens >= 2 (a decode step is timed after the "
                         f"first token); got --batch {args.batch} --context {args.context} "
                         f"--new-tokens {args.new_tokens}")
-    for batch in args.batch:
-        if batch > max_batch:
-            raise FdppError(f"--batch {batch} exceeds the engine's max batch {max_batch}; rebuild with "
-                            f"--max-batch {batch}")
-    for context in args.context:
-        if context + args.new_tokens > max_seq:
-            raise FdppError(f"--context {context} + --new-tokens {args.new_tokens} exceed the engine's max sequence "
-                            f"{max_seq}; rebuild with a larger --max-seq")
-    points, reads = [], []
-    for label, options in configurations(args.kernels, args.ablate):  # one engine at a time: weights on the GPU once
-        engine = Engine(args.engine, backend=args.backend, use_graphs=not args.no_graphs, kv_memory=args.kv_memory,
-                        **options)
-        cuda = engine.backend.name == "cuda"
-        if cuda and not reads:
-            reads.append(stream_read_bytes_per_s(args.stream_gib))
+    folders = [args.engine] + ([args.torch_engine] if args.torch_engine and "torch" in args.kernels else [])
+    for folder in folders:
+        check_limits(args, folder, read_manifest(folder))
+    paged = is_paged(limits, args.kv_memory)
+    check_peer(args, paged)
+    cuda = (args.backend or limits["backend"]) == "cuda"
+    reads = StreamReads(args.stream_gib) if cuda else None  # before any engine: the KV pool is sized around it
+    if reads:
+        reads.measure("before")
+    points = []
+    for label, options in configurations(args.kernels, args.ablate, paged):  # one engine at a time
+        folder = args.torch_engine if label == "torch" and args.torch_engine else args.engine
+        kv_memory = None if folder != args.engine else args.kv_memory
+        engine = Engine(folder, backend=args.backend, use_graphs=not args.no_graphs, kv_memory=kv_memory, **options)
         for context in args.context:
             for batch in args.batch:
-                points.append(dict(kernels=label, **bench_point(engine, batch, context, args.new_tokens, cuda)))
-        backend_name, graphs, manifest = engine.backend.name, engine.use_graphs, engine.manifest
+                points.append(dict(kernels=label, **bench_point(engine, batch, context, args.new_tokens,
+                                                               engine.backend.name == "cuda")))
+        backend_name, graphs = engine.backend.name, engine.use_graphs
         engine = None
+        gc.collect()  # an engine in a reference cycle would keep its pool and graphs past empty_cache
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    bandwidth = spec = None
     if reads:
-        reads.append(stream_read_bytes_per_s(args.stream_gib))
-    bandwidth = max(reads) if reads else None
-    if bandwidth:
-        add_roofline(points, bandwidth)
+        reads.measure("after")
+        bandwidth = reads.best()
+        spec = spec_memory_bandwidth(torch.cuda.get_device_name())
+        reads.close()
+        add_roofline(points, bandwidth, spec)
     print_table(points)
     print_ablation(points)
-    if bandwidth:
-        print(f"streaming read: {bandwidth / 1e12:.2f} TB/s (torch.sum over {args.stream_gib} GiB; the faster of "
-              f"{' and '.join(f'{r / 1e12:.2f}' for r in reads)} TB/s, before and after the points)")
+    if reads:
+        print(f"attainable read: {bandwidth / 1e12:.2f} TB/s, the fastest of {len(reads.results)} streaming reads "
+              f"over {args.stream_gib} GiB before and after the points ("
+              + ", ".join(f"{r['read']} {r['when']} {r['bytes_per_s'] / 1e12:.2f}" for r in reads.results) + ")"
+              + (f"; spec {spec / 1e12:.2f} TB/s" if spec else "; no spec bandwidth known for this GPU"))
     if args.out:
         report = {"command": command, "engine": str(args.engine), "backend": backend_name,
-                  "cuda_graphs": graphs, "gpu": manifest.get("gpu"),
-                  "model": manifest.get("model"), "dtype": manifest["dtype"], "kv_cache": manifest.get("kv_cache"),
-                  "stream_read_bytes_per_s": bandwidth, "stream_reads_bytes_per_s": reads, "points": points}
+                  "torch_engine": str(args.torch_engine) if args.torch_engine else None,
+                  "cuda_graphs": graphs, "gpu": limits.get("gpu"),
+                  "model": limits.get("model"), "dtype": limits["dtype"], "kv_cache": limits.get("kv_cache"),
+                  "stream_read_bytes_per_s": bandwidth, "stream_reads": reads.results if reads else [],
+                  "spec_bytes_per_s": spec, "points": points}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(f"{args.out}.tmp")
         tmp.write_text(json.dumps(report, indent=1) + "\n")

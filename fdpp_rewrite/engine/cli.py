@@ -81,6 +81,9 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--kernels", nargs="+", choices=["fdpp", "torch"], default=["fdpp"],
                         help="fdpp: this project's kernels; torch: the stock baseline (cuBLAS GEMMs with unfused "
                              "epilogues, SDPA attention; same graph, norms, RoPE, CUDA graphs). Both: the ratios")
+    parser.add_argument("--torch-engine", type=Path, metavar="FOLDER",
+                        help="the engine folder --kernels torch runs on (default: ENGINE); a paged ENGINE needs a "
+                             "contiguous build of the same model here, as SDPA reads contiguous caches")
     parser.add_argument("--ablate", action="store_true", help="also run the engine with each technique switched to "
                         "its baseline, one at a time, and print what each buys (cuda backend)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here (default: print only)")

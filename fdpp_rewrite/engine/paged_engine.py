@@ -9,30 +9,21 @@ first run, when P * C <= MAX_GRAPH_PREFILL) or runs its traced Program.
     engine.step([0, 3], tokens, [(5, ids_a), (6, ids_b)])  # rows 0 and 3 decode; rows 5, 6 take prompt chunks
     engine.prefill_batch(prompts)                          # generate's prefill: rounds of batched chunks
 
-Pool size (pool_blocks): kv_blocks when given (tests), else kv_memory ("0.9": that fraction of the memory free
-once the weights are loaded, less a reserve; "20GiB": that much) over the KV bytes of a token. The reserve covers
-the largest step the engine runs, T = max_batch + MAX_PREFILL_CHUNK tokens:
-    T x widest GEMM output x dtype bytes x ACTIVATION_COPIES + T x vocab x 4 (the logits) + GRAPH_RESERVE_BYTES.
-On the cpu backend the "free memory" is CPU_NOMINAL_BYTES.
+Pool size: paged_memory.py (measured on cuda: the largest step's activation peak, the CUDA graphs' pool and a
+headroom are kept back; the pool is printed in one line at load). Every step stays within that largest step: its
+padded prompt tokens are at most engine.max_prefill_tokens (a longer prompt runs as several chunks).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from fdpp_rewrite.engine import buckets
-from fdpp_rewrite.engine.buckets import MAX_GRAPH_PREFILL, MAX_PREFILL_CHUNK, pick
-from fdpp_rewrite.engine.kv_cache import upload
-from fdpp_rewrite.engine.paged import sizing
+from fdpp_rewrite.engine.buckets import MAX_GRAPH_PREFILL, pick
 from fdpp_rewrite.engine.paged.blocks import blocks_for
 from fdpp_rewrite.engine.paged_cache import PagedCache
+from fdpp_rewrite.engine.paged_memory import max_prefill_tokens, pool_blocks
 from fdpp_rewrite.engine.paged_step import PagedLayout, StepBuffers
 from fdpp_rewrite.errors import FdppError
-
-ACTIVATION_COPIES = 4  # tensors of the widest GEMM's size alive at once in a step (its input, output, residuals)
-GRAPH_RESERVE_BYTES = 1 << 30  # CUDA context growth, library workspaces and the graphs' pool beyond one step
-CPU_NOMINAL_BYTES = 64 << 20  # what a fraction of "free memory" means on the cpu backend
 
 
 def wanted(engine) -> bool:
@@ -49,39 +40,14 @@ def wanted(engine) -> bool:
     return True
 
 
-def reserve_bytes(engine) -> int:
-    """Memory the pool leaves for the largest step (the module docstring's formula)."""
-    tokens = engine.max_batch + MAX_PREFILL_CHUNK
-    widest = max((shape[0] for shape in engine.plan.get("gemm_shapes", {}).values()), default=0)
-    element = torch.finfo(engine.dtype).bits // 8
-    return tokens * widest * element * ACTIVATION_COPIES + tokens * (engine.vocab_size or 0) * 4 + GRAPH_RESERVE_BYTES
-
-
-def pool_blocks(engine, kv_memory, kv_blocks: int | None) -> int:
-    """Blocks of the pool, the null block included (the module docstring)."""
-    if kv_blocks is not None:
-        if kv_blocks < 2:
-            raise FdppError(f"kv_blocks must be at least 2 (block 0 is the null block), got {kv_blocks}")
-        return int(kv_blocks)
-    if kv_memory is None:
-        kv_memory = engine.manifest["kv_cache"]["kv_memory"]
-    amount = sizing.parse_kv_memory(str(kv_memory))
-    element = torch.finfo(engine.dtype).bits // 8
-    per_token = sizing.kv_bytes_per_token(engine.num_layers, engine.plan["num_kv_heads"], engine.plan["head_dim"],
-                                          element)
-    if engine.backend.name == "cuda":
-        free, reserve = torch.cuda.mem_get_info()[0], reserve_bytes(engine)
-    else:
-        free, reserve = CPU_NOMINAL_BYTES, 0
-    return sizing.pool_blocks(amount, free, per_token, reserve)
-
-
 def setup(engine, kv_memory=None, kv_blocks: int | None = None, prefix_caching: bool = True) -> None:
     """The paged engine's cache and step state (after the weights are on the device)."""
     engine.kv = PagedCache(engine.plan["cache_inputs"], engine.max_batch, engine.max_seq, engine.plan["num_kv_heads"],
                            engine.plan["head_dim"], engine.dtype, engine.device,
                            pool_blocks(engine, kv_memory, kv_blocks), prefix_caching)
     engine.step_buffers = {}  # (B, P, C, kv bucket) -> StepBuffers
+    engine.max_prefill_tokens = max_prefill_tokens(engine)
+    engine.step_logits = None  # [2 max_batch, V]: every captured step's logits rows (made at the first capture)
 
 
 # -- the step API -------------------------------------------------------------------------------------------------
@@ -132,11 +98,14 @@ def step(engine, decode_slots: list[int], tokens, chunks: list, padded: int | No
     bucket)."""
     check_step(engine, decode_slots, chunks, padded)
     kv = engine.kv
-    kv.grow(growths(engine, decode_slots, chunks))
     n, m = len(decode_slots), len(chunks)
     batch = pick(n, engine.batch_buckets) if n else 0
     count = pick(m, engine.batch_buckets) if m else 0
     chunk = (padded or pick(max(len(ids) for _, ids in chunks), engine.prefill_buckets)) if m else 0
+    if count * chunk > engine.max_prefill_tokens:  # past the largest step the pool was sized around
+        raise FdppError(f"a step carries at most {engine.max_prefill_tokens} padded prompt tokens, not {m} chunks "
+                        f"run as {count} of {chunk}; split the chunks over several steps")
+    kv.grow(growths(engine, decode_slots, chunks))
     starts = [kv.lengths[slot] for slot, _ in chunks]
     kv_len = kv_bucket(engine, max([kv.lengths[slot] + 1 for slot in decode_slots] + [s + chunk for s in starts]))
     key = (batch, count, chunk, kv_len)
@@ -152,31 +121,24 @@ def step(engine, decode_slots: list[int], tokens, chunks: list, padded: int | No
 
 
 def fill(engine, buffers: StepBuffers, key: tuple, decode_slots: list[int], tokens, chunks: list) -> None:
-    """Upload a step's inputs into its static buffers (stream-ordered, no host synchronization)."""
+    """Write a step's inputs into its static buffers: one upload of the ids, past lengths, table rows and logits
+    rows from the host, then the decode tokens from the device (stream-ordered, no host synchronization)."""
     batch, count, chunk, _ = key
-    kv, n, device = engine.kv, len(decode_slots), engine.device
-    width = buffers.table.shape[1]
-    table = np.zeros((batch + count, width), dtype=np.int32)
-    slots = list(decode_slots) + [slot for slot, _ in chunks]
-    used = min(width, kv.width)
-    table[:n] = kv.rows(decode_slots)[:, :used]
-    table[batch:batch + len(chunks)] = kv.rows([slot for slot, _ in chunks])[:, :used]
-    past = [kv.lengths[slot] for slot in slots[:n]] + [0] * (batch - n)
-    past += [kv.lengths[slot] for slot, _ in chunks] + [0] * (count - len(chunks))
-    rows = list(range(batch)) + [batch + p * chunk + len(ids) - 1 for p, (_, ids) in enumerate(chunks)]
-    rows += [batch + p * chunk for p in range(len(chunks), count)]
-    buffers.table.copy_(upload(table, device))
-    buffers.past.copy_(upload(past, device))
-    buffers.rows.copy_(upload(rows, device))
+    kv, n = engine.kv, len(decode_slots)
+    host, fields = buffers.staging()
+    used = min(fields["table"].shape[1], kv.width)
+    chunk_slots = [slot for slot, _ in chunks]
+    fields["table"][:n, :used] = kv.rows(decode_slots)[:, :used]
+    fields["table"][batch:batch + len(chunks), :used] = kv.rows(chunk_slots)[:, :used]
+    fields["past"][:n] = [kv.lengths[slot] for slot in decode_slots]
+    fields["past"][batch:batch + len(chunks)] = [kv.lengths[slot] for slot in chunk_slots]
+    fields["rows"][:] = (list(range(batch)) + [batch + p * chunk + len(ids) - 1 for p, (_, ids) in enumerate(chunks)]
+                         + [batch + p * chunk for p in range(len(chunks), count)])
+    for p, (_, ids) in enumerate(chunks):
+        fields["ids"][0, batch + p * chunk:batch + p * chunk + len(ids)] = ids
+    buffers.upload(host)
     if n:
         buffers.ids[0, :n].copy_(tokens.reshape(-1))
-    if batch > n:
-        buffers.ids[0, n:batch].zero_()
-    if count:
-        ids = np.zeros((count, chunk), dtype=np.int64)
-        for p, (_, chunk_ids) in enumerate(chunks):
-            ids[p, :len(chunk_ids)] = chunk_ids
-        buffers.ids[0, batch:].copy_(upload(ids.reshape(-1), device))
 
 
 def run(engine, key: tuple, buffers: StepBuffers):
@@ -196,8 +158,11 @@ def run(engine, key: tuple, buffers: StepBuffers):
     out = outputs["logits"][0].index_select(0, buffers.rows)
     engine.programs[key] = program  # what bench counts a step's eager launches with
     if engine.use_graphs and count * chunk <= MAX_GRAPH_PREFILL:
+        if engine.step_logits is None:  # outside the graphs' pool: one buffer instead of one per captured shape
+            engine.step_logits = out.new_empty(2 * engine.max_batch, out.shape[1])
+        rows = engine.step_logits[:batch + count]
         engine.paged_steps[key] = engine.traced.capture(
-            program, feeds, lambda logits: logits[0].index_select(0, buffers.rows))
+            program, feeds, lambda logits: torch.index_select(logits[0], 0, buffers.rows, out=rows))
     else:
         engine.paged_steps[key] = (program, None)
     return out
@@ -216,17 +181,18 @@ def release(engine, slot: int) -> None:
 
 
 def prefill(engine, slot: int, ids: list[int]):
-    """The prompt into a fresh `slot` (its blocks given back first), in chunks of up to MAX_PREFILL_CHUNK."""
+    """The prompt into a fresh `slot` (its blocks given back first), in chunks of up to MAX_GRAPH_PREFILL."""
     if not ids:
         raise FdppError(f"an empty prompt for slot {slot}; pass at least one token id")
     engine.kv.release(slot)
-    for start in range(0, len(ids), buckets.MAX_PREFILL_CHUNK):
-        logits = prefill_chunk(engine, slot, ids[start:start + buckets.MAX_PREFILL_CHUNK])
-    return logits
+    return prefill_chunk(engine, slot, ids)
 
 
 def prefill_chunk(engine, slot: int, ids: list[int]):
-    return step(engine, [], None, [(slot, list(ids))])[1][0]
+    """`ids` after the tokens in `slot`, one step per MAX_GRAPH_PREFILL of them; the last position's logits."""
+    for start in range(0, max(len(ids), 1), MAX_GRAPH_PREFILL):  # no ids: one step, which refuses them
+        logits = step(engine, [], None, [(slot, list(ids[start:start + MAX_GRAPH_PREFILL]))])[1][0]
+    return logits
 
 
 def decode(engine, tokens):

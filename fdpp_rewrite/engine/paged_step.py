@@ -20,6 +20,7 @@ A step's static inputs (StepBuffers: ids, past_len, its table rows, the logits r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -97,11 +98,34 @@ def wrap(op_type: str, fn, layout: PagedLayout):
 
 class StepBuffers:
     """The static inputs of one step shape (B, P, C, KV length) on the device: ids [1, T], past_len [B + P], the
-    table rows [B + P, W] and the logits rows [B + P] (the decode rows, then each chunk's last real token)."""
+    table rows [B + P, W] and the logits rows [B + P] (the decode rows, then each chunk's last real token). All four
+    are views of one byte buffer, so a step uploads them in one copy from one pinned staging buffer (staging())."""
 
     def __init__(self, batch: int, chunks: int, chunk: int, width: int, device):
         rows = batch + chunks
-        self.ids = torch.zeros(1, batch + chunks * chunk, dtype=torch.int64, device=device)
-        self.past = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.table = torch.zeros(rows, width, dtype=torch.int32, device=device)
-        self.rows = torch.arange(rows, dtype=torch.int64, device=device)
+        self.fields = {"ids": (torch.int64, (1, batch + chunks * chunk)), "past": (torch.int64, (rows,)),
+                       "rows": (torch.int64, (rows,)), "table": (torch.int32, (rows, width))}
+        self.offsets, total = {}, 0
+        for name, (dtype, shape) in self.fields.items():
+            self.offsets[name] = total
+            total += -(-math.prod(shape) * dtype.itemsize // 8) * 8  # every field 8-byte aligned
+        self.device = device
+        self.packed = torch.zeros(total, dtype=torch.uint8, device=device)
+        self.ids, self.past, self.rows, self.table = (self.view(self.packed, name) for name in self.fields)
+        self.rows.copy_(torch.arange(rows, dtype=torch.int64))
+
+    def view(self, buffer, name: str):
+        """Field `name` of a buffer laid out like `packed` (a device or staging tensor)."""
+        dtype, shape = self.fields[name]
+        start = self.offsets[name]
+        return buffer[start:start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+
+    def staging(self) -> tuple:
+        """(a zeroed host buffer laid out like `packed`, pinned on cuda; {field: its numpy view}) to fill and upload.
+        A fresh one per step: the previous step's copy may not have run yet."""
+        host = torch.zeros(self.packed.numel(), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        return host, {name: self.view(host, name).numpy() for name in self.fields}
+
+    def upload(self, host) -> None:
+        """Every field from the filled staging buffer, in one copy (no host synchronization)."""
+        self.packed.copy_(host, non_blocking=True)

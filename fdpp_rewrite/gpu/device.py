@@ -2,6 +2,7 @@
 
     gpu_facts()      -> {"name": "NVIDIA H200", "cc": "9.0", "driver": "13.0", "num_sms": 132, ...}
     library_facts()  -> {"path": ".../libfdpp_plugins.so", "abi_version": 4, "sha256": "..."} or None
+    spec_memory_bandwidth("NVIDIA H200") -> 4.8e12 (bytes/s, the vendor's figure; None for a GPU not listed)
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import hashlib
 from pathlib import Path
 
 from fdpp_rewrite.errors import FdppError
+
+# HBM bandwidth on the vendor's spec sheet, by torch's device name: what bench's "% of spec" divides by
+SPEC_MEMORY_BYTES_PER_S = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12, "NVIDIA A100-SXM4-80GB": 2.039e12}
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
@@ -53,3 +57,7 @@ def library_facts() -> dict | None:
     except FdppError:
         return None
     return {"path": str(path), "abi_version": abi, "sha256": sha256_file(path)}
+
+
+def spec_memory_bandwidth(name: str) -> float | None:
+    return SPEC_MEMORY_BYTES_PER_S.get(name)

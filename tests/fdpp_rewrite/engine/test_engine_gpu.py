@@ -218,3 +218,39 @@ def test_a_batched_prefill_equals_each_prompt_alone(engine_dir):
         alone.append(engine.prefill(0, ids).float().cpu())
     torch.testing.assert_close(together, torch.stack(alone), atol=2e-2, rtol=2e-2)
     assert engine.kv.pool.check() is None
+
+
+def test_paged_pool_is_sized_around_the_measured_largest_step(engine_dir, capsys):
+    """kv_memory on cuda: the largest step is measured at load and kept back with its graph pool and the headroom;
+    the pool line says so; every captured step writes its logits rows into the one shared buffer."""
+    import torch
+
+    from fdpp_rewrite.engine import paged_memory
+
+    engine = _engine(engine_dir, kv_memory="0.05")
+    line = capsys.readouterr().err
+    assert "KV pool: " in line and "kept back (step peak" in line
+    peak = paged_memory.step_peak_bytes(engine)
+    assert peak > 0
+    free = torch.cuda.mem_get_info()[0]
+    _greedy_with_logits(engine, PAGED_PROMPTS, 6)
+    assert free - torch.cuda.mem_get_info()[0] <= paged_memory.reserve_bytes(peak)  # the steps fit what was kept
+    captured = [out for _, out in engine.paged_steps.values() if out is not None]
+    assert captured and all(out.untyped_storage().data_ptr() == engine.step_logits.untyped_storage().data_ptr()
+                            for out in captured)
+
+
+def test_stream_reads_take_the_fastest_of_every_read():
+    from fdpp_rewrite.engine.bench import StreamReads
+
+    reads = StreamReads(1.0)  # its quarter is 256 MiB: every read runs
+    reads.measure("before")
+    reads.measure("after")
+    assert [(r["read"], r["when"]) for r in reads.results] == [
+        (name, when) for when in ("before", "after") for name in ("sum", "sum of a quarter", "copy")]
+    assert all(r["bytes_per_s"] > 1e10 for r in reads.results)
+    assert reads.best() == max(r["bytes_per_s"] for r in reads.results)
+    reads.close()
+    small = StreamReads(0.5)  # a quarter of 128 MiB would partly hit the L2 cache: not run
+    assert [name for name, _, _ in small.reads()] == ["sum", "copy"]
+    small.close()

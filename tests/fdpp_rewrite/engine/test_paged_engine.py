@@ -266,3 +266,75 @@ def test_the_split_attention_writes_one_tokens_major_output():
     expected = query * 2 + torch.tensor([5, 6, 0, 0, 0, 64, 64, 64.0]).reshape(1, 1, 8, 1)
     assert torch.equal(out, expected)
     assert out.transpose(1, 2).is_contiguous()  # the graph's Transpose back to tokens-major costs no copy
+
+
+def test_a_long_prompt_runs_as_steps_within_the_budget(folders, contiguous, monkeypatch):
+    """prefill and prefill_chunk split ids into steps of at most MAX_GRAPH_PREFILL tokens (the largest step the
+    pool was sized around): the same logits as the contiguous engine's one pass."""
+    from fdpp_rewrite.engine import paged_engine
+
+    monkeypatch.setattr(paged_engine, "MAX_GRAPH_PREFILL", 32)
+    engine = Engine(folders[1], kv_blocks=24)
+    ours = [engine.prefill(0, LONG), engine.prefill_chunk(0, PROMPT * 5)]
+    assert {key[2] for key in engine.paged_steps} == {32, 16}  # chunks of 32 tokens (and the last 6 as 16)
+    contiguous.reset()
+    theirs = [contiguous.prefill(0, LONG), contiguous.prefill_chunk(0, PROMPT * 5)]
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-4, rtol=1e-4)
+    assert engine.lengths[0] == len(LONG) + 5 * len(PROMPT)
+    with pytest.raises(FdppError, match="non-empty"):
+        engine.prefill_chunk(1, [])
+
+
+def test_a_step_past_the_largest_prefill_is_refused_before_anything_runs(folders, capsys):
+    engine = Engine(folders[1], kv_blocks=24)
+    assert "KV pool: 24 blocks of 64 tokens" in capsys.readouterr().err  # the pool's one line at load
+    assert engine.max_prefill_tokens >= 2048
+    engine.max_prefill_tokens = 32
+    with pytest.raises(FdppError, match="at most 32 padded prompt tokens, not 2 chunks run as 2 of 32") as info:
+        engine.step([], None, [(0, LONG[:20]), (1, LONG[:30])])
+    assert "\n" not in str(info.value) and engine.kv.used_blocks == 0 and not engine.paged_steps
+    engine.step([], None, [(0, LONG[:20])])  # one chunk of 32 fits
+
+
+def test_bench_runs_the_torch_peer_of_a_paged_engine_on_a_contiguous_build(folders, capsys, tmp_path):
+    from fdpp_rewrite.cli import main
+    from fdpp_rewrite.engine.bench import configurations
+
+    args = ["bench", str(folders[2]), "--context", "16", "--new-tokens", "3", "--batch", "2", "--kernels", "fdpp",
+            "torch"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "would gather every KV page" in err and "--torch-engine" in err and len(err.strip().splitlines()) == 1
+    assert main(args + ["--torch-engine", str(folders[2])]) == 2
+    assert "is a paged build" in capsys.readouterr().err
+    out = tmp_path / "b.json"
+    assert main(args + ["--torch-engine", str(folders[1]), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [p["kernels"] for p in report["points"]] == ["fdpp", "torch"]
+    assert report["torch_engine"] == str(folders[1]) and report["kv_cache"]["layout"] == "paged"
+    assert "fdpp kernels" in capsys.readouterr().out
+    names = [label for label, _ in configurations(["fdpp"], True, paged=True)]
+    assert "-sdpa-attention" not in names and "torch" not in names and "-cublaslt-gemm" in names
+    assert [label for label, _ in configurations(["fdpp"], True)][-2:] == ["-sdpa-attention", "torch"]
+
+
+def test_a_steps_inputs_upload_in_one_copy():
+    """StepBuffers: ids, past_len, table rows and logits rows are views of one buffer, filled from one staging
+    buffer of the same layout."""
+    from fdpp_rewrite.engine.paged_step import StepBuffers
+
+    buffers = StepBuffers(batch=2, chunks=1, chunk=3, width=5, device=torch.device("cpu"))
+    assert buffers.ids.shape == (1, 5) and buffers.table.shape == (3, 5) and buffers.table.dtype == torch.int32
+    assert buffers.rows.tolist() == [0, 1, 2]
+    bases = {t.untyped_storage().data_ptr() for t in (buffers.ids, buffers.past, buffers.rows, buffers.table)}
+    assert bases == {buffers.packed.untyped_storage().data_ptr()}
+    host, fields = buffers.staging()
+    fields["ids"][0] = [1, 2, 3, 4, 5]
+    fields["past"][:] = [7, 8, 9]
+    fields["rows"][:] = [0, 1, 4]
+    fields["table"][2, :2] = [6, 11]
+    buffers.upload(host)
+    assert buffers.ids.tolist() == [[1, 2, 3, 4, 5]] and buffers.past.tolist() == [7, 8, 9]
+    assert buffers.rows.tolist() == [0, 1, 4] and buffers.table[2].tolist() == [6, 11, 0, 0, 0]
+    assert buffers.table[:2].sum() == 0
