@@ -1,3 +1,4 @@
+import shutil
 import sys
 from pathlib import Path
 
@@ -29,3 +30,77 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- exports shared by several test files (each costs seconds to a minute on two cores; made once per session) --
+
+def _copy_files(source: Path, target: Path) -> None:
+    """Copies, not links: onnx refuses external data with several hard links, and a test may write beside them."""
+    target.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        shutil.copyfile(file, target / file.name)
+
+
+# The demo's own file name for its export (so `fdpp demo --workdir` reuses a copy) and a cache long enough
+# for every prompt the tests send.
+SMOLLM2_NAME = "smollm2-135m"
+SMOLLM2_MAX_CACHE = 128
+
+
+@pytest.fixture(scope="session")
+def smollm2_float32(tmp_path_factory):
+    """smollm2-135m (the trained weights) exported by the CLI as the CPU demo exports it (float32), with a cache of
+    SMOLLM2_MAX_CACHE: a function folder -> path of smollm2-135m.onnx copied there with its data, metadata and
+    tokenizer."""
+    from fdpp_rewrite import cli
+
+    folder = tmp_path_factory.mktemp("smollm2-float32")
+    assert cli.main(["export", SMOLLM2_NAME, "--dtype", "float32", "--max-cache", str(SMOLLM2_MAX_CACHE),
+                     "-o", str(folder / f"{SMOLLM2_NAME}.onnx")]) == 0
+
+    def copied_into(target: Path) -> Path:
+        _copy_files(folder, target)
+        return target / f"{SMOLLM2_NAME}.onnx"
+
+    return copied_into
+
+
+@pytest.fixture(scope="session")
+def real_preset_export(tmp_path_factory):
+    """preset -> path of its one-layer float16 export at the real dimensions (random weights, cache 16), made once
+    by the CLI with --random-init; the folder is the caller's to read only (write outputs elsewhere)."""
+    from fdpp_rewrite import cli
+
+    made = {}
+
+    def get(preset: str) -> Path:
+        if preset not in made:
+            path = tmp_path_factory.mktemp(f"real-{preset}") / "model.onnx"
+            assert cli.main(["export", preset, "--dtype", "float16", "--layers", "1", "--max-cache", "16",
+                             "--random-init", "-o", str(path)]) == 0
+            made[preset] = path
+        return made[preset]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_export(tmp_path_factory):
+    """(family, dynamo, cache) -> path of tests/helpers/hf_exports.py's float32 graph, exported on first use (a skip
+    with the exporter's reason where it cannot); the folder is the caller's to read only (write outputs elsewhere)."""
+    hf_exports = pytest.importorskip("hf_exports")
+    folder = tmp_path_factory.mktemp("hf-exports")
+    made = {}
+
+    def get(family: str, dynamo: bool, cache: bool) -> Path:
+        key = (family, dynamo, cache)
+        if key not in made:
+            try:
+                made[key] = hf_exports.export_hf(family, dynamo, cache, folder)
+            except hf_exports.ExportUnsupported as exc:
+                made[key] = exc
+        if isinstance(made[key], Exception):
+            pytest.skip(str(made[key]))
+        return made[key]
+
+    return get

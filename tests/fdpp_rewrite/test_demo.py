@@ -54,6 +54,36 @@ def test_gpu_path_reuses_a_built_engine(monkeypatch, tmp_path):
     assert all("--force" in s for s in steps[:3])
 
 
+class SilentTokenizer:
+    def decode(self, ids):
+        return "".join(f" t{i}" for i in ids)
+
+
+def test_cpu_path_runs_export_rewrite_compare_then_generates(monkeypatch, tmp_path, capsys):
+    """The CPU pipeline's commands, parsed by the real parsers (test_readme.py's main-job test runs them on a
+    reused export; this pins the export the demo itself would run)."""
+    from fdpp_rewrite import generate, ref_session
+    from fdpp_rewrite.resources import calibration_path
+
+    steps = recorded_steps(monkeypatch)
+    generated = []
+    monkeypatch.setattr(generate, "load_tokenizer_for", lambda path: SilentTokenizer())
+    monkeypatch.setattr(ref_session, "make_reference_session", lambda path: ("reference", path))
+    monkeypatch.setattr(generate, "generate_ids", lambda session, tokenizer, prompt, **kw: generated.append(
+        (session, prompt, kw["max_new_tokens"], kw["chat"])) or [kw["on_token"](7)])
+    assert demo.run(demo_args(tmp_path, "--device", "cpu", "--max-new-tokens", "5")) == 0
+    assert [s[0] for s in steps] == ["export", "rewrite", "compare"]
+    export, rewrite, compare = steps
+    original, rewritten = tmp_path / "smollm2-135m.onnx", tmp_path / "smollm2-135m.fdpp.onnx"
+    assert export[1:] == ["smollm2-135m", "--dtype", "float32", "-o", str(original)]
+    assert rewrite[rewrite.index("-o") + 1] == str(rewritten) and rewrite[1] == str(original)
+    assert rewrite[rewrite.index("--calibration") + 1] == str(calibration_path("smollm2-135m"))
+    assert compare[1:] == [str(original), str(rewritten)]
+    assert generated == [(("reference", rewritten), demo.DEFAULT_PROMPT, 5, True)]
+    out = capsys.readouterr().out
+    assert "answer: t7\n" in out and "compare verdict for smollm2-135m: PASS" in out
+
+
 def test_auto_without_gpu_says_so_and_runs_the_cpu_pipeline(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(demo, "why_no_gpu_engine", lambda: "no CUDA GPU is visible to torch")
     chosen = []

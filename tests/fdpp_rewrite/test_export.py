@@ -274,10 +274,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 # graphs at larger sizes; their families run at tiny sizes in test_export_families.py).
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["llama2-7b", "opt-6.7b", "chatglm2-6b", "mistral-7b", "gpt2"])
-def test_real_dimensions_one_layer_float16(tmp_path, preset):
-    """The real presets' shapes (one layer, the GPU dtype) export and run in onnxruntime like the reference."""
-    result = export_model(preset, tmp_path / "model.onnx", dtype="float16", max_cache=16, num_layers=1,
-                          progress=False)
-    onnx.checker.check_model(str(result.onnx_path))
-    _check_against_reference(result.onnx_path, load_model(preset, num_layers=1), 16, "float16", atol=3e-2,
-                             rtol=3e-2)
+def test_real_dimensions_one_layer_float16(real_preset_export, preset):
+    """The real presets' shapes (one layer, the GPU dtype) export and run in onnxruntime like the reference.
+    The export is the session's (tests/conftest.py, shared with test_rewrite_presets.py): these presets have no
+    trained weights, so its --random-init weights are load_model's."""
+    path = real_preset_export(preset)
+    assert read_metadata(path)["origin"] == "random init (seed 0): not trained weights"
+    onnx.checker.check_model(str(path))
+    _check_against_reference(path, load_model(preset, num_layers=1), 16, "float16", atol=3e-2, rtol=3e-2)

@@ -23,9 +23,9 @@ COMMON_WORDS = {"the", "a", "an", "of", "and", "is", "to", "in", "it", "that", "
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    path = tmp_path_factory.mktemp("smollm2") / "model.onnx"
-    export_model("smollm2-135m", path, dtype="float32", max_cache=128, progress=False)
+def smollm2(smollm2_float32, tmp_path_factory):
+    """The session's float32 export (tests/conftest.py: a cache of 128) and an onnxruntime session on it."""
+    path = smollm2_float32(tmp_path_factory.mktemp("smollm2"))
     return path, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
@@ -91,8 +91,8 @@ def test_tokenizer_saved_beside_the_model_equals_the_gguf_one(smollm2):
     assert saved.encode(text) == original.encode(text)
     assert (saved.bos_id, saved.eos_id, saved.chat_template) == (original.bos_id, original.eos_id,
                                                                  original.chat_template)
-    # a rewritten model (model.fdpp.onnx) without metadata of its own uses its original's
-    assert load_tokenizer_for(path.with_name("model.fdpp.onnx")).encode(text) == original.encode(text)
+    # a rewritten model (<name>.fdpp.onnx) without metadata of its own uses its original's
+    assert load_tokenizer_for(path.with_name(f"{path.stem}.fdpp.onnx")).encode(text) == original.encode(text)
 
 
 def test_prompt_longer_than_the_cache(smollm2):

@@ -54,12 +54,16 @@ def test_readme_links_resolve():
     assert targets and not missing, f"README links to missing files: {missing}"
 
 
-def test_main_job_prints_verdict_and_text(tmp_path: Path):
+def test_main_job_prints_verdict_and_text(tmp_path: Path, smollm2_float32):
     # `make demo` = setup + `python -m fdpp_rewrite demo`; setup is what this test suite already ran. Five tokens
     # are enough for a three-word answer; each more is a whole-model step on the CPU reference ops.
+    # The work folder starts with the session's export (the demo's `export` command with a 128-token cache:
+    # tests/conftest.py), which the demo reuses; the rewrite, compare and generation run here.
+    smollm2_float32(tmp_path)
     result = subprocess.run([sys.executable, "-m", "fdpp_rewrite", "demo", "--workdir", str(tmp_path),
                              "--max-new-tokens", "5", "--device", "cpu"], capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "== export: reusing" in result.stdout and "== rewrite: ok" in result.stdout
     assert "compare verdict for smollm2-135m: PASS" in result.stdout
     answer = re.search(r"^answer: (.+)$", result.stdout, flags=re.MULTILINE)
     assert answer and len(answer.group(1).split()) >= 3, result.stdout[-2000:]

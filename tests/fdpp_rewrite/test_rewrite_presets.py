@@ -19,11 +19,12 @@ FLAT_GEMMS_PER_LAYER = 4
 # llama2-13b's graph is llama2-7b's; its shapes are checked by test_profile_covers_every_preset_shape.
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["llama2-7b", "opt-6.7b", "chatglm2-6b", "smollm2-135m"])
-def test_real_preset_is_fully_rewritten_with_the_h200_profile(tmp_path, preset, capsys):
-    exported = tmp_path / "model.onnx"
+def test_real_preset_is_fully_rewritten_with_the_h200_profile(real_preset_export, tmp_path, preset, capsys):
+    # the session's export (tests/conftest.py: `export PRESET --dtype float16 --layers 1 --max-cache 16
+    # --random-init`, shared with test_export.py)
+    exported = real_preset_export(preset)
     rewritten = tmp_path / "model.fdpp.onnx"
-    assert cli.main(["export", preset, "--dtype", "float16", "--layers", "1", "--max-cache", "16",
-                     "--random-init", "-o", str(exported)]) == 0
+    capsys.readouterr()  # the export's output, when this test made it
     assert cli.main(["rewrite", str(exported), "-o", str(rewritten), "--profile", str(H200_PROFILE)]) == 0
     printed = capsys.readouterr().out
     assert "unprofiled" not in printed

@@ -56,27 +56,22 @@ def test_gpu_engine_matches_the_original(tmp_path, preset):
     assert report.fallback_rows == 0
 
 
-def _hf_export_build(folder, exporter, dtype, backend):
-    """tiny llama's decode-with-cache export by torch.onnx.export (tests/helpers/hf_exports.py), rewritten and
-    built; skips where the exporter is not installed."""
+def _hf_rewrite_build(original, folder, backend):
+    """An export of tests/helpers/hf_exports.py rewritten and built in `folder`."""
     from fdpp_rewrite.rewrite import rewrite_file
 
-    pytest.importorskip("transformers")
-    pytest.importorskip("onnxscript")
-    hf_exports = pytest.importorskip("hf_exports")
-    try:
-        original = hf_exports.export_hf("llama", exporter == "dynamo", True, folder, dtype=dtype)
-    except hf_exports.ExportUnsupported as exc:
-        pytest.skip(str(exc))
-    rewritten = rewrite_file(original, output=original.with_name(original.stem + ".fdpp.onnx"), force=True,
-                             stream=io.StringIO())
+    rewritten = rewrite_file(original, output=folder / f"{original.stem}.fdpp.onnx", stream=io.StringIO())
     build_engine(rewritten, folder / "engine", backend=backend, max_batch=4, max_seq=48, stream=io.StringIO())
-    return original, folder / "engine"
+    return folder / "engine"
 
 
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
-def test_cpu_engine_of_a_hugging_face_graph_matches_the_original(tmp_path, exporter, capsys):
-    original, engine = _hf_export_build(tmp_path, exporter, "float32", "cpu")
+def test_cpu_engine_of_a_hugging_face_graph_matches_the_original(hf_export, tmp_path, exporter, capsys):
+    # tiny llama's decode-with-cache export: the session's (tests/conftest.py), skipped where the exporter is missing
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    original = hf_export("llama", exporter == "dynamo", True)
+    engine = _hf_rewrite_build(original, tmp_path, "cpu")
     report = compare_engine(original, engine, batch=3)
     assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
     steps = {r.step for r in report.rows}
@@ -88,7 +83,14 @@ def test_cpu_engine_of_a_hugging_face_graph_matches_the_original(tmp_path, expor
 @pytest.mark.gpu
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_gpu_engine_of_a_hugging_face_graph_matches_the_original(tmp_path, exporter):
-    original, engine = _hf_export_build(tmp_path, exporter, "float16", "cuda")
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    hf_exports = pytest.importorskip("hf_exports")
+    try:
+        original = hf_exports.export_hf("llama", exporter == "dynamo", True, tmp_path, dtype="float16")
+    except hf_exports.ExportUnsupported as exc:
+        pytest.skip(str(exc))
+    engine = _hf_rewrite_build(original, tmp_path, "cuda")
     report = compare_engine(original, engine, batch=3)
     assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
     assert report.fallback_rows == 0

@@ -28,20 +28,17 @@ MAX_SEQ = 48  # under the tiny configs' 64 positions
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """(family, exporter, kind) -> (original, rewritten) paths, exported and rewritten on first use."""
+def exports(hf_export, tmp_path_factory):
+    """(family, exporter, kind) -> (original, rewritten) paths: the session's export (tests/conftest.py, shared
+    with the rewriter's and compare's tests), rewritten here on first use."""
     folder = tmp_path_factory.mktemp("hf-engine")
     made = {}
 
     def get(family, exporter, kind="decode"):
         key = (family, exporter, kind)
         if key not in made:
-            try:
-                original = hf_exports.export_hf(family, exporter == "dynamo", kind == "decode", folder)
-            except hf_exports.ExportUnsupported as exc:
-                pytest.skip(str(exc))
-            rewritten = rewrite_file(original, output=original.with_name(original.stem + ".fdpp.onnx"), force=True,
-                                     stream=io.StringIO())
+            original = hf_export(family, exporter == "dynamo", kind == "decode")
+            rewritten = rewrite_file(original, output=folder / f"{original.stem}.fdpp.onnx", stream=io.StringIO())
             made[key] = original, rewritten
         return made[key]
 

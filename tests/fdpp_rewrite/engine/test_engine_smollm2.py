@@ -9,7 +9,6 @@ import pytest
 
 from fdpp_rewrite.engine.build import build_engine
 from fdpp_rewrite.engine.runtime import Engine
-from fdpp_rewrite.export import export_model
 from fdpp_rewrite.generate import CacheLayout, generate_ids, load_tokenizer_for
 from fdpp_rewrite.rewrite import rewrite_file
 
@@ -17,10 +16,9 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2(smollm2_float32, tmp_path_factory):
     folder = tmp_path_factory.mktemp("smollm2_engine")
-    onnx_path = folder / "model.onnx"
-    export_model("smollm2-135m", onnx_path, dtype="float32", max_cache=128, progress=False)
+    onnx_path = smollm2_float32(folder)  # the session's float32 export (tests/conftest.py), cache 128
     rewritten = rewrite_file(onnx_path, stream=io.StringIO())
     build_engine(rewritten, folder / "engine", backend="cpu", max_batch=2, max_seq=128, stream=io.StringIO())
     return onnx_path, folder / "engine"
