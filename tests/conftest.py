@@ -89,18 +89,4 @@ def hf_export(tmp_path_factory):
     """(family, dynamo, cache) -> path of tests/helpers/hf_exports.py's float32 graph, exported on first use (a skip
     with the exporter's reason where it cannot); the folder is the caller's to read only (write outputs elsewhere)."""
     hf_exports = pytest.importorskip("hf_exports")
-    folder = tmp_path_factory.mktemp("hf-exports")
-    made = {}
-
-    def get(family: str, dynamo: bool, cache: bool) -> Path:
-        key = (family, dynamo, cache)
-        if key not in made:
-            try:
-                made[key] = hf_exports.export_hf(family, dynamo, cache, folder)
-            except hf_exports.ExportUnsupported as exc:
-                made[key] = exc
-        if isinstance(made[key], Exception):
-            pytest.skip(str(made[key]))
-        return made[key]
-
-    return get
+    return hf_exports.cached_exporter(tmp_path_factory.mktemp("hf-exports"))

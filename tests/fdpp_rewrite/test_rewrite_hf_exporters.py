@@ -29,22 +29,22 @@ RMS_NORM_FAMILIES = ("llama", "mistral", "qwen2")  # opt and gpt2 use LayerNorma
 
 
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory):
-    """(family, exporter, kind) -> path of the exported graph, exported on first use."""
-    get = hf_exports.cached_exporter(tmp_path_factory.mktemp("hf-exports"))
-    return lambda family, exporter, kind: get(family, EXPORTERS[exporter], kind == "decode")
+def exported(hf_export):
+    """(family, exporter, kind) -> path of the exported graph: the session's (tests/conftest.py hf_export, shared
+    with the engine tests), exported on first use."""
+    return lambda family, exporter, kind: hf_export(family, EXPORTERS[exporter], kind == "decode")
 
 
-def rewritten(path, **options):
+def rewritten(path, folder, **options):
     log = io.StringIO()
-    output = rewrite_file(path, output=path.with_name(path.stem + ".fdpp.onnx"), force=True, stream=log, **options)
+    output = rewrite_file(path, output=folder / f"{path.stem}.fdpp.onnx", stream=log, **options)
     return output, log.getvalue()
 
 
 @pytest.mark.parametrize("family, exporter, kind", COMBINATIONS)
-def test_every_attention_and_gemm_replaced_and_compare_passes(exported, family, exporter, kind):
+def test_every_attention_and_gemm_replaced_and_compare_passes(exported, family, exporter, kind, tmp_path):
     path = exported(family, exporter, kind)
-    output, log = rewritten(path, require=("attention", "gemm"))
+    output, log = rewritten(path, tmp_path, require=("attention", "gemm"))
     layers = hf_exports.LAYERS
     assert f"attention: {layers} replaced, 0 left" in log and "gemm: " in log and "warning: attention" not in log
 
@@ -74,7 +74,7 @@ def test_every_attention_and_gemm_replaced_and_compare_passes(exported, family, 
     assert report.attention_rows > 0 and report.fallback_rows == 0
 
 
-def test_the_padded_positions_are_the_only_ones_left_out(exported):
+def test_the_padded_positions_are_the_only_ones_left_out(exported, tmp_path):
     """Without blanking the padded positions the left-padded batch differs exactly there: the original averages a
     fully masked row, the op gives 0 (its contract). Everything else must agree."""
     import numpy as np
@@ -84,7 +84,7 @@ def test_the_padded_positions_are_the_only_ones_left_out(exported):
     from fdpp_rewrite.ref_session import make_reference_session
 
     path = exported("llama", "dynamo", "prefill")
-    output, _ = rewritten(path)
+    output, _ = rewritten(path, tmp_path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names, steps = make_steps(session, onnx.load(str(path), load_external_data=False), batch=3, prefill=6, seed=0)
     feed = steps[names.index("padded")]
@@ -96,10 +96,10 @@ def test_the_padded_positions_are_the_only_ones_left_out(exported):
     assert np.abs(got[pads] - expected[pads]).max() > 1e-3  # so compare must leave them out, and says so
 
 
-def test_compare_refuses_a_decode_graph_against_a_prefill_rewrite(exported):
+def test_compare_refuses_a_decode_graph_against_a_prefill_rewrite(exported, tmp_path):
     """A decode-with-cache graph against the rewrite of its prefill graph: one line before anything runs."""
     decode = exported("qwen2", "torchscript", "decode")
-    prefill_rewrite, _ = rewritten(exported("qwen2", "torchscript", "prefill"))
+    prefill_rewrite, _ = rewritten(exported("qwen2", "torchscript", "prefill"), tmp_path)
     with pytest.raises(FdppError, match=r"does not belong to .*their inputs differ \(position_ids, "
                                         r"past_key_values.0.key, past_key_values.0.value ... only in"):
         compare_models(decode, prefill_rewrite)
