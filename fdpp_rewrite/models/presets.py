@@ -179,19 +179,19 @@ PRESETS: dict[str, ModelConfig] = {
                              sliding_window=256),
     "tiny-gpt2": _gpt2(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=2, num_kv_heads=2,
                        head_dim=64, vocab_size=331, max_position=512, norm_eps=1e-5),
-    # the new families at their real head sizes (256, 96, 128, 64 with a partial rotary), windows shorter than
-    # max_position so that the masked windows matter
+    # the new families at their real head sizes (256, 96, 128, 64 with a partial rotary), windows of a few tokens
+    # so that the masked windows matter in short tests
     "tiny-gemma": _gemma(hidden_size=128, intermediate_size=344, num_layers=2, num_heads=2, num_kv_heads=1,
                          head_dim=256, vocab_size=367, max_position=512, norm_eps=1e-6, rope_theta=10000.0),
     "tiny-gemma2": _gemma2(hidden_size=128, intermediate_size=344, num_layers=2, num_heads=2, num_kv_heads=1,
                            head_dim=256, vocab_size=373, max_position=512, norm_eps=1e-6, rope_theta=10000.0,
-                           sliding_window=16, attn_scale=192 ** -0.5),
+                           sliding_window=4, attn_scale=192 ** -0.5),
     "tiny-gemma3": _gemma3(hidden_size=128, intermediate_size=344, num_layers=3, num_heads=2, num_kv_heads=1,
                            head_dim=256, vocab_size=383, max_position=512, norm_eps=1e-6, rope_theta=1000000.0,
-                           sliding_window=16, attn_scale=256 ** -0.5),
+                           sliding_window=4, attn_scale=256 ** -0.5),
     "tiny-phi3": _phi3(hidden_size=192, intermediate_size=344, num_layers=2, num_heads=2, num_kv_heads=2,
                        head_dim=96, vocab_size=349, max_position=512, norm_eps=1e-5, rope_theta=10000.0,
-                       sliding_window=24),
+                       sliding_window=6),
     "tiny-qwen3": _qwen3(hidden_size=128, intermediate_size=344, num_layers=2, num_heads=2, num_kv_heads=1,
                          head_dim=128, vocab_size=359, max_position=512, norm_eps=1e-6, rope_theta=1000000.0,
                          tie_embeddings=True),
