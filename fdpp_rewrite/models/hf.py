@@ -639,12 +639,17 @@ def _gemma_json(c: ModelConfig) -> dict:
                 hidden_act="gelu_pytorch_tanh", rope_parameters=_rope_json(c))
     if c.family != "gemma":
         data.update(layer_types=list(c.layer_types), sliding_window=c.sliding_window,
-                    query_pre_attn_scalar=c.attn_scale ** -2, attn_logit_softcapping=c.attn_softcap or None,
+                    query_pre_attn_scalar=_integral(c.attn_scale ** -2), attn_logit_softcapping=c.attn_softcap or None,
                     final_logit_softcapping=c.final_softcap or None)
     if c.family == "gemma3":
         data["rope_parameters"] = {"full_attention": _rope_json(c),
                                    "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta}}
     return data
+
+
+def _integral(value: float):
+    """An int where a float is one up to rounding (transformers checks query_pre_attn_scalar is an int)."""
+    return round(value) if abs(value - round(value)) < 1e-6 else value
 
 
 def _phi3_json(c: ModelConfig) -> dict:
