@@ -8,10 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from export_checks import checkpoint, exported_logits
+from export_checks import checkpoint, edit_config, exported_logits, one_line_error
 
 from fdpp_rewrite.compare_onnx import compare_models
-from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.export import export_model
 from fdpp_rewrite.models import load_model
 from fdpp_rewrite.rewrite import rewrite_file
@@ -101,17 +100,11 @@ def test_rope_scaling_is_what_changes_the_logits(tmp_path, rope, differs):
     assert (loaded.rope_type, loaded.rope_factor, loaded.max_position) == (rope["rope_type"], rope["factor"], 128)
 
 
-def _one_line_error(callable_, match):
-    with pytest.raises(FdppError, match=match) as info:
-        callable_()
-    assert "\n" not in str(info.value)
-
-
 def test_mistral_beyond_its_window_is_refused(tmp_path):
     checkpoint(tmp_path / "ckpt", *_mistral(window=48))
     assert load_model(str(tmp_path / "ckpt")).config.max_position == 48  # max_position_embeddings 128, cut
     for max_cache in (49, 0):
-        _one_line_error(lambda: export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", dtype="float32",
+        one_line_error(lambda: export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", dtype="float32",
                                              max_cache=max_cache, progress=False),
                         "sliding window of 48 tokens, which the exported graph does not mask")
     result = export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", dtype="float32", progress=False)
@@ -120,32 +113,25 @@ def test_mistral_beyond_its_window_is_refused(tmp_path):
 
 def test_dynamic_rope_beyond_max_position_is_refused(tmp_path):
     checkpoint(tmp_path / "ckpt", *_llama({"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}))
-    _one_line_error(lambda: export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", max_cache=129,
+    one_line_error(lambda: export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", max_cache=129,
                                          progress=False),
                     r"exceeds the 128 positions .*dynamic NTK RoPE is plain RoPE up to 128 positions")
 
 
-def _edit_config(folder, **changes):
-    path = folder / "config.json"
-    config = json.loads(path.read_text())
-    config.update(changes)
-    path.write_text(json.dumps(config))
-
-
 def test_unsupported_rope_type_and_activation_name_the_supported_ones(tmp_path):
     checkpoint(tmp_path / "llama", *_llama())
-    _edit_config(tmp_path / "llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
-    _one_line_error(lambda: load_model(str(tmp_path / "llama")),
+    edit_config(tmp_path / "llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+    one_line_error(lambda: load_model(str(tmp_path / "llama")),
                     r"rope scaling type 'yarn' is not supported \(supported: default, linear, llama3, dynamic\)")
-    _edit_config(tmp_path / "llama", rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4})
-    _one_line_error(lambda: load_model(str(tmp_path / "llama")), "llama3 rope scaling lacks 'low_freq_factor'")
-    _edit_config(tmp_path / "llama", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+    edit_config(tmp_path / "llama", rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4})
+    one_line_error(lambda: load_model(str(tmp_path / "llama")), "llama3 rope scaling lacks 'low_freq_factor'")
+    edit_config(tmp_path / "llama", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                       "partial_rotary_factor": 0.5})
-    _one_line_error(lambda: load_model(str(tmp_path / "llama")), "partial_rotary_factor 0.5 is not supported")
+    one_line_error(lambda: load_model(str(tmp_path / "llama")), "partial_rotary_factor 0.5 is not supported")
 
     checkpoint(tmp_path / "gpt2", *_gpt2())
-    _edit_config(tmp_path / "gpt2", activation_function="relu")
-    _one_line_error(lambda: load_model(str(tmp_path / "gpt2")),
+    edit_config(tmp_path / "gpt2", activation_function="relu")
+    one_line_error(lambda: load_model(str(tmp_path / "gpt2")),
                     r"activation_function 'relu' is not supported \(supported: gelu_new, gelu_pytorch_tanh\)")
 
 

@@ -2,9 +2,14 @@
 exported graph's logits over prefill and decode steps (tests/fdpp_rewrite/test_export_families.py and
 test_export_hf_families.py)."""
 
+import json
+
 import numpy as np
 import onnxruntime as ort
+import pytest
 import torch
+
+from fdpp_rewrite.errors import FdppError
 
 
 def checkpoint(folder, model_class, config):
@@ -37,3 +42,18 @@ def exported_logits(onnx_path, ids, chunks):
         caches = {name: outputs[name.replace("_cache.", "_cache_out.")] for name in caches}
         start += length
     return np.concatenate(logits, axis=1)
+
+
+def one_line_error(callable_, match):
+    """callable_() raises an FdppError matching `match`, in one line."""
+    with pytest.raises(FdppError, match=match) as info:
+        callable_()
+    assert "\n" not in str(info.value)
+
+
+def edit_config(folder, **changes):
+    """Change fields of a checkpoint folder's config.json."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
