@@ -29,7 +29,8 @@ DEFAULT_MAX_CACHE = 2048
 
 def add_arguments(parser):
     parser.add_argument("source", help=f"a preset ({', '.join(PRESETS)}), a Hugging Face checkpoint directory "
-                                       "(config.json + *.safetensors) or a llama .gguf file")
+                                       "(config.json + *.safetensors, tokenizer.json optional) or a llama or "
+                                       "gemma3 .gguf file")
     parser.add_argument("-o", "--output", type=Path,
                         help="the .onnx file to write (default: engines/<name>/model.onnx)")
     parser.add_argument("--dtype", choices=["float16", "float32"], default="float16",
@@ -44,7 +45,8 @@ def add_arguments(parser):
                                                    "(for tests; default: all of them)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init (presets without weights)")
     parser.add_argument("--random-init", action="store_true",
-                        help="random weights even for a preset whose trained weights are installed (smollm2-135m)")
+                        help="random weights even for a preset whose trained weights are installed "
+                             "(smollm2-135m, gemma3-270m)")
     add_force(parser, "existing output files")
 
 
@@ -112,7 +114,7 @@ def export_model(source: str, output: Path, *, dtype: str = "float16", max_cache
     if max_cache and max_cache > config.max_position:
         raise FdppError(f"--max-cache {max_cache} exceeds the {config.max_position} positions this model supports"
                         f"{f' ({reason})' if reason else ''}; pass --max-cache {config.max_position} or less")
-    if not max_cache and config.sliding_window:
+    if not max_cache and config.window_unmasked:
         raise FdppError(f"a dynamic cache length (--max-cache 0) could outgrow {config.family}'s sliding window of "
                         f"{config.sliding_window} tokens, which the exported graph does not mask; "
                         f"pass --max-cache {config.max_position} or less")

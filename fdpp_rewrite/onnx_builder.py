@@ -9,8 +9,9 @@ model in memory). Its shape is the contract the rewriter relies on
     attention
         q [B, Hq, S, D] -Reshape-> [B, Hkv, G, S, D]
         k_all, v_all (updated caches) -Unsqueeze(2)-> [B, Hkv, 1, L, D]
-        MatMul(q5, Transpose(k5, [0,1,2,4,3])) -> Mul(scale) -> Add(mask [B,1,1,S,L]) -> Softmax(-1)
-        -> MatMul(probs, v5) -> Reshape [B, Hq, S, D]
+        MatMul(q5, Transpose(k5, [0,1,2,4,3])) -> Mul(scale) -> [Div(cap) -> Tanh -> Mul(cap)]
+        -> Add(mask [B,1,1,S,L]) -> Softmax(-1) -> MatMul(probs, v5) -> Reshape [B, Hq, S, D]
+        (the soft cap with attn_softcap only; a sliding layer's mask also hides keys older than its window)
 
 Weights are fetched, converted and streamed to the external data file one layer at a time."""
 
@@ -87,11 +88,19 @@ class DecoderGraph:
         self.positions = g.op("Add", [g.op("Unsqueeze", ["past_len", self.ints([1])]),
                                       g.op("Unsqueeze", [steps, self.ints([0])])])
 
-        # additive mask [B, 1, 1, S, L]: 0 where key j <= position of query i, -inf elsewhere
+        # additive masks [B, 1, 1, S, L]: 0 where key j <= position of query i (and, on a sliding layer,
+        # j > position - window), -inf elsewhere; one per window size the layers use
         keys = g.op("Range", [zero, max_cache, one])
-        visible = g.op("LessOrEqual", [keys, g.op("Unsqueeze", [self.positions, self.ints([2])])])
-        mask = g.op("Where", [visible, self.scalar(0.0), self.scalar(-np.inf)])
-        self.mask = g.op("Unsqueeze", [mask, self.ints([1, 2])])
+        query_positions = g.op("Unsqueeze", [self.positions, self.ints([2])])
+        causal = g.op("LessOrEqual", [keys, query_positions])
+        self.masks = {}
+        for window in sorted({c.layer_window(i) for i in range(c.num_layers)}):
+            visible = causal
+            if window:
+                oldest = g.op("Sub", [query_positions, self.g.const(window, I64)])
+                visible = g.op("And", [causal, g.op("Greater", [keys, oldest])])
+            mask = g.op("Where", [visible, self.scalar(0.0), self.scalar(-np.inf)])
+            self.masks[window] = g.op("Unsqueeze", [mask, self.ints([1, 2])])
 
         # ScatterND indices [B, Hkv, S, 3] = (b, h, positions[b, s]): where the new K/V rows go
         target = g.op("Concat", [g.op("Unsqueeze", [batch, self.ints([0])]), self.ints([c.num_kv_heads]),
@@ -103,21 +112,24 @@ class DecoderGraph:
                  for index in (b_index, h_index, s_index)]
         self.scatter_indices = g.op("Concat", parts, axis=-1)
 
+        # rotary (cos, sin) tables, one per RoPE base the layers use (gemma3's local layers have their own)
+        self.rotary = {}
         if c.rope_dim:
-            self._rotary_tables()
+            for theta in sorted({c.layer_rope_theta(i) for i in range(c.num_layers)}):
+                self.rotary[theta] = self._rotary_tables(rope_inv_freq(c, theta))
 
-    def _rotary_tables(self):
+    def _rotary_tables(self, inv_freq) -> tuple[str, str]:
         g, c = self.g, self.c
         # angles in float32: fp16 cannot even represent positions above 2048 exactly
         positions = g.op("Cast", [g.op("Unsqueeze", [self.positions, self.ints([2])])], to=TensorProto.FLOAT)
-        angles = g.op("Mul", [positions, g.const(rope_inv_freq(c).numpy(), F32)])  # [B, S, R/2]
+        angles = g.op("Mul", [positions, g.const(inv_freq.numpy(), F32)])  # [B, S, R/2]
         if c.rope_interleaved:
             axes = self.ints([1, 4])  # [B, 1, S, R/2, 1]: one angle per adjacent pair
         else:
             angles = g.op("Concat", [angles, angles], axis=-1)  # [B, S, R]: channel j and j + R/2 share
             axes = self.ints([1])
-        self.cos = g.op("Unsqueeze", [self.to_model_dtype(g.op("Cos", [angles])), axes])
-        self.sin = g.op("Unsqueeze", [self.to_model_dtype(g.op("Sin", [angles])), axes])
+        return (g.op("Unsqueeze", [self.to_model_dtype(g.op("Cos", [angles])), axes]),
+                g.op("Unsqueeze", [self.to_model_dtype(g.op("Sin", [angles])), axes]))
 
     # -- layer pieces --------------------------------------------------------------------------------------
 
@@ -133,9 +145,10 @@ class DecoderGraph:
         normed = self.to_model_dtype(g.op("Div", [x32, rms]))
         return g.op("Mul", [normed, self.param(name + ".weight")])
 
-    def rotate(self, x: str) -> str:
-        """RoPE on the first rope_dim channels of x [B, H, S, D]."""
+    def rotate(self, x: str, tables: tuple[str, str]) -> str:
+        """RoPE on the first rope_dim channels of x [B, H, S, D] with the (cos, sin) tables of its layer."""
         g, c = self.g, self.c
+        cos, sin = tables
         r, d = c.rope_dim, c.head_dim
         x_rot = x
         if r < d:
@@ -144,13 +157,13 @@ class DecoderGraph:
         if c.rope_interleaved:  # pairs (2j, 2j + 1)
             pairs = g.op("Reshape", [x_rot, self.ints([0, 0, 0, r // 2, 2])])
             x0, x1 = g.op("Split", [pairs, self.ints([1, 1])], outputs=2, axis=-1)
-            out0 = g.op("Sub", [g.op("Mul", [x0, self.cos]), g.op("Mul", [x1, self.sin])])
-            out1 = g.op("Add", [g.op("Mul", [x1, self.cos]), g.op("Mul", [x0, self.sin])])
+            out0 = g.op("Sub", [g.op("Mul", [x0, cos]), g.op("Mul", [x1, sin])])
+            out1 = g.op("Add", [g.op("Mul", [x1, cos]), g.op("Mul", [x0, sin])])
             rotated = g.op("Reshape", [g.op("Concat", [out0, out1], axis=-1), self.ints([0, 0, 0, r])])
         else:  # pairs (j, j + R/2): x * cos + rotate_half(x) * sin
             x0, x1 = g.op("Split", [x_rot, self.ints([r // 2, r // 2])], outputs=2, axis=-1)
             half_turn = g.op("Concat", [g.op("Neg", [x1]), x0], axis=-1)
-            rotated = g.op("Add", [g.op("Mul", [x_rot, self.cos]), g.op("Mul", [half_turn, self.sin])])
+            rotated = g.op("Add", [g.op("Mul", [x_rot, cos]), g.op("Mul", [half_turn, sin])])
         return g.op("Concat", [rotated, x_pass], axis=-1) if r < d else rotated
 
     def heads(self, x: str, num_heads: int) -> str:
@@ -165,8 +178,11 @@ class DecoderGraph:
         q = self.heads(self.linear(h, p + "q", c.qkv_bias), c.num_heads)
         k = self.heads(self.linear(h, p + "k", c.qkv_bias), c.num_kv_heads)
         v = self.heads(self.linear(h, p + "v", c.qkv_bias), c.num_kv_heads)
+        if c.qk_norm:  # over each head's channels, before RoPE
+            q, k = self.norm(q, p + "q_norm"), self.norm(k, p + "k_norm")
         if c.rope_dim:
-            q, k = self.rotate(q), self.rotate(k)
+            tables = self.rotary[c.layer_rope_theta(i)]
+            q, k = self.rotate(q, tables), self.rotate(k, tables)
 
         # write the new K (after RoPE) and V into the caches; the outputs are the updated caches
         k_all = g.op("ScatterND", [f"key_cache.{i}", self.scatter_indices, k], outputs=[f"key_cache_out.{i}"])
@@ -177,7 +193,10 @@ class DecoderGraph:
         k5 = g.op("Unsqueeze", [k_all, self.ints([2])])
         v5 = g.op("Unsqueeze", [v_all, self.ints([2])])
         scores = g.op("MatMul", [q5, g.op("Transpose", [k5], perm=[0, 1, 2, 4, 3])])
-        scores = g.op("Add", [g.op("Mul", [scores, self.scalar(1.0 / math.sqrt(d))]), self.mask])
+        scores = g.op("Mul", [scores, self.scalar(c.scores_scale)])
+        if c.attn_softcap:
+            scores = self.soft_cap(scores, c.attn_softcap)
+        scores = g.op("Add", [scores, self.masks[c.layer_window(i)]])
         probs = g.op("Softmax", [scores], axis=-1)
         out = g.op("Reshape", [g.op("MatMul", [probs, v5]), self.ints([0, c.num_heads, -1, d])])
         merged = g.op("Reshape", [g.op("Transpose", [out], perm=[0, 2, 1, 3]), self.ints([0, 0, c.q_dim])])
@@ -186,12 +205,17 @@ class DecoderGraph:
     def mlp(self, i: int, h: str) -> str:
         g, c = self.g, self.c
         p = f"layers.{i}.mlp."
-        if c.gated_mlp:
+        if c.activation == "swiglu":
             gate = self.linear(h, p + "gate", c.linear_bias)
             up = self.linear(h, p + "up", c.linear_bias)
             hidden = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # silu(gate) * up
+        elif c.activation == "geglu":
+            gate = self.gelu_tanh(self.linear(h, p + "gate", c.linear_bias))
+            hidden = g.op("Mul", [gate, self.linear(h, p + "up", c.linear_bias)])
         elif c.activation == "gelu_tanh":
             hidden = self.gelu_tanh(self.linear(h, p + "up", c.linear_bias))
+        elif c.activation == "gelu":
+            hidden = self.gelu_erf(self.linear(h, p + "up", c.linear_bias))
         else:
             hidden = g.op("Relu", [self.linear(h, p + "up", c.linear_bias)])
         return self.linear(hidden, p + "down", c.linear_bias)
@@ -205,6 +229,20 @@ class DecoderGraph:
         z2 = g.op("Mul", [g.op("Mul", [x32, cubic]), g.const(2 * math.sqrt(2 / math.pi), F32)])
         return self.to_model_dtype(g.op("Mul", [x32, g.op("Sigmoid", [z2])]))
 
+    def gelu_erf(self, x: str) -> str:
+        """GELU, exact: 0.5 x (1 + erf(x / sqrt(2))), in float32 like gelu_tanh."""
+        g = self.g
+        x32 = self.to_float32(x)
+        erf = g.op("Erf", [g.op("Mul", [x32, g.const(1 / math.sqrt(2), F32)])])
+        half_x = g.op("Mul", [x32, g.const(0.5, F32)])
+        return self.to_model_dtype(g.op("Mul", [half_x, g.op("Add", [erf, g.const(1.0, F32)])]))
+
+    def soft_cap(self, x: str, cap: float, outputs=None) -> str:
+        """cap * tanh(x / cap), written as Gemma 2 writes it (the attention pass reads this chain)."""
+        g = self.g
+        return g.op("Mul", [g.op("Tanh", [g.op("Div", [x, self.scalar(cap)])]), self.scalar(cap)],
+                    outputs=outputs or 1)
+
     # -- the whole model -----------------------------------------------------------------------------------
 
     def build(self, on_layer=None) -> onnx.ModelProto:
@@ -213,6 +251,8 @@ class DecoderGraph:
         self.prologue()
         g.scope = "embed"
         x = g.op("Gather", [self.param("embed.weight"), "input_ids"])
+        if c.scale_embeddings:  # by sqrt(hidden) rounded to the model dtype, as Gemma does
+            x = g.op("Mul", [x, self.scalar(math.sqrt(c.hidden_size))])
         if c.learned_positions:
             rows = g.op("Add", [self.positions, self.ints(c.position_offset)])
             x = g.op("Add", [x, g.op("Gather", [self.param("pos_embed.weight"), rows])])
@@ -220,9 +260,17 @@ class DecoderGraph:
         for i in range(c.num_layers):
             p = f"layers.{i}."
             g.scope = f"layers.{i}/attn"
-            x = g.op("Add", [x, self.attention(i, self.norm(x, p + "attn_norm"))])
-            g.scope = f"layers.{i}/mlp"
-            x = g.op("Add", [x, self.mlp(i, self.norm(x, p + "mlp_norm"))])
+            attn = self.attention(i, self.norm(x, p + "attn_norm"))
+            if c.post_norms:
+                attn = self.norm(attn, p + "attn_post_norm")
+            if c.parallel_residual:  # both branches read the layer's input: x + (mlp + attn), as GPT-NeoX adds
+                g.scope = f"layers.{i}/mlp"
+                x = g.op("Add", [x, g.op("Add", [self.mlp(i, self.norm(x, p + "mlp_norm")), attn])])
+            else:
+                x = g.op("Add", [x, attn])
+                g.scope = f"layers.{i}/mlp"
+                mlp = self.mlp(i, self.norm(x, p + "mlp_norm"))
+                x = g.op("Add", [x, self.norm(mlp, p + "mlp_post_norm") if c.post_norms else mlp])
             if on_layer is not None:
                 on_layer()
 
@@ -234,7 +282,10 @@ class DecoderGraph:
             head = g.weight("lm_head.weight_t", np.ascontiguousarray(table.T))
         else:
             head = g.weight("lm_head.weight_t", np.ascontiguousarray(self._tensor("lm_head.weight").T))
-        g.op("MatMul", [x, head], outputs=["logits"])
+        if c.final_softcap:
+            self.soft_cap(g.op("MatMul", [x, head]), c.final_softcap, outputs=["logits"])
+        else:
+            g.op("MatMul", [x, head], outputs=["logits"])
         return self._model()
 
     def _model(self) -> onnx.ModelProto:

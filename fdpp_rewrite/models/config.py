@@ -10,17 +10,32 @@ final norm, lm_head) and differ only in the switches below:
     opt      LayerNorm  ReLU (up = fc1)     learned, offset 2    every linear and norm
     gpt2     LayerNorm  GELU (tanh approx)  learned, offset 0    every linear and norm
     chatglm  RMSNorm    SwiGLU (gate, up)   RoPE on half of each head, interleaved pairs   qkv only
+    gemma    RMSNorm    GeGLU (gate, up)    RoPE, rotate-half    none; embeddings scaled by sqrt(hidden)
+    gemma2   gemma's, with norms after attention and MLP too, soft-capped scores and logits, local layers
+    gemma3   gemma2's without the caps, with q/k RMSNorm and a rope base of its own on the local layers
+    phi3     RMSNorm    SwiGLU (fused gate_up)  RoPE, rotate-half (fused qkv)  none
+    qwen3    RMSNorm    SwiGLU (gate, up)   RoPE, rotate-half    none; q/k RMSNorm per head
+    stablelm LayerNorm  SwiGLU (gate, up)   RoPE on the first rotary_dim channels    q, k, v optional
+    gpt_neox LayerNorm  GELU (erf)          RoPE on the first rotary_dim channels    every linear; parallel residual
 
-A sliding window is not masked by the exported graph: a windowed model's max_position is at most its window, so
-every sequence it runs fits the window and full causal attention is exact.
+Gemma's RMSNorm scales by (1 + weight): loaders store the scale itself (1 + weight), so norms are plain RMSNorm.
+
+Sliding windows come in two kinds. Without layer_types (mistral, qwen2) the window is not masked by the exported
+graph: max_position is at most the window, so every sequence fits it and full causal attention is exact. With
+layer_types (gemma2, gemma3, phi3) each "sliding_attention" layer masks its window in the graph (a mask of its own),
+so sequences may be as long as max_position.
 """
 
 from dataclasses import asdict, dataclass, fields, replace
 
 from fdpp_rewrite.errors import FdppError
 
-FAMILIES = ("llama", "qwen2", "mistral", "opt", "gpt2", "chatglm")
-ACTIVATIONS = ("swiglu", "relu", "gelu_tanh")
+FAMILIES = ("llama", "qwen2", "mistral", "opt", "gpt2", "chatglm", "gemma", "gemma2", "gemma3", "phi3", "qwen3",
+            "stablelm", "gpt_neox")
+# swiglu: silu(gate) * up; geglu: gelu_tanh(gate) * up; relu, gelu_tanh, gelu (erf): act(up)
+ACTIVATIONS = ("swiglu", "geglu", "relu", "gelu_tanh", "gelu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 # RoPE scalings (Hugging Face's rope_type), each a fixed change of the inverse frequencies (reference.rope_inv_freq).
 # "dynamic" (NTK) rescales only past max_position_embeddings, which is where our max_position stops: below it the
 # frequencies are plain RoPE's.
@@ -29,7 +44,7 @@ ROPE_TYPES = ("default", "linear", "llama3", "dynamic")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str                 # "llama" | "opt" | "chatglm"
+    family: str                 # one of FAMILIES
     hidden_size: int
     intermediate_size: int      # MLP width (per branch for SwiGLU)
     num_layers: int
@@ -55,8 +70,18 @@ class ModelConfig:
     rope_high_freq_factor: float = 4.0   # llama3: wavelengths below original / high are kept
     rope_original_max_position: int = 0  # llama3: the context length before the extension
     sliding_window: int = 0      # each query sees only this many latest keys (mistral); 0: no window
+    layer_types: tuple = ()      # per layer, one of LAYER_TYPES: the window is masked in the graph (see above)
+    rope_local_theta: float = 0.0  # RoPE base of the sliding layers (gemma3); 0: rope_theta
+    scale_embeddings: bool = False  # token embeddings multiplied by sqrt(hidden_size) (gemma)
+    post_norms: bool = False     # a norm on the attention and MLP outputs before each residual add (gemma2, gemma3)
+    qk_norm: bool = False        # RMSNorm over each head's channels of q and k, before RoPE (qwen3, gemma3)
+    attn_scale: float = 0.0      # the scores' scale; 0: 1 / sqrt(head_dim) (gemma2/3: query_pre_attn_scalar^-0.5)
+    attn_softcap: float = 0.0    # scores = cap * tanh(scores / cap) before the mask (gemma2); 0: none
+    final_softcap: float = 0.0   # logits = cap * tanh(logits / cap) (gemma2); 0: none
+    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (gpt_neox)
 
     def __post_init__(self):
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))  # from JSON: a list
         problems = []
         if self.family not in FAMILIES:
             problems.append(f"family {self.family!r} is not one of {', '.join(FAMILIES)}")
@@ -80,7 +105,13 @@ class ModelConfig:
                             "rope_high_freq_factor > rope_low_freq_factor")
         if self.rope_factor <= 0:
             problems.append(f"rope_factor must be positive, got {self.rope_factor}")
-        if self.sliding_window and self.max_position > self.sliding_window:
+        if self.layer_types and (len(self.layer_types) != self.num_layers
+                                 or not set(self.layer_types) <= set(LAYER_TYPES)):
+            problems.append(f"layer_types must give one of {', '.join(LAYER_TYPES)} for each of the "
+                            f"{self.num_layers} layers")
+        if "sliding_attention" in self.layer_types and self.sliding_window <= 0:
+            problems.append("sliding_attention layers need a positive sliding_window")
+        if self.window_unmasked and self.max_position > self.sliding_window:
             problems.append(f"max_position {self.max_position} exceeds sliding_window {self.sliding_window} "
                             "(the exported graph does not mask the window)")
         if problems:
@@ -96,12 +127,29 @@ class ModelConfig:
     def position_limit_reason(self) -> str:
         """Why sequences stop at max_position when that is not simply the model's trained length ("" then),
         for the errors that enforce the limit."""
-        if self.sliding_window and self.max_position == self.sliding_window:
+        if self.window_unmasked and self.max_position == self.sliding_window:
             return (f"{self.family} attends within a sliding window of {self.sliding_window} tokens, which the "
                     "exported graph does not mask: sequences must fit the window")
         if self.rope_type == "dynamic":
             return f"dynamic NTK RoPE is plain RoPE up to {self.max_position} positions and rescales beyond"
         return ""
+
+    @property
+    def window_unmasked(self) -> bool:
+        """A sliding window that the exported graph does not mask (mistral, qwen2): sequences must fit it."""
+        return bool(self.sliding_window) and not self.layer_types
+
+    def layer_window(self, i: int) -> int:
+        """The window that layer i masks in the graph (0: none)."""
+        return self.sliding_window if self.layer_types and self.layer_types[i] == "sliding_attention" else 0
+
+    def layer_rope_theta(self, i: int) -> float:
+        """The RoPE base of layer i: the local one on sliding layers where the model has one (gemma3)."""
+        return self.rope_local_theta if self.rope_local_theta and self.layer_window(i) else self.rope_theta
+
+    @property
+    def scores_scale(self) -> float:
+        return self.attn_scale or self.head_dim ** -0.5
 
     @property
     def group_size(self) -> int:
@@ -118,7 +166,7 @@ class ModelConfig:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.activation == "swiglu"
+        return self.activation in GATED_ACTIVATIONS
 
     def with_layers(self, num_layers: int | None) -> "ModelConfig":
         """The same architecture with its first `num_layers` layers (1 to its own count); None keeps them all."""
@@ -129,7 +177,7 @@ class ModelConfig:
         if num_layers > self.num_layers:  # e.g. --layers 32 of smollm2-135m, which has 30
             raise FdppError(f"--layers {num_layers} is more than the model has: it has {self.num_layers} layers; "
                             f"pass --layers {self.num_layers} or fewer")
-        return replace(self, num_layers=num_layers)
+        return replace(self, num_layers=num_layers, layer_types=self.layer_types[:num_layers])
 
     def to_dict(self) -> dict:
         return asdict(self)

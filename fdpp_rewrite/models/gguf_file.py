@@ -1,9 +1,10 @@
-"""GGUF files (llama.cpp's format) of the llama architecture: config from the metadata, weights dequantized to
-float with gguf.quants.dequantize, the tokenizer rebuilt from the embedded vocabulary.
+"""GGUF files (llama.cpp's format) of the llama and gemma3 architectures: config from the metadata, weights
+dequantized to float with gguf.quants.dequantize, the tokenizer rebuilt from the embedded vocabulary.
 
-llama.cpp's converter reorders the rows of attn_q and attn_k inside each head so that its rotary code can rotate
-adjacent pairs; our rotary code (like Hugging Face's) rotates channel i with channel i + D/2. `unpermute_rows`
-restores the Hugging Face order."""
+For llama, llama.cpp's converter reorders the rows of attn_q and attn_k inside each head so that its rotary code
+can rotate adjacent pairs; our rotary code (like Hugging Face's) rotates channel i with channel i + D/2.
+`unpermute_rows` restores the Hugging Face order. For gemma3 it keeps the order (its rotary code rotates i with
+i + D/2 there too) and stores Gemma's norm weights as 1 + weight, the scale our norms take as they are."""
 
 from pathlib import Path
 
@@ -30,6 +31,22 @@ GGUF_NAMES = {
     "output.weight": "lm_head.weight",
 }
 
+# Gemma 3: q/k norms, and a norm after attention (post_attention_norm) and on each side of the MLP (ffn_norm
+# before, post_ffw_norm after).
+GEMMA3_GGUF_NAMES = {
+    **GGUF_NAMES,
+    "blk.{i}.attn_q_norm.weight": "layers.{i}.attn.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "layers.{i}.attn.k_norm.weight",
+    "blk.{i}.post_attention_norm.weight": "layers.{i}.attn_post_norm.weight",
+    "blk.{i}.post_ffw_norm.weight": "layers.{i}.mlp_post_norm.weight",
+}
+
+ARCHITECTURES = {"llama": GGUF_NAMES, "gemma3": GEMMA3_GGUF_NAMES}
+# What llama.cpp fixes for gemma3 rather than storing: the local layers' rope base and one global layer in six.
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+GEMMA3_GLOBAL_EVERY = 6
+GEMMA3_27B_LAYERS = 62
+
 
 def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k row order. Per head, GGUF row 2j + s holds Hugging Face row s * D/2 + j."""
@@ -53,30 +70,41 @@ def open_gguf(path: Path):
 
 def config_from_gguf(fields: dict, path: Path, tensor_names: set[str]) -> ModelConfig:
     arch = fields.get("general.architecture")
-    if arch != "llama":
-        raise FdppError(f"{path} is a GGUF of architecture {arch!r}; only 'llama' GGUF files are supported")
+    if arch not in ARCHITECTURES:
+        raise FdppError(f"{path} is a GGUF of architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}")
 
     def get(key, default=None):
-        value = fields.get(f"llama.{key}", default)
+        value = fields.get(f"{arch}.{key}", default)
         if value is None:
-            raise FdppError(f"{path} lacks the GGUF key llama.{key}; the file is incomplete")
+            raise FdppError(f"{path} lacks the GGUF key {arch}.{key}; the file is incomplete")
         return value
 
-    if fields.get("llama.rope.scaling.type", "none") not in ("none", "linear") or \
-            fields.get("llama.rope.scaling.factor", 1.0) != 1.0:
-        raise FdppError(f"{path} uses rope scaling, which is not supported")
+    scaling, factor = get("rope.scaling.type", "none"), float(get("rope.scaling.factor", 1.0))
+    if arch == "llama" and (scaling not in ("none", "linear") or factor != 1.0) or scaling not in ("none", "linear"):
+        raise FdppError(f"{path} uses {scaling} rope scaling, which is not supported")
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
-    head_dim = int(fields.get("llama.attention.key_length", hidden // heads))
-    vocab = fields.get("llama.vocab_size") or len(fields.get("tokenizer.ggml.tokens", []))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    layers = int(get("block_count"))
+    vocab = get("vocab_size", 0) or len(fields.get("tokenizer.ggml.tokens", []))
+    fields_of_arch = {}
+    if arch == "gemma3":
+        # query_pre_attn_scalar is not stored: llama.cpp takes head_dim, and hidden / heads for the 27B model
+        query_scalar = hidden / heads if layers == GEMMA3_27B_LAYERS else head_dim
+        fields_of_arch = dict(
+            activation="geglu", scale_embeddings=True, post_norms=True, qk_norm=True, attn_scale=query_scalar ** -0.5,
+            rope_local_theta=GEMMA3_LOCAL_ROPE_THETA, sliding_window=int(get("attention.sliding_window")),
+            layer_types=tuple("full_attention" if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else "sliding_attention"
+                              for i in range(layers)))
+        if scaling == "linear" and factor != 1.0:  # the global layers' (gemma3 4B and up)
+            fields_of_arch.update(rope_type="linear", rope_factor=factor)
     return ModelConfig(
-        family="llama", hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")), num_heads=heads,
-        num_kv_heads=int(fields.get("llama.attention.head_count_kv", heads)), head_dim=head_dim,
-        vocab_size=int(vocab), max_position=int(get("context_length")),
+        family=arch, hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
+        num_layers=layers, num_heads=heads, num_kv_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=head_dim, vocab_size=int(vocab), max_position=int(get("context_length")),
         norm_eps=round(float(get("attention.layer_norm_rms_epsilon")), 12),
-        rope_theta=float(fields.get("llama.rope.freq_base", 10000.0)),
-        tie_embeddings="output.weight" not in tensor_names)
+        rope_theta=float(get("rope.freq_base", 10000.0)), tie_embeddings="output.weight" not in tensor_names,
+        **fields_of_arch)
 
 
 def load_gguf(path: Path, dtype: str, num_layers: int | None):
@@ -87,11 +115,12 @@ def load_gguf(path: Path, dtype: str, num_layers: int | None):
     tensors = {t.name: t for t in reader.tensors}
     config = config_from_gguf(fields, path, set(tensors)).with_layers(num_layers)
     ours_to_gguf = {}
-    for gguf_pattern, ours in GGUF_NAMES.items():
+    for gguf_pattern, ours in ARCHITECTURES[config.family].items():
         layers = range(config.num_layers) if "{i}" in gguf_pattern else [None]
         for i in layers:
             ours_to_gguf[ours.format(i=i)] = gguf_pattern.format(i=i)
     needed = weight_shapes(config)
+    permuted = config.family == "llama"  # llama.cpp reorders llama's q/k rows only
     missing = [ours_to_gguf[n] for n in needed if ours_to_gguf.get(n) not in tensors]
     if missing:
         raise FdppError(f"{path} lacks tensors {', '.join(missing[:4])}"
@@ -107,9 +136,9 @@ def load_gguf(path: Path, dtype: str, num_layers: int | None):
         if values.shape != needed[name]:
             raise FdppError(f"{path}: tensor {tensor.name} has shape {values.shape}, the metadata implies "
                             f"{needed[name]}; the GGUF is inconsistent")
-        if name.endswith("attn.q.weight"):
+        if permuted and name.endswith("attn.q.weight"):
             values = unpermute_rows(values, config.num_heads)
-        elif name.endswith("attn.k.weight"):
+        elif permuted and name.endswith("attn.k.weight"):
             values = unpermute_rows(values, config.num_kv_heads)
         return torch.from_numpy(np.array(values, dtype=np.float32, order="C"))  # a writable copy
 

@@ -101,9 +101,71 @@ GPT2_NAMES = {
     "lm_head.weight": "lm_head.weight",  # absent from GPT-2 checkpoints: tied to wte
 }
 
+# Llama's names and, per head, RMSNorm of q and k (qwen3, gemma3; dropped by configs without qk_norm) and
+# LayerNorm biases (stablelm; dropped for RMSNorm).
+LLAMA_LIKE_NAMES = {
+    **LLAMA_NAMES,
+    "model.layers.{i}.self_attn.q_norm.weight": "layers.{i}.attn.q_norm.weight",
+    "model.layers.{i}.self_attn.k_norm.weight": "layers.{i}.attn.k_norm.weight",
+    "model.layers.{i}.input_layernorm.bias": "layers.{i}.attn_norm.bias",
+    "model.layers.{i}.post_attention_layernorm.bias": "layers.{i}.mlp_norm.bias",
+    "model.norm.bias": "final_norm.bias",
+}
+
+# Gemma 2 and 3: "post_attention_layernorm" is the norm on the attention's output, the MLP has a norm on each side.
+GEMMA2_NAMES = {
+    **LLAMA_LIKE_NAMES,
+    "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.attn_post_norm.weight",
+    "model.layers.{i}.pre_feedforward_layernorm.weight": "layers.{i}.mlp_norm.weight",
+    "model.layers.{i}.post_feedforward_layernorm.weight": "layers.{i}.mlp_post_norm.weight",
+}
+
+PHI3_NAMES = {
+    "model.embed_tokens.weight": "embed.weight",
+    "model.layers.{i}.input_layernorm.weight": "layers.{i}.attn_norm.weight",
+    "model.layers.{i}.self_attn.qkv_proj.weight": ("layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight",
+                                                   "layers.{i}.attn.v.weight"),
+    "model.layers.{i}.self_attn.o_proj.weight": "layers.{i}.attn.o.weight",
+    "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.mlp_norm.weight",
+    "model.layers.{i}.mlp.gate_up_proj.weight": ("layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"),
+    "model.layers.{i}.mlp.down_proj.weight": "layers.{i}.mlp.down.weight",
+    "model.norm.weight": "final_norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+
+GPT_NEOX_NAMES = {
+    "gpt_neox.embed_in.weight": "embed.weight",
+    "gpt_neox.layers.{i}.input_layernorm.weight": "layers.{i}.attn_norm.weight",
+    "gpt_neox.layers.{i}.input_layernorm.bias": "layers.{i}.attn_norm.bias",
+    "gpt_neox.layers.{i}.attention.query_key_value.weight": ("layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight",
+                                                             "layers.{i}.attn.v.weight"),
+    "gpt_neox.layers.{i}.attention.query_key_value.bias": ("layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias",
+                                                           "layers.{i}.attn.v.bias"),
+    "gpt_neox.layers.{i}.attention.dense.weight": "layers.{i}.attn.o.weight",
+    "gpt_neox.layers.{i}.attention.dense.bias": "layers.{i}.attn.o.bias",
+    "gpt_neox.layers.{i}.post_attention_layernorm.weight": "layers.{i}.mlp_norm.weight",
+    "gpt_neox.layers.{i}.post_attention_layernorm.bias": "layers.{i}.mlp_norm.bias",
+    "gpt_neox.layers.{i}.mlp.dense_h_to_4h.weight": "layers.{i}.mlp.up.weight",
+    "gpt_neox.layers.{i}.mlp.dense_h_to_4h.bias": "layers.{i}.mlp.up.bias",
+    "gpt_neox.layers.{i}.mlp.dense_4h_to_h.weight": "layers.{i}.mlp.down.weight",
+    "gpt_neox.layers.{i}.mlp.dense_4h_to_h.bias": "layers.{i}.mlp.down.bias",
+    "gpt_neox.final_layer_norm.weight": "final_norm.weight",
+    "gpt_neox.final_layer_norm.bias": "final_norm.bias",
+    "embed_out.weight": "lm_head.weight",
+}
+
 # Qwen2 and Mistral checkpoints use Llama's names (Qwen2 adds the q/k/v biases, which LLAMA_NAMES has).
 NAME_MAPS = {"llama": LLAMA_NAMES, "qwen2": LLAMA_NAMES, "mistral": LLAMA_NAMES, "opt": OPT_NAMES,
-             "gpt2": GPT2_NAMES, "chatglm": CHATGLM_NAMES}
+             "gpt2": GPT2_NAMES, "chatglm": CHATGLM_NAMES, "gemma": LLAMA_NAMES, "gemma2": GEMMA2_NAMES,
+             "gemma3": GEMMA2_NAMES, "phi3": PHI3_NAMES, "qwen3": LLAMA_LIKE_NAMES, "stablelm": LLAMA_LIKE_NAMES,
+             "gpt_neox": GPT_NEOX_NAMES}
+
+# GPT-NeoX's fused query_key_value holds, per head, that head's q, k and v rows ([H, 3, D] along dim 0).
+HEAD_INTERLEAVED = {"gpt_neox": {"gpt_neox.layers.{i}.attention.query_key_value.weight",
+                                 "gpt_neox.layers.{i}.attention.query_key_value.bias"}}
+
+# Gemma's RMSNorm scales by (1 + weight); we store the scale (config.py).
+NORM_PLUS_ONE = ("gemma", "gemma2", "gemma3")
 
 # GPT-2's Conv1D layers store their weight as [in_features, out_features].
 TRANSPOSED = {"gpt2": {"transformer.h.{i}.attn.c_attn.weight", "transformer.h.{i}.attn.c_proj.weight",
@@ -134,10 +196,30 @@ def expand_name_map(config: ModelConfig) -> dict[str, tuple[str, ...]]:
     return expanded
 
 
+def _expand(patterns, config: ModelConfig) -> set[str]:
+    return {pattern.format(i=i) for pattern in patterns
+            for i in (range(config.num_layers) if "{i}" in pattern else [None])}
+
+
 def transposed_names(config: ModelConfig) -> set[str]:
     """The checkpoint names of this config that are stored [in_features, out_features]."""
-    return {pattern.format(i=i) for pattern in TRANSPOSED.get(config.family, ())
-            for i in (range(config.num_layers) if "{i}" in pattern else [None])}
+    return _expand(TRANSPOSED.get(config.family, ()), config)
+
+
+def head_interleaved_names(config: ModelConfig) -> set[str]:
+    """The checkpoint names of this config whose fused rows are grouped by head (GPT-NeoX)."""
+    return _expand(HEAD_INTERLEAVED.get(config.family, ()), config)
+
+
+def _group_by_part(tensor: torch.Tensor, num_heads: int, parts: int, inverse: bool = False) -> torch.Tensor:
+    """Rows [H, parts, D] -> [parts, H, D] (q of every head, then k, then v); `inverse` goes back."""
+    rest = tensor.shape[1:]
+    outer = (parts, num_heads) if inverse else (num_heads, parts)
+    return tensor.reshape(*outer, -1, *rest).transpose(0, 1).reshape(tensor.shape)
+
+
+def _is_norm_scale(name: str) -> bool:
+    return name.endswith("norm.weight")
 
 
 def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
@@ -159,8 +241,11 @@ def _llama_like(cfg: dict, where: str) -> ModelConfig:
     _check(cfg, "hidden_act", "silu", f"{family} with another MLP activation than silu is not supported")
     if family == "llama":
         qkv_bias, linear_bias = cfg.get("attention_bias", False), _llama_linear_bias(cfg)
-    else:  # qwen2: bias on q, k, v only; mistral: none
+    else:  # qwen2: bias on q, k, v only; mistral, qwen3: none
         qkv_bias, linear_bias = family == "qwen2", False
+    if family == "qwen3":
+        _check(cfg, "attention_bias", False, "qwen3 with attention biases is not supported")
+        _check(cfg, "use_sliding_window", False, "qwen3 with sliding-window layers is not supported")
     heads = cfg["num_attention_heads"]
     window = _sliding_window(cfg)
     max_position = cfg.get("max_position_embeddings", 2048)
@@ -170,7 +255,7 @@ def _llama_like(cfg: dict, where: str) -> ModelConfig:
         head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab_size=cfg["vocab_size"],
         max_position=min(max_position, window) if window else max_position, norm_eps=cfg.get("rms_norm_eps", 1e-6),
         tie_embeddings=cfg.get("tie_word_embeddings", False), qkv_bias=qkv_bias, linear_bias=linear_bias,
-        sliding_window=window, **_rope(cfg, where))
+        sliding_window=window, qk_norm=family == "qwen3", **_rope(cfg, where))
 
 
 def _sliding_window(cfg: dict) -> int:
@@ -185,16 +270,21 @@ def _sliding_window(cfg: dict) -> int:
     return window if cfg["model_type"] == "mistral" else 0
 
 
-def _rope(cfg: dict, where: str) -> dict:
+def _rope(cfg: dict, where: str, head_dim: int | None = None, params: dict | None = None) -> dict:
     """The ModelConfig rope fields of a config.json: rope_parameters (transformers 5) or rope_scaling and
-    rope_theta (older files)."""
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_theta (older files). With `head_dim`, a partial rotary factor gives rotary_dim; without, it is refused.
+    `params`: the rope parameters to read instead of the file's own (gemma3's full-attention set)."""
+    params = params if params is not None else cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type")) or "default"
-    fields = {"rope_theta": float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))}
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
-    if partial != 1.0:
+    theta = params.get("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0)))
+    fields = {"rope_theta": float(theta)}
+    partial = (params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or cfg.get("rotary_pct")
+               or 1.0)
+    if partial != 1.0 and head_dim is None:
         raise FdppError(f"{where}: partial_rotary_factor {partial} is not supported for {cfg['model_type']} "
                         "(RoPE on every channel only)")
+    if partial != 1.0:
+        fields["rotary_dim"] = int(head_dim * partial)
     if rope_type not in ROPE_TYPES:
         raise FdppError(f"{where}: rope scaling type {rope_type!r} is not supported "
                         f"(supported: {', '.join(ROPE_TYPES)})")
@@ -267,9 +357,104 @@ def _chatglm(cfg: dict, where: str) -> ModelConfig:
         tie_embeddings=False)
 
 
-# config.json's model_type -> the reader of its config (our family of the same name)
-CONFIG_READERS = {"llama": _llama_like, "qwen2": _llama_like, "mistral": _llama_like, "opt": _opt, "gpt2": _gpt2,
-                  "chatglm": _chatglm}
+GEMMA_FAMILY = {"gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+GELU_TANH_NAMES = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
+# transformers' default local/global layer pattern where a config.json has no layer_types: every Nth is global
+GEMMA_GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6}
+
+
+def _gemma(cfg: dict, where: str) -> ModelConfig:
+    """Gemma 1, 2 and 3 (text): GeGLU, (1 + weight) RMSNorm, scaled embeddings; 2 and 3 add norms after attention
+    and MLP, local (sliding-window) layers and query_pre_attn_scalar; 2 soft-caps, 3 has q/k norms and a local
+    rope base."""
+    family = GEMMA_FAMILY[cfg["model_type"]]
+    activation = cfg.get("hidden_activation") or cfg.get("hidden_act", "gelu_pytorch_tanh")
+    if activation not in GELU_TANH_NAMES:
+        raise FdppError(f"{where}: {family} with activation {activation!r} is not supported "
+                        f"(supported: {', '.join(GELU_TANH_NAMES)})")
+    if cfg.get("use_bidirectional_attention"):  # None (gemma2's default) is causal too
+        raise FdppError(f"{where}: {family} with bidirectional attention (an encoder) is not supported")
+    _check(cfg, "attention_bias", False, f"{family} with attention biases is not supported")
+    layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    fields = {}
+    if family != "gemma":
+        every = cfg.get("sliding_window_pattern") or GEMMA_GLOBAL_EVERY[family]
+        layer_types = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+        fields.update(post_norms=True, layer_types=tuple(layer_types), sliding_window=cfg.get("sliding_window") or 0,
+                      attn_scale=float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5,
+                      attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+                      final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
+    params = cfg.get("rope_parameters") or {}
+    if family == "gemma3":
+        local = params.get("sliding_attention", {})
+        fields.update(qk_norm=True, rope_local_theta=float(local.get("rope_theta",
+                                                                     cfg.get("rope_local_base_freq", 10000.0))))
+        params = params.get("full_attention", params if "rope_type" in params else cfg.get("rope_scaling") or {})
+    return ModelConfig(
+        family=family, hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"], num_layers=layers,
+        num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
+        vocab_size=cfg["vocab_size"], max_position=cfg.get("max_position_embeddings", 8192),
+        norm_eps=cfg.get("rms_norm_eps", 1e-6), activation="geglu", scale_embeddings=True,
+        tie_embeddings=cfg.get("tie_word_embeddings", True), **fields, **_rope(cfg, where, params=params))
+
+
+def _phi3(cfg: dict, where: str) -> ModelConfig:
+    """Phi-3: Llama's layer with fused qkv_proj and gate_up_proj; a sliding window (phi-3-mini-4k) is masked in
+    every layer."""
+    _check(cfg, "hidden_act", "silu", "phi3 with another MLP activation than silu is not supported")
+    layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    window = cfg.get("sliding_window") or 0
+    return ModelConfig(
+        family="phi3", hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"], num_layers=layers,
+        num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
+        vocab_size=cfg["vocab_size"], max_position=cfg.get("max_position_embeddings", 4096),
+        norm_eps=cfg.get("rms_norm_eps", 1e-5), tie_embeddings=cfg.get("tie_word_embeddings", False),
+        sliding_window=window, layer_types=("sliding_attention",) * layers if window else (),
+        **_rope(cfg, where, head_dim))
+
+
+def _stablelm(cfg: dict, where: str) -> ModelConfig:
+    _check(cfg, "hidden_act", "silu", "stablelm with another MLP activation than silu is not supported")
+    _check(cfg, "qk_layernorm", False, "stablelm with per-head q/k LayerNorm (stablelm-2-12b) is not supported")
+    _check(cfg, "use_parallel_residual", False, "stablelm with a parallel residual is not supported")
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    return ModelConfig(
+        family="stablelm", hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"], num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=head_dim, vocab_size=cfg["vocab_size"], max_position=cfg.get("max_position_embeddings", 4096),
+        norm_eps=cfg.get("layer_norm_eps", 1e-5), norm="layernorm", qkv_bias=cfg.get("use_qkv_bias", False),
+        tie_embeddings=cfg.get("tie_word_embeddings", False), **_rope(cfg, where, head_dim))
+
+
+# GPT-NeoX's MLP activations: exact GELU ("gelu", Pythia) or its tanh form.
+GPT_NEOX_ACTIVATIONS = {"gelu": "gelu", **{name: "gelu_tanh" for name in GELU_TANH_NAMES}}
+
+
+def _gpt_neox(cfg: dict, where: str) -> ModelConfig:
+    act = cfg.get("hidden_act", "gelu")
+    if act not in GPT_NEOX_ACTIVATIONS:
+        raise FdppError(f"{where}: gpt_neox with hidden_act {act!r} is not supported "
+                        f"(supported: {', '.join(GPT_NEOX_ACTIVATIONS)})")
+    _check(cfg, "attention_bias", True, "gpt_neox without attention biases is not supported")
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    return ModelConfig(
+        family="gpt_neox", hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"], num_heads=heads, num_kv_heads=heads, head_dim=head_dim,
+        vocab_size=cfg["vocab_size"], max_position=cfg.get("max_position_embeddings", 2048),
+        norm_eps=cfg.get("layer_norm_eps", 1e-5), norm="layernorm", activation=GPT_NEOX_ACTIVATIONS[act],
+        qkv_bias=True, linear_bias=True, parallel_residual=cfg.get("use_parallel_residual", True),
+        tie_embeddings=cfg.get("tie_word_embeddings", False), **_rope(cfg, where, head_dim))
+
+
+# config.json's model_type -> the reader of its config
+CONFIG_READERS = {"llama": _llama_like, "qwen2": _llama_like, "mistral": _llama_like, "qwen3": _llama_like,
+                  "opt": _opt, "gpt2": _gpt2, "chatglm": _chatglm, "gemma": _gemma, "gemma2": _gemma,
+                  "gemma3_text": _gemma, "phi3": _phi3, "stablelm": _stablelm, "gpt_neox": _gpt_neox}
 
 
 def _llama_linear_bias(cfg: dict) -> bool:
@@ -353,7 +538,8 @@ def load_hf_checkpoint(directory: Path, dtype: str, num_layers: int | None):
             source_of[part] = (hf_name, offset, offset + rows)
             offset += rows
 
-    transposed = transposed_names(config)
+    transposed, interleaved = transposed_names(config), head_interleaved_names(config)
+    plus_one = config.family in NORM_PLUS_ONE
     last = {}  # the most recent fused tensor, so q, k, v of one layer read query_key_value once
 
     def fetch(name: str) -> torch.Tensor:
@@ -363,11 +549,16 @@ def load_hf_checkpoint(directory: Path, dtype: str, num_layers: int | None):
             tensor = index.get(hf_name)
             last.update(name=hf_name, tensor=tensor.T if hf_name in transposed else tensor)
         tensor = last["tensor"]
-        if len(name_map[hf_name]) > 1:
-            expected_rows = sum(shapes[p][0] for p in name_map[hf_name])
+        parts = name_map[hf_name]
+        if len(parts) > 1:
+            expected_rows = sum(shapes[p][0] for p in parts)
             if tensor.shape[0] != expected_rows:
                 raise FdppError(f"{hf_name} has {tensor.shape[0]} rows, the config needs {expected_rows}")
+            if hf_name in interleaved:
+                tensor = _group_by_part(tensor, config.num_heads, len(parts))
             tensor = tensor[start:stop]
+        if plus_one and _is_norm_scale(name):
+            tensor = tensor.float() + 1.0  # in float32: 1 + a bfloat16 weight rounds in bfloat16
         return tensor
 
     from fdpp_rewrite.tokenizer import Tokenizer
@@ -380,10 +571,13 @@ def hf_state_dict(config: ModelConfig, weights) -> dict[str, torch.Tensor]:
     """The inverse map: our weights under the checkpoint's names (fused tensors concatenated).
     Used to write test checkpoints and to load our weights into transformers' models."""
     state = {}
-    transposed = transposed_names(config)
+    transposed, interleaved = transposed_names(config), head_interleaved_names(config)
+    plus_one = config.family in NORM_PLUS_ONE
     for hf_name, parts in expand_name_map(config).items():
-        tensors = [weights[p] for p in parts]
+        tensors = [weights[p] - 1.0 if plus_one and _is_norm_scale(p) else weights[p] for p in parts]
         tensor = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        if hf_name in interleaved:
+            tensor = _group_by_part(tensor, config.num_heads, len(parts), inverse=True)
         state[hf_name] = tensor.T.contiguous() if hf_name in transposed else tensor
     return state
 
@@ -391,8 +585,10 @@ def hf_state_dict(config: ModelConfig, weights) -> dict[str, torch.Tensor]:
 def hf_config_json(config: ModelConfig) -> dict:
     """The config.json a Hugging Face checkpoint of this architecture has (the inverse of config_from_hf)."""
     c = config
-    if c.family in ("llama", "qwen2", "mistral"):
+    if c.family in ("llama", "qwen2", "mistral", "qwen3"):
         return _llama_like_json(c)
+    if c.family in NEW_FAMILY_JSON:
+        return NEW_FAMILY_JSON[c.family](c)
     if c.family == "opt":
         return {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": c.hidden_size,
                 "ffn_dim": c.intermediate_size, "num_hidden_layers": c.num_layers,
@@ -415,11 +611,76 @@ def hf_config_json(config: ModelConfig) -> dict:
             "apply_residual_connection_post_layernorm": False}
 
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+
+
+def _common_json(c: ModelConfig, model_type: str, architecture: str) -> dict:
+    return {"model_type": model_type, "architectures": [architecture], "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "vocab_size": c.vocab_size,
+            "max_position_embeddings": c.max_position, "tie_word_embeddings": c.tie_embeddings}
+
+
+def _rope_json(c: ModelConfig) -> dict:
+    data = {"rope_type": c.rope_type, "rope_theta": c.rope_theta}
+    if c.rope_type != "default":
+        data["factor"] = c.rope_factor
+    if c.rotary_dim:
+        data["partial_rotary_factor"] = c.rotary_dim / c.head_dim
+    return data
+
+
+def _gemma_json(c: ModelConfig) -> dict:
+    model_type = {"gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text"}[c.family]
+    architecture = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+    data = _common_json(c, model_type, architecture[c.family])
+    data.update(head_dim=c.head_dim, rms_norm_eps=c.norm_eps, hidden_activation="gelu_pytorch_tanh",
+                hidden_act="gelu_pytorch_tanh", rope_parameters=_rope_json(c))
+    if c.family != "gemma":
+        data.update(layer_types=list(c.layer_types), sliding_window=c.sliding_window,
+                    query_pre_attn_scalar=_integral(c.attn_scale ** -2), attn_logit_softcapping=c.attn_softcap or None,
+                    final_logit_softcapping=c.final_softcap or None)
+    if c.family == "gemma3":
+        data["rope_parameters"] = {"full_attention": _rope_json(c),
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta}}
+    return data
+
+
+def _integral(value: float):
+    """An int where a float is one up to rounding (transformers checks query_pre_attn_scalar is an int)."""
+    return round(value) if abs(value - round(value)) < 1e-6 else value
+
+
+def _phi3_json(c: ModelConfig) -> dict:
+    data = _common_json(c, "phi3", "Phi3ForCausalLM")
+    data.update(rms_norm_eps=c.norm_eps, hidden_act="silu", rope_parameters=_rope_json(c),
+                sliding_window=c.sliding_window or None)
+    return data
+
+
+def _stablelm_json(c: ModelConfig) -> dict:
+    data = _common_json(c, "stablelm", "StableLmForCausalLM")
+    data.update(layer_norm_eps=c.norm_eps, hidden_act="silu", use_qkv_bias=c.qkv_bias, qk_layernorm=False,
+                use_parallel_residual=False, rope_parameters=_rope_json(c))
+    return data
+
+
+def _gpt_neox_json(c: ModelConfig) -> dict:
+    data = _common_json(c, "gpt_neox", "GPTNeoXForCausalLM")
+    del data["num_key_value_heads"]
+    data.update(layer_norm_eps=c.norm_eps, hidden_act="gelu" if c.activation == "gelu" else "gelu_new",
+                use_parallel_residual=c.parallel_residual, attention_bias=True, rope_parameters=_rope_json(c))
+    return data
+
+
+NEW_FAMILY_JSON = {"gemma": _gemma_json, "gemma2": _gemma_json, "gemma3": _gemma_json, "phi3": _phi3_json,
+                   "stablelm": _stablelm_json, "gpt_neox": _gpt_neox_json}
 
 
 def _llama_like_json(c: ModelConfig) -> dict:
-    expected_biases = {"llama": (c.linear_bias, c.linear_bias), "qwen2": (True, False), "mistral": (False, False)}
+    expected_biases = {"llama": (c.linear_bias, c.linear_bias), "qwen2": (True, False), "mistral": (False, False),
+                       "qwen3": (False, False)}
     if (c.qkv_bias, c.linear_bias) != expected_biases[c.family]:
         raise FdppError(f"a {c.family} config.json cannot express qkv_bias={c.qkv_bias}, linear_bias={c.linear_bias}")
     data = {"model_type": c.family, "architectures": [ARCHITECTURES[c.family]], "hidden_size": c.hidden_size,

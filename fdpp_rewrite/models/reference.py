@@ -18,12 +18,16 @@ from fdpp_rewrite.models.names import weight_shapes
 ScoreHook = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+def rope_inv_freq(config: ModelConfig, theta: float | None = None) -> torch.Tensor:
     """theta^(-2i/R) for i < R/2, R = the rotated channels per head, with the config's rope scaling applied
-    (the one place it is computed: the exporter bakes this table into the graph)."""
+    (the one place it is computed: the exporter bakes this table into the graph). A `theta` other than the
+    config's rope_theta is a local layer's base (gemma3): plain RoPE, unscaled."""
     c = config
     r = c.rope_dim
-    inv_freq = 1.0 / c.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+    theta = c.rope_theta if theta is None else theta
+    inv_freq = 1.0 / theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+    if theta != c.rope_theta:
+        return inv_freq
     if c.rope_type == "linear":  # positions divided by the factor
         return inv_freq / c.rope_factor
     if c.rope_type == "llama3":
@@ -47,7 +51,8 @@ class ReferenceModel:
             raise FdppError(f"weights lack {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
         self.w = {name: weights[name] for name in weight_shapes(config)}
         self.dtype = self.w["embed.weight"].dtype
-        self.inv_freq = rope_inv_freq(config) if config.rope_dim else None
+        thetas = {config.layer_rope_theta(i) for i in range(config.num_layers)} if config.rope_dim else ()
+        self.inv_freq = {theta: rope_inv_freq(config, theta) for theta in thetas}
 
     def new_caches(self, batch: int, max_cache: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
@@ -66,24 +71,40 @@ class ReferenceModel:
             raise FdppError(f"positions up to {int(positions.max())} do not fit a cache of {max_cache}")
 
         x = self.w["embed.weight"][input_ids]
+        if c.scale_embeddings:
+            x = x * torch.tensor(math.sqrt(c.hidden_size), dtype=x.dtype)
         if c.learned_positions:
             x = x + self.w["pos_embed.weight"][positions + c.position_offset]
 
         keys = torch.arange(max_cache)[None, None, :]
-        visible = keys <= positions[:, :, None]  # [B, S, L]
-        if c.sliding_window:  # the model's own rule; exports stay inside the window, where it masks nothing
-            visible &= keys > positions[:, :, None] - c.sliding_window
-        mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill(~visible, -math.inf)[:, None]
-        angles = positions.float()[..., None] * self.inv_freq if self.inv_freq is not None else None  # [B, S, R/2]
+        causal = keys <= positions[:, :, None]  # [B, S, L]
+
+        def mask_of(window):
+            visible = causal & (keys > positions[:, :, None] - window) if window else causal
+            return torch.zeros(visible.shape, dtype=torch.float32).masked_fill(~visible, -math.inf)[:, None]
+
+        # an unmasked window (mistral) is the model's own rule; exports stay inside it, where it masks nothing
+        masks = {window: mask_of(window) for window in {c.layer_window(i) for i in range(c.num_layers)}}
+        unmasked = mask_of(c.sliding_window) if c.window_unmasked else None
+        angles = {theta: positions.float()[..., None] * inv_freq for theta, inv_freq in self.inv_freq.items()}
 
         for i in range(c.num_layers):
             p = f"layers.{i}."
-            x = x + self._attention(i, self._norm(x, p + "attn_norm"), positions, angles, mask, caches[i],
-                                    score_hook)
-            x = x + self._mlp(p, self._norm(x, p + "mlp_norm"))
+            attn = self._attention(i, self._norm(x, p + "attn_norm"), positions,
+                                   angles.get(c.layer_rope_theta(i)), masks[c.layer_window(i)] if unmasked is None
+                                   else unmasked, caches[i], score_hook)
+            if c.post_norms:
+                attn = self._norm(attn, p + "attn_post_norm")
+            if c.parallel_residual:
+                x = x + (self._mlp(p, self._norm(x, p + "mlp_norm")) + attn)
+                continue
+            x = x + attn
+            mlp = self._mlp(p, self._norm(x, p + "mlp_norm"))
+            x = x + (self._norm(mlp, p + "mlp_post_norm") if c.post_norms else mlp)
         x = self._norm(x, "final_norm")
         head = self.w["embed.weight" if c.tie_embeddings else "lm_head.weight"]
-        return x @ head.T
+        logits = x @ head.T
+        return soft_cap(logits, c.final_softcap) if c.final_softcap else logits
 
     __call__ = forward
 
@@ -98,7 +119,8 @@ class ReferenceModel:
         weight = self.w[name + ".weight"]
         x32 = x.float()
         if self.config.norm == "layernorm":
-            y = F.layer_norm(x32, (x.shape[-1],), weight.float(), self.w[name + ".bias"].float(), self.config.norm_eps)
+            y = F.layer_norm(x32, (x.shape[-1],), weight.float(), self.w[name + ".bias"].float(),
+                             self.config.norm_eps)
             return y.to(x.dtype)
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)
         return y.to(x.dtype) * weight
@@ -123,6 +145,8 @@ class ReferenceModel:
         q = self._linear(h, p + "q").view(batch, seq, c.num_heads, c.head_dim).transpose(1, 2)
         k = self._linear(h, p + "k").view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = self._linear(h, p + "v").view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        if c.qk_norm:
+            q, k = self._norm(q, p + "q_norm"), self._norm(k, p + "k_norm")
         if angles is not None:
             q, k = self._rotate(q, angles), self._rotate(k, angles)
 
@@ -134,8 +158,10 @@ class ReferenceModel:
         max_cache = k_cache.shape[2]
         groups = c.group_size
         q5 = q.reshape(batch, c.num_kv_heads, groups, seq, c.head_dim)
-        scores = q5 @ k_cache[:, :, None].transpose(-1, -2) / math.sqrt(c.head_dim)  # [B, Hkv, G, S, L]
+        scores = q5 @ k_cache[:, :, None].transpose(-1, -2) * c.scores_scale  # [B, Hkv, G, S, L]
         scores = scores.reshape(batch, c.num_heads, seq, max_cache)
+        if c.attn_softcap:
+            scores = soft_cap(scores, c.attn_softcap)
         if score_hook is not None:
             score_hook(i, scores, mask)
         probs = torch.softmax(scores.float() + mask, dim=-1).to(q.dtype)
@@ -144,10 +170,18 @@ class ReferenceModel:
         return self._linear(out, p + "o")
 
     def _mlp(self, p, h):
+        activation = self.config.activation
         if self.config.gated_mlp:
-            hidden = F.silu(self._linear(h, p + "mlp.gate")) * self._linear(h, p + "mlp.up")
-        elif self.config.activation == "gelu_tanh":
-            hidden = F.gelu(self._linear(h, p + "mlp.up"), approximate="tanh")
+            gate = self._linear(h, p + "mlp.gate")
+            gate = F.silu(gate) if activation == "swiglu" else F.gelu(gate, approximate="tanh")
+            hidden = gate * self._linear(h, p + "mlp.up")
+        elif activation in ("gelu_tanh", "gelu"):
+            hidden = F.gelu(self._linear(h, p + "mlp.up"), approximate="tanh" if activation == "gelu_tanh" else "none")
         else:
             hidden = torch.relu(self._linear(h, p + "mlp.up"))
         return self._linear(hidden, p + "mlp.down")
+
+
+def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap): Gemma 2's soft-capping of attention scores and logits."""
+    return torch.tanh(x / cap) * cap

@@ -21,7 +21,8 @@ from fdpp_rewrite.models.reference import ReferenceModel
 from fdpp_rewrite.onnx_graph import ALIGNMENT
 
 TINY = ["tiny-llama", "tiny-smollm2", "tiny-opt", "tiny-chatglm", "tiny-llama3", "tiny-qwen2", "tiny-mistral",
-        "tiny-gpt2"]
+        "tiny-gpt2", "tiny-gemma", "tiny-gemma2", "tiny-gemma3", "tiny-phi3", "tiny-qwen3", "tiny-stablelm",
+        "tiny-pythia"]
 
 
 def _session(path):
@@ -78,7 +79,8 @@ def test_tiny_presets_match_the_reference(tmp_path, preset):
     _check_against_reference(result.onnx_path, load_model(preset), 24, "float32", atol=2e-5)
 
 
-@pytest.mark.parametrize("preset", ["tiny-chatglm", "tiny-gpt2"])  # gpt2: the GELU's float32 island
+# gpt2, pythia: the GELUs' float32 islands; gemma2: GeGLU, soft caps and windows in float16
+@pytest.mark.parametrize("preset", ["tiny-chatglm", "tiny-gpt2", "tiny-pythia", "tiny-gemma2"])
 def test_float16_export_runs_in_onnxruntime(tmp_path, preset):
     result = export_model(preset, tmp_path / "model.onnx", dtype="float16", max_cache=16, progress=False)
     model = onnx.load(str(result.onnx_path), load_external_data=False)

@@ -6,12 +6,11 @@ import io
 import json
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
+from export_checks import checkpoint, edit_config, exported_logits, one_line_error
 
 from fdpp_rewrite.compare_onnx import compare_models
-from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.export import export_model
 from fdpp_rewrite.models import load_model
 from fdpp_rewrite.rewrite import rewrite_file
@@ -62,43 +61,11 @@ ARCHITECTURES = {
 }
 
 
-def _checkpoint(folder, model_class, config):
-    """A transformers model whose every parameter is moved off its init (biases off zero, norms off one, so
-    a weight read in the wrong place shows), saved with save_pretrained. Returns the model."""
-    torch.manual_seed(0)
-    config._attn_implementation = "eager"
-    model = model_class(config).eval()
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
-    model.save_pretrained(folder)
-    return model
-
-
-def _exported_logits(onnx_path, ids, chunks):
-    """Logits [B, S, V] of the exported graph run in onnxruntime over `ids` [B, S] in chunks (prefill, then
-    decode steps), each step on the caches the previous one wrote."""
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    caches = {i.name: np.zeros([ids.shape[0] if d == "batch" else d for d in i.shape], np.float32)
-              for i in session.get_inputs() if "cache" in i.name}
-    logits, start = [], 0
-    for length in chunks:
-        feeds = {"input_ids": ids[:, start:start + length].numpy(),
-                 "past_len": np.full(ids.shape[0], start, np.int64), **caches}
-        outputs = dict(zip(names, session.run(None, feeds)))
-        logits.append(outputs["logits"])
-        caches = {name: outputs[name.replace("_cache.", "_cache_out.")] for name in caches}
-        start += length
-    return np.concatenate(logits, axis=1)
-
-
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
 def test_checkpoint_exports_to_transformers_logits_and_rewrites(tmp_path, architecture):
     make, family = ARCHITECTURES[architecture]
     model_class, config = make()
-    hf = _checkpoint(tmp_path / "ckpt", model_class, config)
+    hf = checkpoint(tmp_path / "ckpt", model_class, config)
     result = export_model(str(tmp_path / "ckpt"), tmp_path / "model.onnx", dtype="float32", max_cache=MAX_CACHE,
                           progress=False)
     assert json.loads(result.metadata_path.read_text())["config"]["family"] == family
@@ -106,7 +73,7 @@ def test_checkpoint_exports_to_transformers_logits_and_rewrites(tmp_path, archit
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected = hf(ids).logits.numpy()
-    got = _exported_logits(result.onnx_path, ids, [6, 1, 2])
+    got = exported_logits(result.onnx_path, ids, [6, 1, 2])
     assert np.abs(expected).max() > 0.5
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
 
@@ -122,7 +89,7 @@ def test_rope_scaling_is_what_changes_the_logits(tmp_path, rope, differs):
     """The scaled checkpoints above match transformers for the right reason: plain RoPE on the same weights gives
     other logits (llama3, linear); dynamic NTK is plain RoPE within max_position_embeddings, where exports stop."""
     model_class, config = _llama(rope)
-    scaled = _checkpoint(tmp_path / "ckpt", model_class, config)
+    scaled = checkpoint(tmp_path / "ckpt", model_class, config)
     plain = model_class(_llama()[1]).eval()
     plain.load_state_dict(scaled.state_dict())
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
@@ -133,17 +100,11 @@ def test_rope_scaling_is_what_changes_the_logits(tmp_path, rope, differs):
     assert (loaded.rope_type, loaded.rope_factor, loaded.max_position) == (rope["rope_type"], rope["factor"], 128)
 
 
-def _one_line_error(callable_, match):
-    with pytest.raises(FdppError, match=match) as info:
-        callable_()
-    assert "\n" not in str(info.value)
-
-
 def test_mistral_beyond_its_window_is_refused(tmp_path):
-    _checkpoint(tmp_path / "ckpt", *_mistral(window=48))
+    checkpoint(tmp_path / "ckpt", *_mistral(window=48))
     assert load_model(str(tmp_path / "ckpt")).config.max_position == 48  # max_position_embeddings 128, cut
     for max_cache in (49, 0):
-        _one_line_error(lambda: export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", dtype="float32",
+        one_line_error(lambda: export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", dtype="float32",
                                              max_cache=max_cache, progress=False),
                         "sliding window of 48 tokens, which the exported graph does not mask")
     result = export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", dtype="float32", progress=False)
@@ -151,33 +112,26 @@ def test_mistral_beyond_its_window_is_refused(tmp_path):
 
 
 def test_dynamic_rope_beyond_max_position_is_refused(tmp_path):
-    _checkpoint(tmp_path / "ckpt", *_llama({"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}))
-    _one_line_error(lambda: export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", max_cache=129,
+    checkpoint(tmp_path / "ckpt", *_llama({"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}))
+    one_line_error(lambda: export_model(str(tmp_path / "ckpt"), tmp_path / "m.onnx", max_cache=129,
                                          progress=False),
                     r"exceeds the 128 positions .*dynamic NTK RoPE is plain RoPE up to 128 positions")
 
 
-def _edit_config(folder, **changes):
-    path = folder / "config.json"
-    config = json.loads(path.read_text())
-    config.update(changes)
-    path.write_text(json.dumps(config))
-
-
 def test_unsupported_rope_type_and_activation_name_the_supported_ones(tmp_path):
-    _checkpoint(tmp_path / "llama", *_llama())
-    _edit_config(tmp_path / "llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
-    _one_line_error(lambda: load_model(str(tmp_path / "llama")),
+    checkpoint(tmp_path / "llama", *_llama())
+    edit_config(tmp_path / "llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+    one_line_error(lambda: load_model(str(tmp_path / "llama")),
                     r"rope scaling type 'yarn' is not supported \(supported: default, linear, llama3, dynamic\)")
-    _edit_config(tmp_path / "llama", rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4})
-    _one_line_error(lambda: load_model(str(tmp_path / "llama")), "llama3 rope scaling lacks 'low_freq_factor'")
-    _edit_config(tmp_path / "llama", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+    edit_config(tmp_path / "llama", rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4})
+    one_line_error(lambda: load_model(str(tmp_path / "llama")), "llama3 rope scaling lacks 'low_freq_factor'")
+    edit_config(tmp_path / "llama", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                       "partial_rotary_factor": 0.5})
-    _one_line_error(lambda: load_model(str(tmp_path / "llama")), "partial_rotary_factor 0.5 is not supported")
+    one_line_error(lambda: load_model(str(tmp_path / "llama")), "partial_rotary_factor 0.5 is not supported")
 
-    _checkpoint(tmp_path / "gpt2", *_gpt2())
-    _edit_config(tmp_path / "gpt2", activation_function="relu")
-    _one_line_error(lambda: load_model(str(tmp_path / "gpt2")),
+    checkpoint(tmp_path / "gpt2", *_gpt2())
+    edit_config(tmp_path / "gpt2", activation_function="relu")
+    one_line_error(lambda: load_model(str(tmp_path / "gpt2")),
                     r"activation_function 'relu' is not supported \(supported: gelu_new, gelu_pytorch_tanh\)")
 
 
@@ -185,7 +139,7 @@ def test_gpt2_checkpoint_without_the_transformer_prefix(tmp_path):
     """The original gpt2 files were saved from GPT2Model: 'h.0.attn.c_attn.weight', 'wte.weight'."""
     from safetensors.torch import load_file, save_file
 
-    hf = _checkpoint(tmp_path / "ckpt", *_gpt2())
+    hf = checkpoint(tmp_path / "ckpt", *_gpt2())
     (shard,) = (tmp_path / "ckpt").glob("*.safetensors")
     state = load_file(str(shard))
     save_file({name.removeprefix("transformer."): tensor for name, tensor in state.items()}, str(shard))

@@ -159,7 +159,7 @@ def test_gguf_of_another_architecture(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(FdppError, match="architecture 'gpt2'; only 'llama'"):
+    with pytest.raises(FdppError, match="architecture 'gpt2'; supported: llama, gemma3"):
         load_model(str(path))
 
 
@@ -220,7 +220,8 @@ def test_old_opt_names_without_model_prefix(tmp_path):
 def test_unsupported_family(tmp_path):
     write_checkpoint(tmp_path / "bloom", {"model_type": "bloom", "n_layer": 2}, {"x": torch.zeros(2)})
     with pytest.raises(FdppError, match="model_type 'bloom' is not supported "
-                                        r"\(supported: llama, qwen2, mistral, opt, gpt2, chatglm\)"):
+                                        r"\(supported: llama, qwen2, mistral, qwen3, opt, gpt2, chatglm, gemma, "
+                                        r"gemma2, gemma3_text, phi3, stablelm, gpt_neox\)"):
         load_model(str(tmp_path / "bloom"))
 
 
