@@ -12,9 +12,9 @@ reference math on `cpu`), ablations.py (the stock-torch peer and `bench --ablate
 interpreter.py (per-bucket tracing into replayable Programs), runtime.py (Engine: load, one forward pass; its calls
 forward to slots.py, the contiguous slot API, or paged_engine.py, the step API of a paged engine), kv_cache.py
 (contiguous slots and their lengths), paged_cache.py (block pools and the block table), paged_step.py (RopeAppend and
-attention split over block tables), paged/ (block pool, prefix cache, sizing), buckets.py, programs.py (traced Programs and CUDA graphs),
-sampling.py, generation.py (batch generate), tensor_parallel.py (sharding) and tp_group.py (ranks at run time),
-bench.py, cli.py.
+attention split over block tables), paged/ (block pool, prefix cache, sizing), buckets.py, programs.py (traced
+Programs and CUDA graphs), sampling.py, generation.py (batch generate), tensor_parallel.py (sharding) and
+tp_group.py (ranks at run time), bench.py, cli.py.
 
 Decisions (what docs/design.md records):
 - The plan is the graph's own node list, not a model: every family the rewriter supports lowers through the same
@@ -32,9 +32,9 @@ Decisions (what docs/design.md records):
 - A paged engine (build --kv-memory) keeps a pool of 64-token blocks per cache input and a block table per row;
   every call is one step of B decode rows and P prompt chunks (tokens-major [1, B + P x C]), so the prefill of a
   batch of prompts runs as batched chunk rounds, and a row costs only a table row (256 rows by default).
-- On a contiguous engine, prefill runs one sequence at a time at batch 1 into its slot, right-padded to a prefill bucket (16, 32, ...) so
-  every prompt length of a bucket replays one traced Program (exact: see Engine.prefill); decode steps of a
-  bucket are traced once, then captured as one CUDA graph and replayed.
+- On a contiguous engine, prefill runs one sequence at a time at batch 1 into its slot, right-padded to a prefill
+  bucket (16, 32, ...) so every prompt length of a bucket replays one traced Program (exact: see Engine.prefill);
+  decode steps of a bucket are traced once, then captured as one CUDA graph and replayed.
 - wrapper=ablations.TorchKernels swaps only the GEMMs (cuBLAS through torch, epilogues unfused) and the attention
   (SDPA) for stock torch: the peer `bench --kernels fdpp torch` measures against.
 - Two graph interfaces, told apart by build from the graph's inputs: our exporter's (input_ids, past_len,
