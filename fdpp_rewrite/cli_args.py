@@ -26,3 +26,12 @@ def add_gemm_profile(parser) -> None:
                         help="GEMM profile whose M1/M2 and ImplB tiles every FlatGemm gets (default: the committed "
                              "profile of the GPU, engines/profiles/<gpu>.json, e.g. h200.json; rewrite stamps the "
                              "unprofiled default where it lacks a shape, a GPU build profiles such shapes itself)")
+
+
+LOAD_KV_MEMORY_HELP = "run with a paged KV cache of this size (0.9 or 20GiB; default: the engine's own)"
+
+
+def add_kv_memory(parser, text: str = LOAD_KV_MEMORY_HELP) -> None:
+    """--kv-memory: a paged KV cache of this size, a fraction of the GPU memory free after the weights (0.9) or an
+    amount (20GiB); `build` writes it into the engine, the loading commands (run, bench, serve) override it."""
+    parser.add_argument("--kv-memory", metavar="X", help=text)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from fdpp_rewrite.cli import number
-from fdpp_rewrite.cli_args import add_engine_backend, add_force, add_gemm_profile
+from fdpp_rewrite.cli_args import add_engine_backend, add_force, add_gemm_profile, add_kv_memory
 from fdpp_rewrite.engine.buckets import DEFAULT_MAX_BATCH
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.serve import server
@@ -45,10 +45,6 @@ def add_build_arguments(parser) -> None:
     add_force(parser, "the output if it is an engine folder or an empty folder (anything else is refused)")
 
 
-def add_kv_memory(parser, text: str) -> None:
-    parser.add_argument("--kv-memory", metavar="X", help=text)
-
-
 def add_run_arguments(parser) -> None:
     parser.add_argument("engine", type=Path, help="an engine folder written by `build`")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -65,7 +61,7 @@ def add_run_arguments(parser) -> None:
                         help="sample from the smallest set with this mass, in (0, 1]")
     parser.add_argument("--seed", type=int, help="seed of the sampler (default: none, a fresh seed)")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    add_kv_memory(parser, "run with a paged KV cache of this size (0.9 or 20GiB; default: the engine's own)")
+    add_kv_memory(parser)
     parser.add_argument("--system", help="a system message for --chat (default: none)")
     add_engine_backend(parser)
 
@@ -87,7 +83,7 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--ablate", action="store_true", help="also run the engine with each technique switched to "
                         "its baseline, one at a time, and print what each buys (cuda backend)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here (default: print only)")
-    add_kv_memory(parser, "run with a paged KV cache of this size (0.9 or 20GiB; default: the engine's own)")
+    add_kv_memory(parser)
     add_engine_backend(parser)
 
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from fdpp_rewrite.cli_args import add_engine_backend
+from fdpp_rewrite.cli_args import add_engine_backend, add_kv_memory
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.serve.guard import API_KEY_ENV
 from fdpp_rewrite.serve.limits import MAX_HEADER_BYTES, Limits
@@ -54,9 +54,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                         help="prompt tokens prefilled per step, riding on the decode step where the engine can "
                              f"(a long prompt takes several; default {DEFAULT_PREFILL_CHUNK})")
-    parser.add_argument("--kv-memory",
-                        help="a paged KV cache in this much memory: a fraction of the GPU memory free after the "
-                             "weights (0.9) or an amount (20GiB); overrides the engine's build --kv-memory")
+    add_kv_memory(parser)
     parser.add_argument("--prefill-budget", type=int,
                         help="paged engines: prompt tokens one step carries, over the chunks of several prompts "
                              f"(each chunk --prefill-chunk tokens at most, counted padded; at most what the engine "
