@@ -26,13 +26,14 @@ demo: setup $(if $(HAVE_CUDA_GPU),lib)
 # Two pytest processes at once (the suite is mostly single-threaded exports and subprocesses, and CI has two
 # cores): the top-level files of tests/fdpp_rewrite in one, everything else in the other, each with its own temp
 # folder; the first's report is printed after the second's, and either failing fails the target.
-SHARD_A := tests/fdpp_rewrite/test_*.py
+# test_install.py (a wheel built into a fresh venv) runs in the second process: it balances the two
+SHARD_A := $(filter-out tests/fdpp_rewrite/test_install.py,$(wildcard tests/fdpp_rewrite/test_*.py))
 test: setup lib
 	@tmp=$$(mktemp -d); \
 	( $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$tmp/a $(SHARD_A) >$$tmp/a.log 2>&1; echo $$? >$$tmp/a.rc ) & \
-	$(PY) -m pytest -q -p no:cacheprovider --basetemp=$$tmp/b $(addprefix --ignore=,$(wildcard $(SHARD_A))) tests; \
+	$(PY) -m pytest -q -p no:cacheprovider --basetemp=$$tmp/b $(addprefix --ignore=,$(SHARD_A)) tests; \
 	b=$$?; \
-	wait; echo "== $(SHARD_A):"; cat $$tmp/a.log; a=$$(cat $$tmp/a.rc); rm -rf $$tmp; test $$a = 0 && test $$b = 0
+	wait; echo "== tests/fdpp_rewrite/test_*.py but test_install.py:"; cat $$tmp/a.log; a=$$(cat $$tmp/a.rc); rm -rf $$tmp; test $$a = 0 && test $$b = 0
 
 test-fast: lib
 	$(PY) -m pytest -q -m "not slow" tests
