@@ -6,27 +6,34 @@ import torch
 BIAS_MASK_THRESHOLD = -10000.0  # plugins/AsyncSoftmaxAttentionPlugin/contract.json: bias_mask_threshold
 
 
-def visible_mask(batch, seq, kv_len, *, mask_mode, past_len=None, bias=None, device="cuda"):
-    """Boolean [B, 1, S, L]: key j visible to query i."""
+def visible_mask(batch, seq, kv_len, *, mask_mode, past_len=None, bias=None, device="cuda", window=0):
+    """Boolean [B, 1, S, L]: key j visible to query i (window > 0: also (past_len + i) - j < window)."""
     if mask_mode == "none":
         return torch.ones(batch, 1, seq, kv_len, dtype=torch.bool, device=device)
     if mask_mode == "past_len":
         last = past_len.to(device).view(batch, 1) + torch.arange(seq, device=device).view(1, seq)  # [B, S]
         keys = torch.arange(kv_len, device=device).view(1, 1, kv_len)
-        return (keys <= last[:, :, None])[:, None]
+        visible = keys <= last[:, :, None]
+        if window:
+            visible &= last[:, :, None] - keys < window
+        return visible[:, None]
     return bias.expand(batch, 1, seq, kv_len) > BIAS_MASK_THRESHOLD
 
 
-def attention_reference(q, k, v, *, scale, mask_mode="past_len", past_len=None, bias=None, dtype=torch.float32):
-    """softmax(scale q k^T + bias, masked) v computed in `dtype`; rows with no visible key give 0."""
+def attention_reference(q, k, v, *, scale, mask_mode="past_len", past_len=None, bias=None, dtype=torch.float32,
+                        softcap=0.0, window=0):
+    """softmax(scale q k^T (soft-capped: softcap * tanh(. / softcap)) + bias, masked) v computed in `dtype`; rows with
+    no visible key give 0."""
     batch, heads, seq, _ = q.shape
     group = heads // k.shape[1]
     qf, kf, vf = (t.to(dtype) for t in (q, k, v))
     kf = kf.repeat_interleave(group, dim=1)
     vf = vf.repeat_interleave(group, dim=1)
     scores = (qf @ kf.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     visible = visible_mask(batch, seq, k.shape[2], mask_mode=mask_mode, past_len=past_len, bias=bias,
-                           device=q.device)
+                           device=q.device, window=window)
     if bias is not None:
         scores = scores + bias.to(dtype)
     scores = scores.masked_fill(~visible, float("-inf"))

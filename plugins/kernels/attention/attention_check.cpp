@@ -116,9 +116,10 @@ ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) 
   if (p.prefill_config != 0 && p.prefill_config != 1 && p.prefill_config != 2 && p.prefill_config != 4)
     return invalid("unknown prefill_config " + str(p.prefill_config) +
                    " (0 plan, 1 128 rows x 32-key steps, 2 64 rows x 64-key steps, 4 wgmma on sm_90)");
-  if (p.head_dim == 256 && (p.prefill_config == 1 || p.prefill_config == 4))
-    return unsupported("prefill_config " + str(p.prefill_config) +
-                       " is not built for head_dim 256 (its prefill runs 64-row blocks: 0 plan or 2)");
+  if (p.prefill_config != 0 && !prefill_shape_takes(p, p.prefill_config))
+    return unsupported("prefill_config " + str(p.prefill_config) + " is not built for head_dim " + str(p.head_dim) +
+                       (p.softcap != 0.f || p.window != 0 ? " with softcap or window" : "") +
+                       "; use 0 (the plan) or 2 (64-row blocks)");
   if (!(std::isfinite(p.scale) && p.scale > 0.f)) return invalid("scale must be finite and > 0");
   if (!std::isfinite(p.phi)) return invalid("phi must be finite");
   if (!(std::isfinite(p.guard_lo) && std::isfinite(p.guard_hi) && p.guard_lo < p.guard_hi))

@@ -19,8 +19,8 @@ struct AttnArgs {
   float lo_log2;     // effective guard window for s - phi, log2 units (the kernel's numeric window applied)
   float hi_log2;
   float max_floor_log2;  // a row whose largest s - phi is below this falls back (-inf: no such rule)
-  float softcap_log2;      // softcap * log2(e): x = C tanh(x / C) in log2 units (softcap_x); 0: no soft-capping
-  float inv_softcap_log2;  // 1 / softcap_log2
+  float softcap_log2;  // softcap * log2(e): x = C tanh(x / C) in log2 units (softcap_x); 0: no soft-capping
+  float softcap_k;     // 2 / softcap: e^(2 x / C) = 2^(x softcap_k) for x in log2 units
   int window;              // sliding window in keys (mask_mode kPastLen; visible_begin); 0: none
 
   const void* q;
@@ -90,10 +90,13 @@ __device__ __forceinline__ int visible_begin(const AttnArgs& a, int b, int s, in
   return window_begin(clamped_past(a.past_len[b], a.kv_capacity), s, a.window, kv_len);
 }
 
-// Soft-capping in log2 units: s' = c tanh(s / c) is x' = C tanh(x / C) for x = s log2(e) and C = c log2(e). tanhf,
-// not tanh.approx: its 2^-11 relative error would be 0.02 nats at a cap of 50.
+// Soft-capping in log2 units: s' = c tanh(s / c) is x' = C tanh(x / C) for x = s log2(e) and C = c log2(e), and
+// tanh(y) = 1 - 2 / (e^(2y) + 1) with e^(2y) = 2^(x 2 / c): one ex2 and one division, a few registers (tanhf's
+// branches and temporaries made the 255-register prefill kernels spill; tanh.approx's 2^-11 relative error would be
+// 0.02 nats at a cap of 50, this form's about 1e-5). Saturates to +-C for |x| large (2^inf = inf, 2^-inf = 0), and
+// x' lies in [-C, C] for every finite x.
 __device__ __forceinline__ float softcap_x(const AttnArgs& a, float x) {
-  return a.softcap_log2 * tanhf(x * a.inv_softcap_log2);
+  return a.softcap_log2 - __fdividef(2.f * a.softcap_log2, fast_exp2(x * a.softcap_k) + 1.f);
 }
 
 // The head dimensions a kernel instantiated for D reads and writes: a.head_dim in the 128 kernels (80 and 96 run
@@ -137,7 +140,8 @@ __device__ __forceinline__ int decode_first_key(const AttnArgs& a, int b, int kv
 // Tile order: the diagonal tiles (the last kAnchorTiles - 1), then tile 0 (the attention sink; with a sliding window
 // the block's first visible tile), then the rest; the anchored unified max anchors each row on these first tiles
 // (AnchoredUnifiedSoftmax).
-template <int kBlockM, int kBlockN, int kAnchorTiles>
+// kWindow: the block may start past tile 0 (a sliding window); false where the kernel has no window (first_tile 0).
+template <int kBlockM, int kBlockN, int kAnchorTiles, bool kWindow = true>
 struct PrefillBlock {
   int b, hq, hkv, m0, kv_len, rows_here, key_end, num_tiles;
   int first_tile;  // the first key tile any row of the block sees (0 without a window); tiles walked: num_tiles
@@ -156,7 +160,7 @@ struct PrefillBlock {
     if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, static_cast<unsigned long long>(rows_here));
     key_end = visible_end(a, b, m0 + rows_here - 1, kv_len);
     // A sliding window: the tiles before the block's first row's window are never walked.
-    first_tile = visible_begin(a, b, m0, kv_len) / kBlockN;
+    first_tile = kWindow ? visible_begin(a, b, m0, kv_len) / kBlockN : 0;
     const int end_tile = (key_end + kBlockN - 1) / kBlockN;
     num_tiles = end_tile > first_tile ? end_tile - first_tile : 0;
   }

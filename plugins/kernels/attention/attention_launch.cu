@@ -116,7 +116,7 @@ attn::AttnArgs make_args(const AttentionParams& p, AttnKernel kernel, unsigned l
   a.lo_log2 = lo * log2e, a.hi_log2 = hi * log2e;
   a.max_floor_log2 = std::isinf(max_floor) ? max_floor : max_floor * log2e;
   a.softcap_log2 = p.softcap > 0.f ? p.softcap * log2e : 0.f;
-  a.inv_softcap_log2 = p.softcap > 0.f ? 1.f / a.softcap_log2 : 0.f;
+  a.softcap_k = p.softcap > 0.f ? 2.f / p.softcap : 0.f;
   a.window = p.mask_mode == MaskMode::kPastLen ? p.window : 0;
   a.q = p.q, a.q_sb = p.q_sb, a.q_sh = p.q_sh, a.q_ss = p.q_ss;
   a.k = p.k, a.k_sb = p.k_sb, a.k_sh = p.k_sh, a.k_ss = p.k_ss;
@@ -298,6 +298,7 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       cudaError_t err = wgmma_prefill_available(p, &wgmma);
       if (err != cudaSuccess) return err;
       if (p.prefill_config == 4 && !wgmma) return cudaErrorNotSupported;
+      if (p.prefill_config > 0 && !prefill_shape_takes(p, p.prefill_config)) return cudaErrorNotSupported;
       if (p.prefill_config > 0) {  // forced (tests, benchmarks): exactly the kernel asked for
         a.prefill_config = p.prefill_config;
       } else if (wgmma) {
@@ -305,16 +306,14 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
         // MMAs, so the anchored unified max saves nothing there (docs/notes-attention.md, "Prefill kernels").
         a.prefill_config = 4;
         run_unified = false;
-      } else if (kernel_head_dim(p.head_dim) == 256) {
-        // Head dim 256 has the 64-row blocks only (PrefillTraits), which run the synchronized softmax, as below.
-        a.prefill_config = 2;
-        run_unified = false;
       } else {
         attn::DeviceInfo info;
         if ((err = attn::device_info(&info)) != cudaSuccess) return err;
         const int heads = p.batch * p.num_heads, slots = info.num_sms * kPrefillCtasPerSm;
         a.prefill_config = prefill_tile_config(heads, p.seq, slots);
         if (prefill_prefers_synchronized(heads, p.seq, slots)) run_unified = false;
+        // What shape 1 lacks (prefill_shape_takes) runs in the 64-row blocks, synchronized as the rule above has them.
+        if (!prefill_shape_takes(p, a.prefill_config)) a.prefill_config = 2, run_unified = false;
       }
       return launch_prefill_typed(p.dtype, a, run_unified, stream);
     }

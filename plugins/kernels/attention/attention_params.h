@@ -164,6 +164,16 @@ struct RopeAppendParams {
   int kv_block_size = 0;
 };
 
+// Whether prefill tile shape `config` (1, 2 or 4; attention_prefill_impl.cuh) is built for these parameters: head_dim
+// 256 has the 64-row shape 2 only; shape 1 (128 rows, at 255 registers) is compiled without soft-capping, the sliding
+// window and the zero-filled head dims 80 and 96 (their code made it spill), which shapes 2 and 4 have.
+// Example: head_dim 96, config 1 -> false; head_dim 128 with softcap 50, config 2 -> true.
+inline bool prefill_shape_takes(const AttentionParams& p, int config) {
+  if (kernel_head_dim(p.head_dim) == 256) return config == 2;
+  if (config == 1) return p.softcap == 0.f && p.window == 0 && p.head_dim == kernel_head_dim(p.head_dim);
+  return true;
+}
+
 // --- argument checks (attention_check.cpp): what the C ABI and the TensorRT adapter both run first ----------------
 
 enum class ParamsError : int { kNone = 0, kInvalid = 1, kUnsupported = 2 };
