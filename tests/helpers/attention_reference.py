@@ -1,9 +1,34 @@
 """References for the attention GPU tests: float32 math (the truth) and the same math in the input dtype with
 torch's own ops (whose error sets the tolerance, as in the flash-attention tests); the inputs the tests share."""
 
+import pytest
 import torch
 
 BIAS_MASK_THRESHOLD = -10000.0  # plugins/AsyncSoftmaxAttentionPlugin/contract.json: bias_mask_threshold
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32_matmul():
+    """Imported by the attention GPU test modules: float32 references without TF32, and seeded inputs."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+
+
+def attention_api():
+    """fdpp_rewrite.gpu.attention, imported inside a test (it loads the plugin library)."""
+    from fdpp_rewrite.gpu import attention
+
+    return attention
+
+
+def prefill_shape_built(dim, config, softcap=0.0, window=0):
+    """The prefill tile shapes built for a case (attention_params.h, prefill_shape_takes): head_dim 256 only the
+    64-row shape 2; the 128-row shape 1 no soft cap, window or zero-filled dims (80, 96); shape 4 not at 256."""
+    if dim == 256:
+        return config in (0, 2)
+    if config == 1:
+        return softcap == 0.0 and window == 0 and dim in (64, 128)
+    return True
 
 
 def visible_mask(batch, seq, kv_len, *, mask_mode, past_len=None, bias=None, device="cuda", window=0):

@@ -1,6 +1,7 @@
-"""Head sizes 80, 96 and 256, logit soft-capping and the sliding window on the GPU (contract version 4): decode,
-prefill (every tile shape built for the case), rowwise and paged caches against the float32 reference with torch's
-own low-precision error as the tolerance; adversarial scores (+-1e4) with a cap and a window: never a non-finite
+"""Head sizes 80, 96 and 256, logit soft-capping and the sliding window on the GPU (contract version 4), beyond the
+head sizes test_attention.py's decode and prefill grids cover: padded dims never written, rowwise, paged caches, a
+cap and a window in every kernel against the float32 reference with torch's own low-precision error as the
+tolerance; adversarial scores (+-1e4) with a cap and a window: never a non-finite
 output; the shapes a case is not built for refused. Grids are pairwise (tests/helpers/pairwise.py).
 
     python3 -m pytest -q -m gpu tests/plugins/kernels/attention/test_attention_heads_softcap_window.py
@@ -8,7 +9,9 @@ output; the shapes a case is not built for refused. Grids are pairwise (tests/he
 
 import pytest
 
-from attention_reference import check_close, make_inputs, pad_to_blocks, paginate, reference_view
+from attention_reference import exact_fp32_matmul  # noqa: F401 - an autouse fixture
+from attention_reference import (attention_api, check_close, make_inputs, pad_to_blocks, paginate, prefill_shape_built,
+                                 reference_view)
 from pairwise import pairwise_params
 
 pytestmark = pytest.mark.gpu
@@ -17,56 +20,14 @@ torch = pytest.importorskip("torch")
 
 DTYPES = [torch.float16, torch.bfloat16]
 NEW_DIMS = [80, 96, 256]
-HEADS = [(1, 8, 8), (3, 9, 3), (2, 8, 1)]  # (batch, query heads, kv heads): MHA, GQA 3:1, MQA
-SOFTMAXES = ["unified", "synchronized"]
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_matmul():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.manual_seed(0)
 
 
 def _att():
-    from fdpp_rewrite.gpu import attention
-
-    return attention
+    return attention_api()
 
 
 def _hopper():
     return torch.cuda.get_device_capability()[0] == 9
-
-
-def _heads_id(h):
-    return "{}x{}/{}".format(*h)
-
-
-def _built(dim, config, softcap=0.0, window=0):
-    """The prefill shapes each case has (attention_params.h, prefill_shape_takes): 256 only the 64-row shape 2;
-    shape 1 no soft cap, window or zero-filled dims; shape 4 only on sm_90 and not at 256."""
-    if dim == 256:
-        return config in (0, 2)
-    if config == 1:
-        return softcap == 0.0 and window == 0 and dim in (64, 128)
-    return True
-
-
-@pytest.mark.parametrize("dtype,dim,bhk,kv_len,softmax", pairwise_params(
-    {"dtype": DTYPES, "dim": NEW_DIMS, "bhk": HEADS, "kv_len": [1, 97, 4099], "softmax": SOFTMAXES},
-    ids={"bhk": _heads_id}))
-def test_decode_new_head_sizes_match_reference(dtype, dim, bhk, kv_len, softmax):
-    """The padded dims (80, 96 in the 128 kernel) add nothing and are never written: the output tensor's own
-    memory past them is the caller's (the out buffer here holds NaN there only if the kernel wrote it)."""
-    att = _att()
-    batch, heads, kv_heads = bhk
-    q, k, v, past = make_inputs(batch, heads, kv_heads, 1, kv_len, dim, dtype, capacity=kv_len + 5,
-                                spread=kv_len > 64)
-    counters = att.Counters()
-    out = att.attention(q, k, v, past, kernel="decode", softmax=softmax, counters=counters)
-    kr, vr = reference_view(k, v, past, 1)
-    check_close(out, q, kr, vr, f"decode {dtype} d{dim} {batch}x{heads}/{kv_heads} L{kv_len} {softmax}",
-                scale=dim ** -0.5, past_len=past)
-    assert counters.fallback_rows == 0 and counters.clamped_rows == 0
 
 
 @pytest.mark.parametrize("dim", [80, 96])
@@ -81,25 +42,6 @@ def test_padded_head_dims_write_only_their_own_columns(dim):
         out = att.attention(q, k, v, past, kernel=kernel, out=wide[..., :dim])
         check_close(out, q, kr, vr, f"{kernel} d{dim} into a wider buffer", scale=dim ** -0.5, past_len=past)
         assert (wide[..., dim:] == 7.0).all(), f"{kernel} wrote past head_dim {dim}"
-
-
-@pytest.mark.parametrize("dtype,dim,bhk,seq_past,softmax,config", pairwise_params(
-    {"dtype": DTYPES, "dim": NEW_DIMS, "bhk": [(1, 4, 4), (3, 9, 3)],
-     "seq_past": [(200, 0), (97, 0), (130, 333)], "softmax": SOFTMAXES, "config": [0, 2, 4]},
-    valid=lambda c: _built(c["dim"], c["config"]) and not (c["config"] == 4 and c["dim"] == 256),
-    ids={"bhk": _heads_id, "seq_past": lambda sp: "S{}past{}".format(*sp), "config": lambda c: f"cfg{c}"}))
-def test_prefill_new_head_sizes_match_reference(dtype, dim, bhk, seq_past, softmax, config):
-    if config == 4 and not _hopper():
-        pytest.skip("prefill_config 4 is the sm_90 (Hopper) wgmma kernel")
-    att = _att()
-    (batch, heads, kv_heads), (seq, past_len) = bhk, seq_past
-    q, k, v, past = make_inputs(batch, heads, kv_heads, seq, past_len + seq, dim, dtype)
-    counters = att.Counters()
-    out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, counters=counters, prefill_config=config)
-    kr, vr = reference_view(k, v, past, seq)
-    check_close(out, q, kr, vr, f"prefill {dtype} d{dim} S{seq} past{past_len} {softmax} cfg{config}",
-                scale=dim ** -0.5, past_len=past)
-    assert counters.fallback_rows == 0
 
 
 @pytest.mark.parametrize("dim", NEW_DIMS)
@@ -140,9 +82,8 @@ def test_paged_new_head_sizes_equal_contiguous(kernel, dim, dtype, window):
     {"path": [("decode", 0, 0), ("decode", 0, 3), ("prefill", 0, 0), ("prefill", 2, 0), ("prefill", 4, 0),
               ("rowwise", 0, 0)],
      "dim": [64, 96, 128, 256], "dtype": DTYPES, "softcap": [0.0, 30.0], "window": [0, 1, 700]},
-    valid=lambda c: (c["softcap"] or c["window"]) and (c["path"][0] != "prefill" or
-                                                       _built(c["dim"], c["path"][1], c["softcap"], c["window"]))
-    and not (c["path"][1] == 4 and c["dim"] == 256),
+    valid=lambda c: bool(c["softcap"] or c["window"]) and (
+        c["path"][0] != "prefill" or prefill_shape_built(c["dim"], c["path"][1], c["softcap"], c["window"])),
     ids={"path": lambda p: f"{p[0]}-cfg{p[1]}-splits{p[2]}"}))
 def test_softcap_and_window_match_reference(path, dim, dtype, softcap, window):
     """Every kernel with a cap and/or a window (1: each query sees only itself; 700: the decode splits start past
