@@ -234,5 +234,7 @@ def test_soft_capped_attention_gets_the_cap():
     (attrs,) = attention_attrs(rewritten)
     assert report.total == 1 and attrs["softcap"] == pytest.approx(50.0) and attrs["scale"] == pytest.approx(0.125)
     assert "Tanh" not in [n.op_type for n in rewritten.graph.node]
+    # scores within [-50, 50]: phi 0 and guard_hi 50 keep every row on the fast path, uncalibrated
+    assert (attrs["phi"], attrs["guard_lo"], attrs["guard_hi"]) == (0.0, -60.0, 50.0)
     data = {name: value if name == "mask" else 4.0 * value for name, value in feeds(model).items()}
     assert_same_outputs(model, rewritten, data)  # scores of order 10-40: the cap changes them by up to a few
