@@ -40,14 +40,22 @@ COUNTERS = OpCounters()
 
 # --- AsyncSoftmaxAttention -----------------------------------------------------------------------------------
 
-def visible_keys(mask_mode: str, mask_input, batch: int, seq: int, kv_len: int, threshold: float):
-    """Boolean [B, 1, S, L] of the keys each query may see, and the additive bias [B, 1, S, L] (or None)."""
+def visible_keys(mask_mode: str, mask_input, batch: int, seq: int, kv_len: int, threshold: float,
+                 window: int = 0):
+    """Boolean [B, 1, S, L] of the keys each query may see, and the additive bias [B, 1, S, L] (or None).
+    window > 0 (past_len only): query i also sees only keys j with (past_len + i) - j < window."""
+    if window and mask_mode != "past_len":
+        raise FdppError(f"AsyncSoftmaxAttention: window {window} needs mask_mode 'past_len' (got {mask_mode!r}): "
+                        "the window counts back from each query's position past_len + i")
     if mask_mode == "none":
         return np.ones((batch, 1, seq, kv_len), dtype=bool), None
     if mask_mode == "past_len":
         past_len = np.asarray(mask_input, dtype=np.int64).reshape(batch)
         last_visible = past_len[:, None] + np.arange(seq)[None, :]              # [B, S]
-        visible = np.arange(kv_len)[None, None, :] <= last_visible[:, :, None]  # [B, S, L]
+        keys = np.arange(kv_len)[None, None, :]
+        visible = keys <= last_visible[:, :, None]                              # [B, S, L]
+        if window:
+            visible &= last_visible[:, :, None] - keys < window
         return visible[:, None], None
     if mask_mode == "bias":
         bias = np.asarray(mask_input, dtype=np.float32)
@@ -130,11 +138,14 @@ def gather_pages(pool, table, kv_len: int):
 
 def async_softmax_attention(query, key, value, mask_input=None, *, scale: float, phi: float, guard_lo: float,
                             guard_hi: float, mask_mode: str, softmax: str = "unified", num_heads: int | None = None,
-                            num_kv_heads: int | None = None, head_dim: int | None = None,
-                            tile: int = DEFAULT_KEY_TILE, counters: OpCounters = COUNTERS) -> np.ndarray:
+                            num_kv_heads: int | None = None, head_dim: int | None = None, softcap: float = 0.0,
+                            window: int = 0, tile: int = DEFAULT_KEY_TILE,
+                            counters: OpCounters = COUNTERS) -> np.ndarray:
     """fdpp::AsyncSoftmaxAttention. query [B, Hq, S, D], key/value [B, Hkv, L, D]; returns [B, Hq, S, D] in
     query's dtype. num_heads / num_kv_heads / head_dim, when given, are checked against the shapes. softmax
-    "synchronized" (a calibration verdict) sends every row to the online-max path; they count as fallback rows."""
+    "synchronized" (a calibration verdict) sends every row to the online-max path; they count as fallback rows.
+    softcap > 0: scores = softcap * tanh(scores / softcap) after the scale, before the mask; window > 0 (past_len):
+    a sliding window of that many keys ending at each query's position."""
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     for name, given, actual in (("num_heads", num_heads, heads), ("num_kv_heads", num_kv_heads, kv_heads),
@@ -144,14 +155,19 @@ def async_softmax_attention(query, key, value, mask_input=None, *, scale: float,
     if heads % kv_heads or key.shape != value.shape or key.shape[0] != batch or key.shape[3] != dim:
         raise FdppError(f"AsyncSoftmaxAttention: shapes query {query.shape}, key {key.shape}, value {value.shape} "
                         "do not fit [B, Hq, S, D] / [B, Hkv, L, D] with Hq a multiple of Hkv")
+    if softcap < 0 or window < 0:
+        raise FdppError(f"AsyncSoftmaxAttention: softcap {softcap} and window {window} must be >= 0 (0: none)")
     threshold = load_contract("AsyncSoftmaxAttention").raw["bias_mask_threshold"]
-    visible, bias = visible_keys(mask_mode, mask_input, batch, seq, kv_len, threshold)
+    visible, bias = visible_keys(mask_mode, mask_input, batch, seq, kv_len, threshold, window)
 
     kv_of_head = np.arange(heads) // (heads // kv_heads)
     q = query.astype(np.float32)
     k = key.astype(np.float32)[:, kv_of_head]    # [B, Hq, L, D]
     v = value.astype(np.float32)[:, kv_of_head]
     scores = np.float32(scale) * np.matmul(q, np.swapaxes(k, -1, -2))  # [B, Hq, S, L]
+    if softcap:
+        cap = np.float32(softcap)
+        scores = (cap * np.tanh(scores / cap)).astype(np.float32)
     if bias is not None:
         scores = np.where(visible, scores + bias, -np.inf).astype(np.float32)
     visible = np.broadcast_to(visible, scores.shape)

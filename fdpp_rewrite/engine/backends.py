@@ -109,6 +109,12 @@ def node_softmax(attrs: dict) -> str:
     return attrs.get("softmax", "unified")
 
 
+def node_score_options(attrs: dict) -> dict:
+    """The node's soft-capping and sliding window (Gemma 2, Mistral): softcap and window, 0 = none when absent
+    (graphs rewritten before the contract had them)."""
+    return {"softcap": float(attrs.get("softcap", 0.0)), "window": int(attrs.get("window", 0))}
+
+
 class Backend:
     """fdpp node -> step function. `lower` is what the interpreter calls; a FlatGemm of a tensor-parallel rank is
     all-reduced after the step `lower_local` gives (wrappers in ablations.py override lower_local only, so the
@@ -143,6 +149,7 @@ class CpuBackend(Backend):
 
             options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
             options["softmax"] = node_softmax(attrs)
+            options.update(node_score_options(attrs))
 
             def attention(query, key, value, mask=None, out=None, block_table=None, max_kv_len=None):
                 if block_table is not None:  # pools: the contiguous caches they hold, then the same math

@@ -57,6 +57,7 @@ class AttentionArgs(ctypes.Structure):
         ("bias", _ptr), ("bias_stride_b", _i64), ("bias_stride_s", _i64), ("bias_stride_l", _i64),
         ("counters", _ptr), ("prefill_config", _i32), ("decode_combine", _i32), ("pdl", _i32),
         ("combine_counters", _ptr), ("block_table", _ptr), ("block_table_stride", _i64), ("kv_block_size", _i32),
+        ("softcap", _f32), ("window", _i32),
     ]
 
 
@@ -239,7 +240,7 @@ def _combine_counters_ptr(combine_counters, query, key, kernel: str):
 
 def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard_hi, mask_mode, softmax, kernel,
           num_splits, max_kv_len, counters, prefill_config=0, decode_combine="auto", pdl=True,
-          combine_counters=None, block_table=None) -> AttentionArgs:
+          combine_counters=None, block_table=None, softcap=0.0, window=0) -> AttentionArgs:
     device = query.device
     if device.type != "cuda":
         raise FdppError(f"attention runs on a CUDA GPU; query is on {device}")
@@ -250,7 +251,11 @@ def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard
     batch, heads, seq, dim = query.shape
     kv_heads, kv_capacity = key.shape[1], key.shape[2]
     if dim not in SUPPORTED_HEAD_DIMS:
-        raise FdppError(f"attention: head_dim {dim} is not supported (the kernels are built for 64 and 128)")
+        raise FdppError(f"attention: head_dim {dim} is not supported (the kernels take "
+                        f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
+    if not softcap >= 0 or (window and mask_mode != "past_len") or window < 0:
+        raise FdppError(f"attention: softcap {softcap} must be >= 0 and window {window} >= 0, a window only with "
+                        "mask_mode 'past_len' (0: none)")
     table = (None, 0, 0)
     if block_table is not None:
         _check_pools("attention", key, value, dim, device)
@@ -334,6 +339,7 @@ def _args(query, key, value, out, past_len, bias, *, scale, phi, guard_lo, guard
     args.combine_counters = _combine_counters_ptr(combine_counters, query, key, kernel)
     args.block_table, args.block_table_stride = table[0], table[1]
     args.kv_block_size = KV_BLOCK_SIZE if block_table is not None else 0
+    args.softcap, args.window = float(softcap), int(window)
     # keep the tensors the pointers came from alive for the call
     args._keep = (past_len, bias, block_table)
     return args
@@ -377,7 +383,7 @@ def _defaults(kwargs: dict) -> dict:
     options = dict(scale=None, phi=defaults["phi"], guard_lo=defaults["guard_lo"], guard_hi=defaults["guard_hi"],
                    mask_mode=defaults["mask_mode"], softmax="unified", kernel="auto", num_splits=0, max_kv_len=None,
                    counters=None, prefill_config=0, decode_combine="auto", pdl=True, combine_counters=None,
-                   block_table=None)
+                   block_table=None, softcap=defaults["softcap"], window=defaults["window"])
     unknown = set(kwargs) - set(options)
     if unknown:
         raise FdppError(f"attention: unknown option(s) {', '.join(sorted(unknown))}")
@@ -394,6 +400,8 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
 
     Options: scale (default D^-0.5), phi, guard_lo, guard_hi (the unified max and its guard window, natural-log
     units), mask_mode ("past_len": key j visible to query i iff j <= past_len[b] + i; "bias"; "none"),
+    softcap (> 0: scores = softcap * tanh(scores / softcap) before the mask; 0 none), window (> 0, past_len only:
+    key j also needs (past_len[b] + i) - j < window; 0 none),
     softmax ("unified" | "synchronized"), kernel ("auto" | "decode" | "prefill" | "rowwise"), num_splits (decode;
     0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
     or exact when past_len is on the CPU), counters (a Counters to add fallback counts to), prefill_config
@@ -403,7 +411,7 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
     supports it; False for a timing baseline or when key/value are written by a kernel that may still run),
     combine_counters (a zeroed int32 tensor of combine_counters_size(query, key) entries on the GPU, left zeroed by
     every call: with it "auto" combines the splits in their last CTA where no cluster fits, one kernel instead of
-    two). Defaults of phi, the guard and mask_mode: the op contract's.
+    two). Defaults of phi, the guard, mask_mode, softcap and window: the op contract's.
     """
     torch = _torch()
     out = torch.empty_like(query) if out is None else out

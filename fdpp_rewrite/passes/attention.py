@@ -40,6 +40,16 @@ def _model_attributes(match: AttentionMatch) -> dict:
     return attrs
 
 
+def _uncalibrated_settings(softcap: float | None) -> SoftmaxSettings:
+    """A layer's phi and guard without a calibration: the defaults, except for a soft-capped layer, whose scores all
+    lie in [-cap, cap]: phi 0 with guard_hi = cap (up to the contract's bound) never sends its rows to the fallback
+    (docs/notes-attention.md, "Soft-capping and the unified max"). Example: cap 50 -> phi 0, guard [-60, 50]."""
+    if not softcap:
+        return DEFAULT_SETTINGS
+    hi_max = float(load_contract(OP).attributes["guard_hi"]["range"][1])
+    return SoftmaxSettings(0.0, DEFAULT_GUARD_LO, max(DEFAULT_GUARD_HI, min(float(softcap), hi_max)))
+
+
 def _why_not_served(match: AttentionMatch) -> str | None:
     if match.softcap is not None and not supports_attribute(OP, SOFTCAP):
         return SOFTCAP_MISSING
@@ -80,12 +90,12 @@ def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> Pa
             fourth = [bias]
         attrs = contract.validate_attributes(dict(_model_attributes(match), mask_mode=mode),
                                              where=f"Softmax '{match.softmax.name}'")
-        _replace(graph, match, node_attributes_with(attrs, DEFAULT_SETTINGS), fourth, names)
+        _replace(graph, match, node_attributes_with(attrs, _uncalibrated_settings(match.softcap)), fourth, names)
         report.replaced[f"{match.layout}/{mode}"] += 1
     graph.cleanup().toposort()
     if calibration is None:
         report.notes.append(f"phi={DEFAULT_PHI}, guard [{DEFAULT_GUARD_LO}, {DEFAULT_GUARD_HI}] (defaults; "
-                            "--calibration sets them per layer)")
+                            "--calibration sets them per layer; a soft-capped layer's guard_hi is its cap)")
     else:
         _set_layers(attention_nodes(graph.nodes), calibration, report)
     return report

@@ -63,6 +63,12 @@ const Spec kAttributes[] = {
        a.head_dim = read_int_choice(f, contract::kAttentionHeadDims);
      },
      [](const AttentionAttributes& a) { return int_value(a.head_dim); }},
+    {"softcap", PluginFieldType::kFLOAT32, false,
+     [](const PluginField& f, AttentionAttributes& a) { a.softcap = read_float(f, 0.0, contract::kAttentionSoftcapMax); },
+     [](const AttentionAttributes& a) { return float_value(a.softcap); }},
+    {"window", PluginFieldType::kINT32, false,
+     [](const PluginField& f, AttentionAttributes& a) { a.window = read_int32(f, 0, contract::kAttentionWindowMax); },
+     [](const AttentionAttributes& a) { return int_value(a.window); }},
 };
 
 }  // namespace
@@ -116,6 +122,7 @@ bool AsyncSoftmaxAttentionPlugin::make_params(const nvinfer1::Dims* dims, int32_
   p->mask_mode = attrs_.mode();
   p->softmax = attrs_.softmax == "synchronized" ? SoftmaxMode::kSynchronized : SoftmaxMode::kUnified;
   p->scale = attrs_.scale, p->phi = attrs_.phi, p->guard_lo = attrs_.guard_lo, p->guard_hi = attrs_.guard_hi;
+  p->softcap = attrs_.softcap, p->window = attrs_.window;
   const int64_t d = attrs_.head_dim;
   p->q_ss = d, p->q_sh = q.d[2] * d, p->q_sb = q.d[1] * q.d[2] * d;
   p->k_ss = d, p->k_sh = k.d[2] * d, p->k_sb = k.d[1] * k.d[2] * d;

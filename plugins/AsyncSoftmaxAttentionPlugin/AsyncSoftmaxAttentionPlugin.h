@@ -4,7 +4,7 @@
 // Inputs: query [B, Hq, S, D], key and value [B, Hkv, L, D] (the caches, in place), then by mask_mode:
 // "past_len" past_len [B] int64, "bias" an additive bias broadcastable to [B, 1, S, L], "none" nothing.
 // Output: [B, Hq, S, D]. float16 or bfloat16, linear layout. Attributes: scale, phi, guard_lo, guard_hi,
-// mask_mode, num_heads, num_kv_heads, head_dim. enqueue() picks decode (split-KV) or prefill by S, never measures.
+// mask_mode, num_heads, num_kv_heads, head_dim, softcap, window. enqueue() picks decode (split-KV) or prefill by S, never measures.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -25,6 +25,8 @@ struct AttentionAttributes {
   std::string mask_mode = contract::kAttentionMaskModeDefault;
   std::string softmax = contract::kAttentionSoftmaxDefault;  // a calibration verdict per layer
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float softcap = contract::kAttentionSoftcapDefault;  // 0: none
+  int32_t window = contract::kAttentionWindowDefault;  // 0: none
 
   // Reads a field collection (any order; unknown fields rejected); throws std::invalid_argument naming the field.
   static AttentionAttributes parse(const nvinfer1::PluginFieldCollection* fc);

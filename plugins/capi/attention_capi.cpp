@@ -62,6 +62,7 @@ fdpp_status to_params(const fdpp_attention_args* x, fdpp::AttentionParams* p, co
   p->counters = x->counters;
   p->combine_counters = x->combine_counters;
   p->block_table = x->block_table, p->block_table_stride = x->block_table_stride, p->kv_block_size = x->kv_block_size;
+  p->softcap = x->softcap, p->window = x->window;
   return from_check(fn, fdpp::check_attention_params(*p, with_tensors));
 }
 
@@ -219,6 +220,12 @@ fdpp_status portable_params(const fdpp_attention_args* args, fdpp::AttentionPara
     return unsupported(fn,
                        "the portable kernels take contiguous caches; pass block_table NULL or use "
                        "fdpp_attention_forward");
+  if (p->head_dim != 64 && p->head_dim != 128)
+    return unsupported(fn, "the portable kernels are built for head_dim 64 and 128 (got " +
+                               str(static_cast<long long>(p->head_dim)) + "); use fdpp_attention_forward");
+  if (p->softcap != 0.f || p->window != 0)
+    return unsupported(fn, "the portable kernels have no softcap or window; pass 0 for both or use "
+                           "fdpp_attention_forward");
   return FDPP_OK;
 }
 }  // namespace

@@ -29,7 +29,8 @@ typedef enum fdpp_decode_combine {
 // query [B, Hq, S, D], key/value [B, Hkv, L, D] (L = kv_capacity, e.g. the cache size; or paged pools read through
 // block_table, at the end of the struct), output [B, Hq, S, D];
 // strides in elements (the last dimension contiguous). Device pointers 16-byte aligned, strides multiples of
-// 16 bytes. head_dim 64 or 128; dtype float16, bfloat16 (or float32: the rowwise kernel).
+// 16 bytes. head_dim: the contract's choices (64, 80, 96, 128, 256); dtype float16, bfloat16 (or float32: the rowwise
+// kernel).
 // A table, one tensor (pointer and strides) per line:
 // clang-format off
 typedef struct fdpp_attention_args {
@@ -66,6 +67,9 @@ typedef struct fdpp_attention_args {
   const int32_t* block_table;  // device int32 [batch][W] block ids (0: the pool's null block, for unused entries)
   int64_t block_table_stride;  // elements between table rows, >= W
   int32_t kv_block_size;       // with a table: the contract's kv_block_size (64)
+  // Gemma 2 / Mistral attention (the contract's softcap and window):
+  float softcap;   // > 0: s = softcap * tanh(s / softcap) after the scale, before the mask; 0: none
+  int32_t window;  // > 0 (mask_mode past_len): key j visible to query i only if (past_len[b] + i) - j < window
 } fdpp_attention_args;
 // clang-format on
 

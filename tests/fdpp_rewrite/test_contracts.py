@@ -76,11 +76,27 @@ def test_defaults_are_filled_and_inputs_follow_attributes():
     ({"num_heads": 8}, "num_heads % num_kv_heads"),  # 8 query heads over 3 KV heads
     ({"scale": "0.1"}, "must be a float"),
     ({"phi": float("nan")}, "finite"),
-    ({"window": 4}, "unknown attribute"),
+    ({"sliding_window": 4}, "unknown attribute"),
+    ({"window": -1}, "outside"),
+    ({"window": 4.0}, "must be an int"),
+    ({"softcap": -1.0}, "outside"),
+    ({"head_dim": 48}, "not one of"),
 ])
 def test_attention_attribute_errors(change, message):
     with pytest.raises(FdppError, match=message):
         load_contract("AsyncSoftmaxAttention").validate_attributes({**ATTENTION_ATTRS, **change})
+
+
+def test_attention_softcap_window_and_head_sizes():
+    """Version 4: soft-capping and a sliding window default to none, and the kernels take the head sizes real models
+    use (Phi-2 80, Phi-3-mini 96, Gemma 256)."""
+    contract = load_contract("AsyncSoftmaxAttention")
+    assert contract.version == 4
+    full = contract.validate_attributes(ATTENTION_ATTRS)
+    assert full["softcap"] == 0.0 and full["window"] == 0 and full["plugin_version"] == "4"
+    assert contract.attributes["head_dim"]["choices"] == [64, 80, 96, 128, 256]
+    gemma2 = contract.validate_attributes({**ATTENTION_ATTRS, "softcap": 50.0, "window": 4096, "head_dim": 256})
+    assert gemma2["softcap"] == 50.0 and gemma2["window"] == 4096
 
 
 def test_guard_order_rule():

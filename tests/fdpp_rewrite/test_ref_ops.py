@@ -12,12 +12,14 @@ from fdpp_rewrite.errors import FdppError
 ATOL32, RTOL32 = load_contract("AsyncSoftmaxAttention").tolerance("float32")
 
 
-def plain_attention(q, k, v, visible, scale, bias=None):
-    """Textbook softmax attention in float64: the truth to compare with."""
+def plain_attention(q, k, v, visible, scale, bias=None, softcap=0.0):
+    """Textbook softmax attention in float64: the truth to compare with (softcap > 0: cap * tanh(s / cap))."""
     groups = q.shape[1] // k.shape[1]
     k = np.repeat(k.astype(np.float64), groups, axis=1)
     v = np.repeat(v.astype(np.float64), groups, axis=1)
     s = scale * q.astype(np.float64) @ np.swapaxes(k, -1, -2)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
     if bias is not None:
         s = s + bias
     s = np.where(visible, s, -np.inf)
@@ -33,6 +35,16 @@ def causal(past_len, seq, kv_len):
     return (np.arange(kv_len)[None, None, :] <= (past_len[:, None] + np.arange(seq))[:, :, None])[:, None]
 
 
+def windowed(past_len, seq, kv_len, window):
+    """Causal with a sliding window, written out: key j visible to query i iff j <= p + i and p + i - j < window."""
+    visible = np.zeros((len(past_len), 1, seq, kv_len), bool)
+    for b, past in enumerate(past_len):
+        for i in range(seq):
+            for j in range(kv_len):
+                visible[b, 0, i, j] = j <= past + i and past + i - j < window
+    return visible
+
+
 def random_qkv(rng, batch, heads, kv_heads, seq, kv_len, dim, spread=1.0):
     q = (spread * rng.standard_normal((batch, heads, seq, dim))).astype(np.float32)
     k = rng.standard_normal((batch, kv_heads, kv_len, dim)).astype(np.float32)
@@ -40,10 +52,10 @@ def random_qkv(rng, batch, heads, kv_heads, seq, kv_len, dim, spread=1.0):
     return q, k, v
 
 
-def attention(q, k, v, mask_input, mode, scale, phi=0.0, lo=-60.0, hi=10.0, counters=None, tile=64):
+def attention(q, k, v, mask_input, mode, scale, phi=0.0, lo=-60.0, hi=10.0, counters=None, tile=64, **extra):
     counters = counters or ref_ops.OpCounters()
     out = ref_ops.async_softmax_attention(q, k, v, mask_input, scale=scale, phi=phi, guard_lo=lo, guard_hi=hi,
-                                          mask_mode=mode, tile=tile, counters=counters)
+                                          mask_mode=mode, tile=tile, counters=counters, **extra)
     return out, counters
 
 
@@ -115,6 +127,68 @@ def test_masked_positions_never_trip_the_guard_and_full_masks_give_zero():
     visible = bias > load_contract("AsyncSoftmaxAttention").raw["bias_mask_threshold"]
     expected = plain_attention(q, k, v, visible, 0.5, np.where(visible, bias, 0.0))
     np.testing.assert_allclose(out, expected, atol=ATOL32, rtol=RTOL32)
+
+
+@pytest.mark.parametrize("dim", [80, 96, 256])
+def test_softcap_matches_plain_softmax_of_capped_scores(dim):
+    """Gemma 2's cap: scores of order +-1e3 become cap * tanh(s / cap), within +-cap; with phi = 0 and the guard
+    the notes give for a cap (guard_lo = -2 cap, guard_hi = cap) no row falls back, and the output is the plain
+    softmax of the capped scores (not of the raw ones)."""
+    rng = np.random.default_rng(dim)
+    q, k, v = random_qkv(rng, 2, 4, 2, 3, 97, dim, spread=40.0)
+    past_len = np.array([94, 50])
+    cap, scale = 30.0, dim ** -0.5
+    out, counters = attention(q, k, v, past_len, "past_len", scale, phi=0.0, lo=-2 * cap, hi=cap, softcap=cap)
+    expected = plain_attention(q, k, v, causal(past_len, 3, 97), scale, softcap=cap)
+    np.testing.assert_allclose(out, expected, atol=ATOL32, rtol=RTOL32)
+    assert counters.fallback_rows == 0 and np.isfinite(out).all()
+    uncapped = plain_attention(q, k, v, causal(past_len, 3, 97), scale)
+    assert np.abs(uncapped - expected).max() > 0.1  # the cap changes the result: the test would see it missing
+
+
+def test_window_matches_plain_softmax_over_the_window():
+    """A sliding window of 7 keys (Mistral / Gemma local layers) with prompts of 5 tokens over caches of 0 to 40
+    tokens: each query sees keys (p + i) - 6 .. p + i only; a window wider than the cache is plain causal."""
+    rng = np.random.default_rng(5)
+    q, k, v = random_qkv(rng, 3, 4, 2, 5, 45, 16)
+    past_len = np.array([40, 0, 17])
+    out, counters = attention(q, k, v, past_len, "past_len", 0.25, window=7)
+    expected = plain_attention(q, k, v, windowed(past_len, 5, 45, 7), 0.25)
+    np.testing.assert_allclose(out, expected, atol=ATOL32, rtol=RTOL32)
+    assert counters.fallback_rows == 0
+    causal_out, _ = attention(q, k, v, past_len, "past_len", 0.25)
+    wide, _ = attention(q, k, v, past_len, "past_len", 0.25, window=1000)
+    np.testing.assert_array_equal(wide, causal_out)
+    assert np.abs(causal_out - out).max() > 0.05
+
+
+def test_softcap_and_window_together_on_adversarial_scores():
+    """Scores of +-1e4 capped at 50 inside a window of 64 over 200 keys, with the fallback forced for half the rows
+    (phi far off): finite everywhere, and fast and exact rows agree with the plain softmax."""
+    rng = np.random.default_rng(6)
+    q, k, v = random_qkv(rng, 2, 2, 1, 4, 200, 16, spread=2500.0)
+    past_len = np.array([196, 120])
+    visible = windowed(past_len, 4, 200, 64)
+    expected = plain_attention(q, k, v, visible, 0.25, softcap=50.0)
+    for phi, fallbacks in ((0.0, 0), (-1000.0, 2 * 2 * 4)):
+        out, counters = attention(q, k, v, past_len, "past_len", 0.25, phi=phi, lo=-80.0, hi=60.0, softcap=50.0,
+                                  window=64)
+        assert np.isfinite(out).all() and counters.fallback_rows == fallbacks
+        np.testing.assert_allclose(out, expected, atol=ATOL32, rtol=RTOL32)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"window": 8, "mode": "bias"}, "window 8 needs mask_mode 'past_len'"),
+    ({"window": -1}, "must be >= 0"),
+    ({"softcap": -2.0}, "must be >= 0"),
+])
+def test_softcap_and_window_errors(extra, message):
+    rng = np.random.default_rng(7)
+    q, k, v = random_qkv(rng, 1, 2, 1, 2, 10, 8)
+    mode = extra.pop("mode", "past_len")
+    mask = np.zeros((1, 1, 2, 10), np.float32) if mode == "bias" else np.array([8])
+    with pytest.raises(FdppError, match=message):
+        attention(q, k, v, mask, mode, 0.5, **extra)
 
 
 def test_bias_values_are_added_and_broadcast():

@@ -1,32 +1,64 @@
 """References for the attention GPU tests: float32 math (the truth) and the same math in the input dtype with
 torch's own ops (whose error sets the tolerance, as in the flash-attention tests); the inputs the tests share."""
 
+import pytest
 import torch
 
 BIAS_MASK_THRESHOLD = -10000.0  # plugins/AsyncSoftmaxAttentionPlugin/contract.json: bias_mask_threshold
 
 
-def visible_mask(batch, seq, kv_len, *, mask_mode, past_len=None, bias=None, device="cuda"):
-    """Boolean [B, 1, S, L]: key j visible to query i."""
+@pytest.fixture(autouse=True)
+def exact_fp32_matmul():
+    """Imported by the attention GPU test modules: float32 references without TF32, and seeded inputs."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+
+
+def attention_api():
+    """fdpp_rewrite.gpu.attention, imported inside a test (it loads the plugin library)."""
+    from fdpp_rewrite.gpu import attention
+
+    return attention
+
+
+def prefill_shape_built(dim, config, softcap=0.0, window=0):
+    """The prefill tile shapes built for a case (attention_params.h, prefill_shape_takes): head_dim 256 only the
+    64-row shape 2; the 128-row shape 1 no soft cap, window or zero-filled dims (80, 96); shape 4 not at 256."""
+    if dim == 256:
+        return config in (0, 2)
+    if config == 1:
+        return softcap == 0.0 and window == 0 and dim in (64, 128)
+    return True
+
+
+def visible_mask(batch, seq, kv_len, *, mask_mode, past_len=None, bias=None, device="cuda", window=0):
+    """Boolean [B, 1, S, L]: key j visible to query i (window > 0: also (past_len + i) - j < window)."""
     if mask_mode == "none":
         return torch.ones(batch, 1, seq, kv_len, dtype=torch.bool, device=device)
     if mask_mode == "past_len":
         last = past_len.to(device).view(batch, 1) + torch.arange(seq, device=device).view(1, seq)  # [B, S]
         keys = torch.arange(kv_len, device=device).view(1, 1, kv_len)
-        return (keys <= last[:, :, None])[:, None]
+        visible = keys <= last[:, :, None]
+        if window:
+            visible &= last[:, :, None] - keys < window
+        return visible[:, None]
     return bias.expand(batch, 1, seq, kv_len) > BIAS_MASK_THRESHOLD
 
 
-def attention_reference(q, k, v, *, scale, mask_mode="past_len", past_len=None, bias=None, dtype=torch.float32):
-    """softmax(scale q k^T + bias, masked) v computed in `dtype`; rows with no visible key give 0."""
+def attention_reference(q, k, v, *, scale, mask_mode="past_len", past_len=None, bias=None, dtype=torch.float32,
+                        softcap=0.0, window=0):
+    """softmax(scale q k^T (soft-capped: softcap * tanh(. / softcap)) + bias, masked) v computed in `dtype`; rows with
+    no visible key give 0."""
     batch, heads, seq, _ = q.shape
     group = heads // k.shape[1]
     qf, kf, vf = (t.to(dtype) for t in (q, k, v))
     kf = kf.repeat_interleave(group, dim=1)
     vf = vf.repeat_interleave(group, dim=1)
     scores = (qf @ kf.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     visible = visible_mask(batch, seq, k.shape[2], mask_mode=mask_mode, past_len=past_len, bias=bias,
-                           device=q.device)
+                           device=q.device, window=window)
     if bias is not None:
         scores = scores + bias.to(dtype)
     scores = scores.masked_fill(~visible, float("-inf"))

@@ -18,7 +18,8 @@ ParamsCheck unsupported(std::string message) { return ParamsCheck{ParamsError::k
 
 std::string supported_head_dims() {
   std::string list;
-  for (int d : contract::kAttentionHeadDims) list += (list.empty() ? "" : " and ") + str(d);
+  const int n = static_cast<int>(sizeof(contract::kAttentionHeadDims) / sizeof(contract::kAttentionHeadDims[0]));
+  for (int i = 0; i < n; ++i) list += (i == 0 ? "" : i + 1 == n ? " and " : ", ") + str(contract::kAttentionHeadDims[i]);
   return list;
 }
 
@@ -115,11 +116,22 @@ ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) 
   if (p.prefill_config != 0 && p.prefill_config != 1 && p.prefill_config != 2 && p.prefill_config != 4)
     return invalid("unknown prefill_config " + str(p.prefill_config) +
                    " (0 plan, 1 128 rows x 32-key steps, 2 64 rows x 64-key steps, 4 wgmma on sm_90)");
+  if (p.prefill_config != 0 && !prefill_shape_takes(p, p.prefill_config))
+    return unsupported("prefill_config " + str(p.prefill_config) + " is not built for head_dim " + str(p.head_dim) +
+                       (p.softcap != 0.f || p.window != 0 ? " with softcap or window" : "") +
+                       "; use 0 (the plan) or 2 (64-row blocks)");
   if (!(std::isfinite(p.scale) && p.scale > 0.f)) return invalid("scale must be finite and > 0");
   if (!std::isfinite(p.phi)) return invalid("phi must be finite");
   if (!(std::isfinite(p.guard_lo) && std::isfinite(p.guard_hi) && p.guard_lo < p.guard_hi))
     return invalid("guard_lo < guard_hi must hold, both finite (got " + std::to_string(p.guard_lo) + ", " +
                    std::to_string(p.guard_hi) + ")");
+  if (!(std::isfinite(p.softcap) && p.softcap >= 0.f && p.softcap <= contract::kAttentionSoftcapMax))
+    return invalid("softcap " + std::to_string(p.softcap) + " must be in [0, " +
+                   std::to_string(contract::kAttentionSoftcapMax) + "] (0: no soft-capping)");
+  if (p.window < 0) return invalid("window " + str(p.window) + " must be >= 0 (0: no sliding window)");
+  if (p.window > 0 && p.mask_mode != MaskMode::kPastLen)
+    return invalid("window " + str(p.window) +
+                   " needs mask_mode past_len (0): the window counts back from each query's position past_len + i");
 
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads * p.seq;
   if (rows > 0x7fffffff) return invalid("batch x num_heads x seq exceeds 2^31 rows");

@@ -19,6 +19,9 @@ struct AttnArgs {
   float lo_log2;     // effective guard window for s - phi, log2 units (the kernel's numeric window applied)
   float hi_log2;
   float max_floor_log2;  // a row whose largest s - phi is below this falls back (-inf: no such rule)
+  float softcap_log2;  // softcap * log2(e): x = C tanh(x / C) in log2 units (softcap_x); 0: no soft-capping
+  float softcap_k;     // 2 / softcap: e^(2 x / C) = 2^(x softcap_k) for x in log2 units
+  int window;              // sliding window in keys (mask_mode kPastLen; visible_begin); 0: none
 
   const void* q;
   int64_t q_sb, q_sh, q_ss;
@@ -69,19 +72,64 @@ __device__ __forceinline__ int visible_end(const AttnArgs& a, int b, int s, int 
   return end < kv_len ? (end < 0 ? 0 : static_cast<int>(end)) : kv_len;
 }
 
-// The decode split of a sequence: chunks of whole tiles, so that only the sequence's last tile is partial.
+// The first key query token s of a sequence with `past` cached tokens may see under a sliding window of `window`
+// keys ((past + s) - j < window), clamped to [0, kv_len]; 0 without a window. A host-free rule on plain values so
+// that the decode's L2 prefetch (with a past_len read before the PDL wait) places its hints by it too.
+__device__ __forceinline__ int window_begin(long long past, int s, int window, int kv_len) {
+  if (window <= 0) return 0;
+  const long long begin = past + s + 1 - static_cast<long long>(window);
+  return begin <= 0 ? 0 : (begin < kv_len ? static_cast<int>(begin) : kv_len);
+}
+// past_len as the prefill kernels' per-score masks read it: clamped to [-1, kv_capacity] (an int, never an overflow;
+// only a clamped, counted row sees the difference), so that every kernel and the fallback agree on the window.
+__device__ __forceinline__ long long clamped_past(long long past, int kv_capacity) {
+  return past < 0 ? -1 : (past > kv_capacity ? kv_capacity : past);
+}
+__device__ __forceinline__ int visible_begin(const AttnArgs& a, int b, int s, int kv_len) {
+  if (a.mask_mode != MaskMode::kPastLen) return 0;
+  return window_begin(clamped_past(a.past_len[b], a.kv_capacity), s, a.window, kv_len);
+}
+
+// Soft-capping in log2 units: s' = c tanh(s / c) is x' = C tanh(x / C) for x = s log2(e) and C = c log2(e), and
+// tanh(y) = 1 - 2 / (e^(2y) + 1) with e^(2y) = 2^(x 2 / c): one ex2 and one division, a few registers (tanhf's
+// branches and temporaries made the 255-register prefill kernels spill; tanh.approx's 2^-11 relative error would be
+// 0.02 nats at a cap of 50, this form's about 1e-5). Saturates to +-C for |x| large (2^inf = inf, 2^-inf = 0), and
+// x' lies in [-C, C] for every finite x.
+__device__ __forceinline__ float softcap_x(const AttnArgs& a, float x) {
+  return a.softcap_log2 - __fdividef(2.f * a.softcap_log2, fast_exp2(x * a.softcap_k) + 1.f);
+}
+
+// The head dimensions a kernel instantiated for D reads and writes: a.head_dim in the 128 kernels (80 and 96 run
+// there, kernel_head_dim() in attention_params.h), D elsewhere. Dimensions past it are zero-filled, never stored.
+template <int D>
+__device__ __forceinline__ int real_dim(const AttnArgs& a) {
+  return D == 128 ? a.head_dim : D;
+}
+
+// The decode split of a sequence: keys [first, kv_len) in chunks of whole tiles, so that only the sequence's last
+// tile is partial. first: the first key of the first tile any row of the call sees (decode_first_key).
 struct SplitRange {
   int begin, end, chunk;
 };
-__device__ __forceinline__ SplitRange split_range(int kv_len, int num_splits, int tile, int split) {
-  const int per_split = (kv_len + num_splits - 1) / num_splits;
+__device__ __forceinline__ SplitRange split_range(int first, int kv_len, int num_splits, int tile, int split) {
+  const int per_split = (kv_len - first + num_splits - 1) / num_splits;
   const int chunk = (per_split + tile - 1) / tile * tile;
-  const int begin = split * chunk;
+  const int begin = first + split * chunk;
   const int end = begin + chunk < kv_len ? begin + chunk : kv_len;
   return {begin, end, chunk};
 }
-__device__ __forceinline__ int active_splits(int kv_len, int chunk) {
-  return chunk > 0 ? (kv_len + chunk - 1) / chunk : 0;
+__device__ __forceinline__ int active_splits(int first, int kv_len, int chunk) {
+  return chunk > 0 ? (kv_len - first + chunk - 1) / chunk : 0;
+}
+// The first key the decode splits of sequence b cover: the window's start for its first query token, rounded down
+// to a whole tile (tiles stay KV-block aligned for paged caches); 0 without a window. The splits, the combines and
+// the prefetch all derive it the same way.
+__device__ __forceinline__ int decode_first_key(long long past, int window, int kv_len, int tile) {
+  return window_begin(past, 0, window, kv_len) / tile * tile;
+}
+__device__ __forceinline__ int decode_first_key(const AttnArgs& a, int b, int kv_len, int tile) {
+  if (a.mask_mode != MaskMode::kPastLen) return 0;
+  return decode_first_key(clamped_past(a.past_len[b], a.kv_capacity), a.window, kv_len, tile);
 }
 
 // A prefill CTA's query block (both prefill kernels): which (batch, query head, first row) it takes, its kv length,
@@ -89,11 +137,14 @@ __device__ __forceinline__ int active_splits(int kv_len, int chunk) {
 // Work order: causal query blocks get heavier with their index. Heaviest first (longest-processing-time); but when
 // the whole grid (batch x heads, blocks) fits in about two waves of resident CTAs, the second wave takes the lightest
 // blocks first so that each SM pairs a heavy CTA with a light one (B=1, L=1K: the busiest SM does 18 tiles, not 24).
-// Tile order: the diagonal tiles (the last kAnchorTiles - 1), then tile 0 (the attention sink), then the rest; the
-// anchored unified max anchors each row on these first tiles (AnchoredUnifiedSoftmax).
-template <int kBlockM, int kBlockN, int kAnchorTiles>
+// Tile order: the diagonal tiles (the last kAnchorTiles - 1), then tile 0 (the attention sink; with a sliding window
+// the block's first visible tile), then the rest; the anchored unified max anchors each row on these first tiles
+// (AnchoredUnifiedSoftmax).
+// kWindow: the block may start past tile 0 (a sliding window); false where the kernel has no window (first_tile 0).
+template <int kBlockM, int kBlockN, int kAnchorTiles, bool kWindow = true>
 struct PrefillBlock {
   int b, hq, hkv, m0, kv_len, rows_here, key_end, num_tiles;
+  int first_tile;  // the first key tile any row of the block sees (0 without a window); tiles walked: num_tiles
 
   __device__ __forceinline__ explicit PrefillBlock(const AttnArgs& a) {
     const int bh = static_cast<int>(gridDim.x), blocks = static_cast<int>(gridDim.y);
@@ -108,12 +159,15 @@ struct PrefillBlock {
     rows_here = a.seq - m0 < kBlockM ? a.seq - m0 : kBlockM;
     if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, static_cast<unsigned long long>(rows_here));
     key_end = visible_end(a, b, m0 + rows_here - 1, kv_len);
-    num_tiles = (key_end + kBlockN - 1) / kBlockN;
+    // A sliding window: the tiles before the block's first row's window are never walked.
+    first_tile = kWindow ? visible_begin(a, b, m0, kv_len) / kBlockN : 0;
+    const int end_tile = (key_end + kBlockN - 1) / kBlockN;
+    num_tiles = end_tile > first_tile ? end_tile - first_tile : 0;
   }
-  // The tile processed at step `it`.
+  // The tile processed at step `it` (of num_tiles, from first_tile).
   __device__ __forceinline__ int tile_at(int it) const {
-    if (num_tiles <= kAnchorTiles) return it;
-    return it < kAnchorTiles - 1 ? num_tiles - 1 - it : it - (kAnchorTiles - 1);
+    if (num_tiles <= kAnchorTiles) return first_tile + it;
+    return it < kAnchorTiles - 1 ? first_tile + num_tiles - 1 - it : first_tile + it - (kAnchorTiles - 1);
   }
 };
 

@@ -75,7 +75,8 @@ __device__ __forceinline__ int kv_len_hint(const AttnArgs& a, int b) {
 template <typename T, int D, int Stages>
 __device__ __forceinline__ void prefetch_first_blocks(const AttnArgs& a, int b, int hkv, int begin, int keys) {
   using Tr = DecodeTraits<D, Stages>;
-  constexpr uint32_t kRowBytes = D * sizeof(T);
+  const int dim = real_dim<D>(a);  // the rows' real length: a hint never reaches past a row
+  const uint32_t kRowBytes = dim * sizeof(T);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int32_t* table = a.block_table + b * a.block_table_stride;
   const int blocks = (keys + kKvBlockSize - 1) / kKvBlockSize;  // begin is a block boundary (split_range)
@@ -83,7 +84,7 @@ __device__ __forceinline__ void prefetch_first_blocks(const AttnArgs& a, int b, 
   for (int t = 0; t < 2; ++t) {
     const int64_t sb = t == 0 ? a.k_sb : a.v_sb, sh = t == 0 ? a.k_sh : a.v_sh, ss = t == 0 ? a.k_ss : a.v_ss;
     const T* base = static_cast<const T*>(t == 0 ? a.k : a.v);
-    if (ss == D) {
+    if (ss == dim) {
       for (int j = 0; j < blocks; ++j) {
         if (lane != 0 || warp != (2 * j + t) % Tr::kWarps) continue;
         const int n = keys - j * kKvBlockSize < kKvBlockSize ? keys - j * kKvBlockSize : kKvBlockSize;
@@ -104,8 +105,13 @@ template <typename T, int D, int Stages>
 __device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, int hkv, int split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Tr = DecodeTraits<D, Stages>;
-  constexpr uint32_t kRowBytes = D * sizeof(T);
-  const SplitRange r = split_range(kv_len_hint(a, b), a.num_splits, Tr::kTile, split);
+  const int dim = real_dim<D>(a);
+  const uint32_t kRowBytes = dim * sizeof(T);
+  const int len = kv_len_hint(a, b);
+  const int first = a.mask_mode == MaskMode::kPastLen
+                        ? decode_first_key(clamped_past(__ldcg(a.past_len + b), a.kv_capacity), a.window, len, Tr::kTile)
+                        : 0;
+  const SplitRange r = split_range(first, len, a.num_splits, Tr::kTile, split);
   const int span = r.end - r.begin;
   const int keys = span < (Tr::kStages - 1) * Tr::kTile ? span : (Tr::kStages - 1) * Tr::kTile;
   if (keys <= 0) return;
@@ -119,12 +125,12 @@ __device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, i
     const int64_t ss = t == 0 ? a.k_ss : a.v_ss;
     const T* row0 = t == 0 ? static_cast<const T*>(a.k) + b * a.k_sb + hkv * a.k_sh + r.begin * a.k_ss
                            : static_cast<const T*>(a.v) + b * a.v_sb + hkv * a.v_sh + r.begin * a.v_ss;
-    if (ss == D) {
+    if (ss == dim) {
 #pragma unroll
       for (int j = 0; j < Tr::kStages - 1; ++j) {
         const int n = keys - j * Tr::kTile < Tr::kTile ? keys - j * Tr::kTile : Tr::kTile;
         if (n > 0 && lane == 0 && warp == (2 * j + t) % Tr::kWarps)
-          prefetch_l2_bulk(row0 + static_cast<int64_t>(j) * Tr::kTile * D, static_cast<uint32_t>(n) * kRowBytes);
+          prefetch_l2_bulk(row0 + static_cast<int64_t>(j) * Tr::kTile * dim, static_cast<uint32_t>(n) * kRowBytes);
       }
     } else {
       for (int i = threadIdx.x; i < keys; i += Tr::kThreads) prefetch_l2_bulk(row0 + i * ss, kRowBytes);
@@ -182,8 +188,10 @@ __device__ __forceinline__ RowSum add_strand(const AttnArgs& a, size_t slot, int
 }
 
 // Dims [4 d4, 4 d4 + 4) of output row (b, hq, s): acc * inv.
+// Dims past the real head_dim (80 and 96 in the 128 kernels) are not written.
 template <typename T>
 __device__ __forceinline__ void store_out4(const AttnArgs& a, int b, int hq, int s, int d4, float4 acc, float inv) {
+  if (d4 * 4 >= a.head_dim) return;
   T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + d4 * 4;
   *reinterpret_cast<uint2*>(out) =
       make_uint2(Elem<T>::pack(acc.x * inv, acc.y * inv), Elem<T>::pack(acc.z * inv, acc.w * inv));
@@ -226,8 +234,7 @@ __device__ __forceinline__ void recompute_flagged_rows(const AttnArgs& a, int b,
 template <typename T, int D, bool kUnified>
 __device__ __forceinline__ void combine_rows_from_workspace(const AttnArgs& a, int b, int hkv, int row0, int rows_here,
                                                             int n_active, int kv_len, float* scratch) {
-  constexpr int kLanes = D / 4;
-  static_assert(kLanes <= 32, "a warp holds a row");
+  constexpr int kLanes = D / 4;  // float4s per row: a lane takes d4 = lane, lane + 32, ...
   static_assert(DecodeTraits<D>::kRows <= 32, "a row block's flags fit one word");
   __shared__ uint32_t flagged_rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -245,22 +252,21 @@ __device__ __forceinline__ void combine_rows_from_workspace(const AttnArgs& a, i
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) m_top = fmaxf(m_top, __shfl_xor_sync(0xffffffffu, m_top, o));
     }
-    RowSum sum = {make_float4(0.f, 0.f, 0.f, 0.f), 0.f};
-    if (lane < kLanes) {
-      sum = add_strand<D, kUnified>(a, slot, n_active, 0, lane, m_top);
-#pragma unroll
-      for (int k = 1; k < kStrands; ++k) {
-        const RowSum strand = add_strand<D, kUnified>(a, slot, n_active, k, lane, m_top);
-        sum.acc.x += strand.acc.x, sum.acc.y += strand.acc.y, sum.acc.z += strand.acc.z, sum.acc.w += strand.acc.w;
-        sum.l += strand.l;
-      }
-    }
     const bool flagged =
         kUnified && (__reduce_or_sync(0xffffffffu, ws_guard_bits(a, slot, n_active, lane, 32)) & kGuardAny);
     if (flagged) {
       if (lane == 0) atomicAdd(a.counters, 1ull), atomicOr(&flagged_rows, 1u << r);
-    } else if (lane < kLanes) {
-      store_out4<T>(a, b, hq, s, lane, sum.acc, sum.l > 0.f ? 1.f / sum.l : 0.f);
+      continue;
+    }
+    for (int d4 = lane; d4 < kLanes; d4 += 32) {
+      RowSum sum = add_strand<D, kUnified>(a, slot, n_active, 0, d4, m_top);
+#pragma unroll
+      for (int k = 1; k < kStrands; ++k) {
+        const RowSum strand = add_strand<D, kUnified>(a, slot, n_active, k, d4, m_top);
+        sum.acc.x += strand.acc.x, sum.acc.y += strand.acc.y, sum.acc.z += strand.acc.z, sum.acc.w += strand.acc.w;
+        sum.l += strand.l;
+      }
+      store_out4<T>(a, b, hq, s, d4, sum.acc, sum.l > 0.f ? 1.f / sum.l : 0.f);
     }
   }
   __syncthreads();
@@ -272,6 +278,7 @@ __device__ __forceinline__ void combine_rows_from_workspace(const AttnArgs& a, i
 template <typename T, int D>
 __device__ __forceinline__ void write_empty_rows(const AttnArgs& a, int b, int hkv, int row0, int rows) {
   for (int i = threadIdx.x; i < rows * D; i += DecodeTraits<D>::kThreads) {
+    if (i % D >= real_dim<D>(a)) continue;
     const int gr = row0 + i / D, hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
     static_cast<T*>(a.out)[b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + i % D] =
         Elem<T>::from_float(0.f);
@@ -308,7 +315,8 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // (the combine, or the next call's split grid) would sit resident for the whole key loop and prefetch too early
   // (the timings of both alternatives: docs/notes-attention.md, "What was tried").
   const int kv_len = kv_len_of(a, b);
-  const SplitRange range = split_range(kv_len, a.num_splits, Tr::kTile, split);
+  const int first_key = decode_first_key(a, b, kv_len, Tr::kTile);  // a sliding window skips the tiles before it
+  const SplitRange range = split_range(first_key, kv_len, a.num_splits, Tr::kTile, split);
   const int rows_total = a.group * a.seq;
   const int row0 = rb * Tr::kRows;
   const int rows_here = rows_total - row0 < Tr::kRows ? rows_total - row0 : Tr::kRows;
@@ -330,33 +338,40 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   const uint32_t q_smem = smem_addr(smem);
   const uint32_t kv_smem = q_smem + Tr::kQBytes;  // stage s: K at s * 2 * tile, V right after it
 
-  // Query rows -> shared memory (zero-filled padding rows), in the first cp.async group with tile 0.
+  // Query rows -> shared memory (zero-filled padding rows and dims past real_dim), in the first cp.async group with
+  // tile 0.
+  const int dim_chunks = real_dim<D>(a) / 8;
   for (int i = tid; i < Tr::kRows * Tr::kChunks; i += Tr::kThreads) {
     const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
-    const bool valid = r < rows_here;
-    const int gr = row0 + (valid ? r : 0);
+    const bool valid = r < rows_here && c < dim_chunks;
+    const int gr = row0 + (r < rows_here ? r : 0);
     const int hq = hkv * a.group + gr / a.seq, s = gr % a.seq;
-    const T* src = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, s) + c * 8;
+    const T* src = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, s) + (valid ? c * 8 : 0);
     cp_async_16(q_smem + swizzled<Tr::kRowBytes>(r, c), src, valid);
   }
 
   // Each thread copies chunk `c` of rows `lrow0 + pass * kRowsPerPass` of every K and V tile.
   const int c = tid % Tr::kChunks, lrow0 = tid / Tr::kChunks;
   const uint32_t dst0 = swizzled<Tr::kRowBytes>(lrow0, c);
+  // This thread's chunk lies past the real head dims (80 and 96 in the 128 kernel): it zero-fills, reading nothing.
+  const bool chunk_real = c < dim_chunks;
+  const int c_src = chunk_real ? c : 0;
+  const int range_end = chunk_real ? range.end : range.begin;  // no row of a padded chunk is read
   const int num_tiles = (range.end - range.begin + Tr::kTile - 1) / Tr::kTile;
   // Contiguous: key at k_base + key * k_ss. Paged: a tile is kBlocks KV blocks (one at head_dim 128, two at 64;
   // tiles start on a block boundary, split_range), each located once per tile (kv_locate); a block past the split's
   // end is not looked up (its table entry may lie past the table). A row past the end reads nothing (zero-fill)
   // from a valid row.
   const bool paged = a.block_table != nullptr;
-  const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv) + c * 8;
-  const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + c * 8;
+  const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv) + c_src * 8;
+  const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + c_src * 8;
   constexpr int kBlocks = Tr::kTile / kKvBlockSize;
   constexpr int kPassesPerBlock = kKvBlockSize / Tr::kRowsPerPass;
   static_assert(Tr::kTile % kKvBlockSize == 0 && kKvBlockSize % Tr::kRowsPerPass == 0, "a pass stays in one block");
+  auto pass_dst = [&](int p) { return swizzled_pass<Tr::kRowBytes, Tr::kRowsPerPass>(dst0, lrow0, c, p); };
   auto load_tile = [&](int tile) {
     const int key0 = range.begin + tile * Tr::kTile;
-    const uint32_t kdst = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes + dst0;
+    const uint32_t kdst = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes;
     const uint32_t vdst = kdst + Tr::kTileBytes;
     if (paged) {
 #pragma unroll
@@ -364,15 +379,15 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
         const int first = key0 + i * kKvBlockSize;
         if (first >= range.end) break;
         const KvRow at = kv_locate(a, b, first);
-        const T* k_blk = k_row<T>(a, at, hkv) + c * 8;
-        const T* v_blk = v_row<T>(a, at, hkv) + c * 8;
+        const T* k_blk = k_row<T>(a, at, hkv) + c_src * 8;
+        const T* v_blk = v_row<T>(a, at, hkv) + c_src * 8;
 #pragma unroll
         for (int p = i * kPassesPerBlock; p < (i + 1) * kPassesPerBlock; ++p) {
           const int r = lrow0 + (p - i * kPassesPerBlock) * Tr::kRowsPerPass;  // row within the block
-          const bool valid = first + r < range.end;
+          const bool valid = first + r < range_end;
           const int64_t rr = valid ? r : 0;
-          cp_async_16(kdst + p * Tr::kRowsPerPass * Tr::kRowBytes, k_blk + rr * a.k_ss, valid);
-          cp_async_16(vdst + p * Tr::kRowsPerPass * Tr::kRowBytes, v_blk + rr * a.v_ss, valid);
+          cp_async_16(kdst + pass_dst(p), k_blk + rr * a.k_ss, valid);
+          cp_async_16(vdst + pass_dst(p), v_blk + rr * a.v_ss, valid);
         }
       }
       return;
@@ -380,10 +395,10 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
 #pragma unroll
     for (int p = 0; p < Tr::kPasses; ++p) {
       const int key = key0 + lrow0 + p * Tr::kRowsPerPass;
-      const bool valid = key < range.end;
+      const bool valid = key < range_end;
       const int64_t kk = valid ? key : 0;
-      cp_async_16(kdst + p * Tr::kRowsPerPass * Tr::kRowBytes, k_base + kk * a.k_ss, valid);
-      cp_async_16(vdst + p * Tr::kRowsPerPass * Tr::kRowBytes, v_base + kk * a.v_ss, valid);
+      cp_async_16(kdst + pass_dst(p), k_base + kk * a.k_ss, valid);
+      cp_async_16(vdst + pass_dst(p), v_base + kk * a.v_ss, valid);
     }
   };
 #pragma unroll
@@ -393,17 +408,21 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   }
 
   // This thread's two rows (g and g + 8 of the fragment): their token and last visible key.
-  int row_end[2];  // one past the last visible key
+  int row_begin[2], row_end[2];  // the first visible key (a sliding window), one past the last
   int row_s[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int lr = g + 8 * r;
     const int gr = row0 + (lr < rows_here ? lr : 0);
     row_s[r] = gr % a.seq;
+    row_begin[r] = visible_begin(a, b, row_s[r], kv_len);
     row_end[r] = visible_end(a, b, row_s[r], kv_len);
   }
-  // Tiles ending at or before this key need no mask (every row sees every key of them).
+  // Tiles within [masked_below, unmasked_end) need no mask (every row sees every key of them): the window of the
+  // call's last token starts at masked_below.
   const int unmasked_end = a.mask_mode == MaskMode::kBias ? -1 : visible_end(a, b, 0, kv_len);
+  const int masked_below = visible_begin(a, b, a.seq - 1, kv_len);
+  const bool capped = a.softcap_log2 > 0.f;
   const float x_shift = kUnified ? a.phi_log2 : 0.f;
 
   State state;
@@ -411,7 +430,13 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   float o[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  uint32_t qa[D / 16][4];
+  // The query fragments: loaded once (kQInRegisters), or per k-step of every tile (head_dim 256).
+  constexpr int kQFrags = Tr::kQInRegisters ? D / 16 : 1;
+  uint32_t qa[kQFrags][4];
+  auto load_q = [&](uint32_t(&frag)[4], int ks) {
+    const int mi = lane >> 3;
+    ldmatrix_x4(frag, q_smem + swizzled<Tr::kRowBytes>((mi & 1) * 8 + (lane & 7), ks * 2 + (mi >> 1)));
+  };
 
   // The iteration that issues the last tile's loads (the prologue issued them all when there are fewer tiles).
   const int trigger_tile = num_tiles > Tr::kStages ? num_tiles - Tr::kStages : 0;
@@ -419,11 +444,10 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     if (tile == trigger_tile) pdl_launch_dependents();
     cp_async_wait<Tr::kStages - 2>();
     __syncthreads();
-    if (tile == 0) {
+    if constexpr (Tr::kQInRegisters) {
+      if (tile == 0) {
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const int mi = lane >> 3;
-        ldmatrix_x4(qa[ks], q_smem + swizzled<Tr::kRowBytes>((mi & 1) * 8 + (lane & 7), ks * 2 + (mi >> 1)));
+        for (int ks = 0; ks < D / 16; ++ks) load_q(qa[ks], ks);
       }
     }
     if (tile + Tr::kStages - 1 < num_tiles) load_tile(tile + Tr::kStages - 1);
@@ -439,31 +463,40 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     for (int n = 0; n < kNT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
+      if constexpr (!Tr::kQInRegisters) load_q(qa[0], ks);
+      const uint32_t(&q_frag)[4] = qa[Tr::kQInRegisters ? ks : 0];
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         const int mi = lane >> 3;
         uint32_t kb[4];
         ldmatrix_x4(kb,
                     kbuf + swizzled<Tr::kRowBytes>(wkey0 + np * 16 + (mi >> 1) * 8 + (lane & 7), ks * 2 + (mi & 1)));
-        mma_16816<T>(sc[2 * np], qa[ks], kb[0], kb[1]);
-        mma_16816<T>(sc[2 * np + 1], qa[ks], kb[2], kb[3]);
+        mma_16816<T>(sc[2 * np], q_frag, kb[0], kb[1]);
+        mma_16816<T>(sc[2 * np + 1], q_frag, kb[2], kb[3]);
       }
     }
 
     // Scores -> p, in place.
     const int key0 = range.begin + tile * Tr::kTile + wkey0;  // key of sc[0][0] for t4 = 0
-    const bool masked = key0 - wkey0 + Tr::kTile > unmasked_end;
+    const bool masked = key0 - wkey0 + Tr::kTile > unmasked_end || key0 - wkey0 < masked_below;
+    if (capped) {  // soft-capping (uniform over the grid): x = C tanh(x / C) before the mask
 #pragma unroll
-    for (int n = 0; n < kNT; ++n)
+      for (int n = 0; n < kNT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, -x_shift);
+        for (int e = 0; e < 4; ++e) sc[n][e] = softcap_x(a, sc[n][e] * a.scale_log2) - x_shift;
+    } else {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, -x_shift);
+    }
     if (masked) {
 #pragma unroll
       for (int n = 0; n < kNT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1, key = key0 + n * 8 + 2 * t4 + (e & 1);
-          bool visible = key < row_end[r];
+          bool visible = key < row_end[r] && key >= row_begin[r];
           if (a.mask_mode == MaskMode::kBias && visible) {
             bool unmasked;
             sc[n][e] += bias_log2<T>(a, b, row_s[r], key, unmasked);
@@ -579,7 +612,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   // memory); after barrier B the first CTA adds them to its own and finishes the rows as with one split. No
   // workspace round trip and no combine kernel. Unified partials just add; synchronized ones rescale by their max.
   float* recv = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kRedAllBytes);  // slot i: split i + 1
-  const int n_active = active_splits(kv_len, range.chunk);                        // the non-empty splits
+  const int n_active = active_splits(first_key, kv_len, range.chunk);             // the non-empty splits
   const int n_splits = cluster ? n_active : 1;
   if (cluster) {
     cluster_sync();  // A: the first CTA's receive area is free
@@ -677,7 +710,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
 template <typename T, int D, bool kUnified>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
   using Tr = DecodeTraits<D>;
-  constexpr int kLanes = D / 4;  // lanes holding a float4 of the row
+  constexpr int kLanes = D / 4;  // float4s of the row: lane takes d4 = lane, lane + 32, ...
   static_assert(kStrands == 4, "one strand per warp");
   __shared__ __align__(16) float part[kStrands][D];
   __shared__ float part_l[kStrands], part_m[kStrands];
@@ -692,8 +725,9 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
   pdl_launch_dependents();  // after the wait, as in the split kernel: at most one grid ahead
   bool clamped = false;
   const int kv_len = kv_len_of(a, b, &clamped);
-  const SplitRange first = split_range(kv_len, a.num_splits, Tr::kTile, 0);
-  const int n = active_splits(kv_len, first.chunk);
+  const int first_key = decode_first_key(a, b, kv_len, Tr::kTile);
+  const SplitRange first = split_range(first_key, kv_len, a.num_splits, Tr::kTile, 0);
+  const int n = active_splits(first_key, kv_len, first.chunk);
 
   if (threadIdx.x == 0 && clamped) atomicAdd(a.counters + 1, 1ull);
   T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss;
@@ -714,16 +748,17 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const AttnArgs a) {
     __syncthreads();
     M = fmaxf(fmaxf(part_m[0], part_m[1]), fmaxf(part_m[2], part_m[3]));
   }
-  RowSum sum = {make_float4(0.f, 0.f, 0.f, 0.f), 0.f};
-  if (lane < kLanes) {
-    sum = add_strand<D, kUnified>(a, base, n, warp, lane, M);
-    *reinterpret_cast<float4*>(&part[warp][lane * 4]) = sum.acc;
+  float l = 0.f;  // the same sum of p for every d4
+  for (int d4 = lane; d4 < kLanes; d4 += 32) {
+    const RowSum sum = add_strand<D, kUnified>(a, base, n, warp, d4, M);
+    *reinterpret_cast<float4*>(&part[warp][d4 * 4]) = sum.acc;
+    l = sum.l;
   }
-  if (lane == 0) part_l[warp] = sum.l;
+  if (lane == 0) part_l[warp] = l;
   __syncthreads();
   const float l_all = part_l[0] + part_l[1] + part_l[2] + part_l[3];
   const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
-  for (int d = threadIdx.x; d < D; d += 128)
+  for (int d = threadIdx.x; d < real_dim<D>(a); d += 128)
     out[d] = Elem<T>::from_float((part[0][d] + part[1][d] + part[2][d] + part[3][d]) * inv);
 }
 

@@ -1,4 +1,6 @@
-// The decode launcher template, instantiated once per element type (attention_decode_f16.cu, _bf16.cu).
+// The decode launcher templates: per element type and head_dim (launch_decode_dim, instantiated for 64 and 128 in
+// attention_decode_f16.cu / _bf16.cu and for 256 in attention_decode_d256.cu, so that the heavy kernels compile in
+// parallel), and the dispatch over head_dim (launch_decode, instantiated per element type).
 #pragma once
 
 #include <atomic>
@@ -57,27 +59,44 @@ cudaError_t launch_split(const AttnArgs& a, bool pdl, cudaStream_t stream) {
 
 template <typename T, int D, bool kUnified>
 cudaError_t launch_decode_impl(const AttnArgs& a, bool pdl, cudaStream_t stream) {
-  cudaError_t err = a.decode_stages == 2   ? launch_split<T, D, kUnified, 2>(a, pdl, stream)
-                    : a.decode_stages == 4 ? launch_split<T, D, kUnified, 4>(a, pdl, stream)
-                                           : launch_split<T, D, kUnified, 3>(a, pdl, stream);
+  cudaError_t err;
+  if constexpr (D == 256) {  // 4 stages of 64 KB do not fit an SM: 3 carry the same bytes in flight at one CTA per SM
+    err = a.decode_stages == 2 ? launch_split<T, D, kUnified, 2>(a, pdl, stream)
+                               : launch_split<T, D, kUnified, 3>(a, pdl, stream);
+  } else {
+    err = a.decode_stages == 2   ? launch_split<T, D, kUnified, 2>(a, pdl, stream)
+          : a.decode_stages == 4 ? launch_split<T, D, kUnified, 4>(a, pdl, stream)
+                                 : launch_split<T, D, kUnified, 3>(a, pdl, stream);
+  }
   // One split, a cluster per row block or the last-block combine: the split kernel wrote the output.
   if (err != cudaSuccess || a.num_splits == 1 || a.cluster_combine || a.combine_counters != nullptr) return err;
   return launch_decode_kernel(decode_combine_kernel<T, D, kUnified>, dim3(a.batch * a.num_heads * a.seq), 128, 0, pdl,
                               stream, a);
 }
 
+template <typename T, int D>
+cudaError_t launch_decode_dim(const AttnArgs& a, bool unified, bool pdl, cudaStream_t stream) {
+  return unified ? launch_decode_impl<T, D, true>(a, pdl, stream) : launch_decode_impl<T, D, false>(a, pdl, stream);
+}
+
 template <typename T>
 cudaError_t launch_decode(const AttnArgs& a, bool unified, bool pdl, cudaStream_t stream) {
-  if (a.head_dim == 128)
-    return unified ? launch_decode_impl<T, 128, true>(a, pdl, stream)
-                   : launch_decode_impl<T, 128, false>(a, pdl, stream);
-  if (a.head_dim == 64)
-    return unified ? launch_decode_impl<T, 64, true>(a, pdl, stream) : launch_decode_impl<T, 64, false>(a, pdl, stream);
-  return cudaErrorInvalidValue;
+  switch (kernel_head_dim(a.head_dim)) {  // 80 and 96 run in the 128 kernel
+    case 64: return launch_decode_dim<T, 64>(a, unified, pdl, stream);
+    case 128: return launch_decode_dim<T, 128>(a, unified, pdl, stream);
+    case 256: return launch_decode_dim<T, 256>(a, unified, pdl, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Index of an instantiation's head_dim in the per-head_dim caches below (64, 128, 256 -> 0, 1, 2).
+inline int dim_slot(int head_dim) {
+  const int d = kernel_head_dim(head_dim);
+  return d == 64 ? 0 : d == 128 ? 1 : 2;
 }
 
 template <typename T, int D>
-cudaError_t ctas_per_sm_impl(int* ctas) {
+cudaError_t decode_ctas_per_sm_dim(int* ctas) {
   using Tr = DecodeTraits<D>;
   constexpr auto split = decode_split_kernel<T, D, true, 3>;
   cudaError_t err = allow_smem<split>(cluster_smem_bytes<D>());
@@ -87,16 +106,19 @@ cudaError_t ctas_per_sm_impl(int* ctas) {
 
 template <typename T>
 cudaError_t decode_ctas_per_sm(int head_dim, int* ctas) {
-  static std::atomic<int> cached[2][64] = {};
+  static std::atomic<int> cached[3][64] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  std::atomic<int>& slot = cached[head_dim == 128][device & 63];
+  const int d = kernel_head_dim(head_dim);
+  std::atomic<int>& slot = cached[dim_slot(head_dim)][device & 63];
   if (int v = slot.load(std::memory_order_relaxed)) {
     *ctas = v;
     return cudaSuccess;
   }
-  err = head_dim == 128 ? ctas_per_sm_impl<T, 128>(ctas) : ctas_per_sm_impl<T, 64>(ctas);
+  err = d == 256   ? decode_ctas_per_sm_dim<T, 256>(ctas)
+        : d == 128 ? decode_ctas_per_sm_dim<T, 128>(ctas)
+                   : decode_ctas_per_sm_dim<T, 64>(ctas);
   if (err != cudaSuccess) return err;
   if (*ctas < 1) *ctas = 1;
   slot.store(*ctas, std::memory_order_relaxed);
@@ -106,7 +128,7 @@ cudaError_t decode_ctas_per_sm(int head_dim, int* ctas) {
 // CTAs of the split kernel resident at once in clusters of `splits` with the padded shared memory: the occupancy
 // API's clusters x splits, cached per device, head_dim and split count.
 template <typename T, int D>
-cudaError_t cluster_capacity_impl(int splits, int* ctas) {
+cudaError_t decode_cluster_capacity_dim(int splits, int* ctas) {
   constexpr auto split = decode_split_kernel<T, D, true, 3>;
   cudaError_t err = allow_smem<split>(cluster_smem_bytes<D>());
   if (err != cudaSuccess) return err;
@@ -127,17 +149,20 @@ cudaError_t cluster_capacity_impl(int splits, int* ctas) {
 
 template <typename T>
 cudaError_t decode_cluster_capacity(int head_dim, int splits, int* ctas) {
-  static std::atomic<int> cached[2][kMaxClusterSplits + 1][64] = {};
+  static std::atomic<int> cached[3][kMaxClusterSplits + 1][64] = {};
   if (splits < 2 || splits > kMaxClusterSplits) return cudaErrorInvalidValue;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  std::atomic<int>& slot = cached[head_dim == 128][splits][device & 63];
+  const int d = kernel_head_dim(head_dim);
+  std::atomic<int>& slot = cached[dim_slot(head_dim)][splits][device & 63];
   if (int v = slot.load(std::memory_order_relaxed)) {
     *ctas = v - 1;
     return cudaSuccess;
   }
-  err = head_dim == 128 ? cluster_capacity_impl<T, 128>(splits, ctas) : cluster_capacity_impl<T, 64>(splits, ctas);
+  err = d == 256   ? decode_cluster_capacity_dim<T, 256>(splits, ctas)
+        : d == 128 ? decode_cluster_capacity_dim<T, 128>(splits, ctas)
+                   : decode_cluster_capacity_dim<T, 64>(splits, ctas);
   if (err != cudaSuccess) return err;
   slot.store(*ctas + 1, std::memory_order_relaxed);  // + 1: 0 means not yet asked
   return cudaSuccess;

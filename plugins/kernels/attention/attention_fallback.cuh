@@ -43,16 +43,19 @@ struct OnlineRow {
   float l;  // this lane's share of sum 2^(x - m) (summed over the warp at the end)
 };
 
-// Accumulates keys [j_begin, j_end) of query row (b, hq, s) into (st, acc). q_s: the query row in shared memory
-// times scale * log2(e). Lane owns dims [lane * D/32, lane * D/32 + D/32). kPaged: the keys are located through
+// Accumulates keys [j_begin, j_end) of query row (b, hq, s) into (st, acc), of which keys below j_vis (a sliding
+// window's start) are masked. q_s: the query row in shared memory times scale * log2(e), zero past the real head
+// dimensions (real_dim). Lane owns dims [lane * D/32, lane * D/32 + D/32). kPaged: the keys are located through
 // the block table once per 32 (j_begin is a multiple of 32 in both callers, and 32 keys never straddle a block);
 // a template argument so that the contiguous code is the same as without paging (online_row_range below).
 template <typename T, int D, bool kPaged>
 __device__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const float* q_s, int j_begin, int j_end,
-                                 OnlineRow& st, float (&acc)[D / 32]) {
+                                 int j_vis, OnlineRow& st, float (&acc)[D / 32]) {
   static_assert(kKvBlockSize % 32 == 0, "32 keys never straddle a KV block");
   constexpr int kPer = D / 32;
   const int lane = threadIdx.x & 31;
+  const int dim = real_dim<D>(a);
+  const bool lane_dims = lane * kPer < dim;  // this lane's output dims exist (dim is a multiple of kPer)
   const int hkv = hq / a.group;
   const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv);  // contiguous: key j at k_base + j * k_ss
   const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + lane * kPer;
@@ -64,11 +67,12 @@ __device__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const 
       v_base = v_row<T>(a, at, hkv) + lane * kPer - static_cast<int64_t>(jb) * a.v_ss;
     }
     float x = -kInf;
-    if (j < j_end) {
+    if (j < j_end && j >= j_vis) {
       const T* krow = k_base + static_cast<int64_t>(j) * a.k_ss;
       float dot = 0.f;
 #pragma unroll 4
       for (int d = 0; d < D; d += 8) {
+        if (d >= dim) break;  // past the real head dims (q_s is zero there, but the row ends); a runtime bound spills
         float kf[8];
         load8(krow + d, kf);
         const float4 q0 = *reinterpret_cast<const float4*>(q_s + d);
@@ -78,6 +82,7 @@ __device__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const 
         dot = fmaf(q1.z, kf[6], dot), dot = fmaf(q1.w, kf[7], dot);
       }
       bool visible = true;
+      if (a.softcap_log2 > 0.f) dot = softcap_x(a, dot);
       if (a.mask_mode == MaskMode::kBias) dot += bias_log2<T>(a, b, s, j, visible);
       x = visible ? dot : -kInf;
     }
@@ -95,7 +100,7 @@ __device__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const 
     const int n = j_end - jb < 32 ? j_end - jb : 32;
     for (int jj = 0; jj < n; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, p, jj);
-      if (pj == 0.f) continue;  // masked or negligible: skip the row of v
+      if (pj == 0.f || !lane_dims) continue;  // masked or negligible, or past the real dims: skip the row of v
       const T* vrow = v_base + static_cast<int64_t>(jb + jj) * a.v_ss;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) acc[i] = fmaf(pj, Elem<T>::to_float(vrow[i]), acc[i]);
@@ -105,11 +110,11 @@ __device__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const 
 
 template <typename T, int D>
 __device__ __forceinline__ void online_row_range(const AttnArgs& a, int b, int hq, int s, const float* q_s, int j_begin,
-                                                 int j_end, OnlineRow& st, float (&acc)[D / 32]) {
+                                                 int j_end, int j_vis, OnlineRow& st, float (&acc)[D / 32]) {
   if (a.block_table != nullptr) {
-    online_row_range<T, D, true>(a, b, hq, s, q_s, j_begin, j_end, st, acc);
+    online_row_range<T, D, true>(a, b, hq, s, q_s, j_begin, j_end, j_vis, st, acc);
   } else {
-    online_row_range<T, D, false>(a, b, hq, s, q_s, j_begin, j_end, st, acc);
+    online_row_range<T, D, false>(a, b, hq, s, q_s, j_begin, j_end, j_vis, st, acc);
   }
 }
 
@@ -124,12 +129,24 @@ template <typename T, int D>
 __device__ __forceinline__ void load_query_scaled(const AttnArgs& a, int b, int hq, int s, float* q_s, int first,
                                                   int stride) {
   const T* q = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, s);
-  for (int d = first; d < D; d += stride) q_s[d] = Elem<T>::to_float(q[d]) * a.scale_log2;
+  const int dim = real_dim<D>(a);
+  for (int d = first; d < D; d += stride) q_s[d] = d < dim ? Elem<T>::to_float(q[d]) * a.scale_log2 : 0.f;
+}
+
+// The keys row (b, s) walks in the exact path: [first, end) with first its window's start rounded down to 32 (the
+// paged lookup's granularity; online_row_range masks the keys before the window itself).
+struct RowKeys {
+  int first, vis, end;
+};
+__device__ __forceinline__ RowKeys row_keys(const AttnArgs& a, int b, int s, int kv_len) {
+  const int vis = visible_begin(a, b, s, kv_len);
+  return {vis / 32 * 32, vis, visible_end(a, b, s, kv_len)};
 }
 
 template <typename T, int D>
 __device__ __forceinline__ void store_row_slice(const AttnArgs& a, int b, int hq, int s, int first, const float* vals,
                                                 int n) {
+  if (first >= real_dim<D>(a)) return;  // past the real dims (first and dim are multiples of n)
   T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss + first;
   for (int i = 0; i < n; ++i) out[i] = Elem<T>::from_float(vals[i]);
 }
@@ -145,7 +162,8 @@ __device__ void recompute_row_warp(const AttnArgs& a, int b, int hq, int s, int 
   float acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) acc[i] = 0.f;
-  online_row_range<T, D>(a, b, hq, s, q_s, 0, visible_end(a, b, s, kv_len), st, acc);
+  const RowKeys keys = row_keys(a, b, s, kv_len);
+  online_row_range<T, D>(a, b, hq, s, q_s, keys.first, keys.end, keys.vis, st, acc);
   const float l = warp_sum(st.l);
   float vals[kPer];
 #pragma unroll
@@ -171,15 +189,16 @@ __device__ __forceinline__ void recompute_row_cta(const AttnArgs& a, int b, int 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   load_query_scaled<T, D>(a, b, hq, s, q_s, threadIdx.x, 128);
   __syncthreads();
-  const int end = visible_end(a, b, s, kv_len);
-  const int quarter = ((end + 3) / 4 + 31) / 32 * 32;
-  const int j0 = warp * quarter;
-  const int j1 = j0 + quarter < end ? j0 + quarter : end;
+  const RowKeys keys = row_keys(a, b, s, kv_len);
+  const int span = keys.end > keys.first ? keys.end - keys.first : 0;
+  const int quarter = ((span + 3) / 4 + 31) / 32 * 32;
+  const int j0 = keys.first + warp * quarter;
+  const int j1 = j0 + quarter < keys.end ? j0 + quarter : keys.end;
   OnlineRow st{-kInf, 0.f};
   float acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) acc[i] = 0.f;
-  online_row_range<T, D>(a, b, hq, s, q_s, j0, j1, st, acc);
+  online_row_range<T, D>(a, b, hq, s, q_s, j0, j1, keys.vis, st, acc);
   const float l = warp_sum(st.l);
   if (lane == 0) part_m[warp] = st.m, part_l[warp] = l;
 #pragma unroll
@@ -187,7 +206,7 @@ __device__ __forceinline__ void recompute_row_cta(const AttnArgs& a, int b, int 
   __syncthreads();
   const float M = fmaxf(fmaxf(part_m[0], part_m[1]), fmaxf(part_m[2], part_m[3]));
   T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(s) * a.o_ss;
-  for (int d = threadIdx.x; d < D; d += 128) {
+  for (int d = threadIdx.x; d < real_dim<D>(a); d += 128) {
     float num = 0.f, den = 0.f;
     if (M > -kInf) {
 #pragma unroll

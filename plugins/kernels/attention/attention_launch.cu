@@ -18,7 +18,8 @@ __device__ unsigned long long g_attention_counters[2];
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-int decode_tile(int head_dim) { return head_dim == 128 ? 64 : 128; }
+// Keys per decode tile of the instantiation head_dim runs in (DecodeTraits::kTile).
+int decode_tile(int head_dim) { return kernel_head_dim(head_dim) == 64 ? 128 : 64; }
 
 // Prefill CTAs resident per SM in either tile shape (__launch_bounds__(128, 2); 96 or 80 KB of shared memory).
 constexpr int kPrefillCtasPerSm = 2;
@@ -91,7 +92,7 @@ WorkspaceLayout decode_layout(const AttentionParams& p, int splits) {
   const size_t slots = static_cast<size_t>(attention_rows(p)) * splits;
   WorkspaceLayout w;
   w.acc = 0;
-  w.l = align_up(slots * p.head_dim * sizeof(float));
+  w.l = align_up(slots * kernel_head_dim(p.head_dim) * sizeof(float));  // the kernel's D per partial
   w.stat = w.l + align_up(slots * sizeof(float));
   w.total = w.stat + align_up(slots * sizeof(uint32_t));
   return w;
@@ -114,6 +115,9 @@ attn::AttnArgs make_args(const AttentionParams& p, AttnKernel kernel, unsigned l
   }
   a.lo_log2 = lo * log2e, a.hi_log2 = hi * log2e;
   a.max_floor_log2 = std::isinf(max_floor) ? max_floor : max_floor * log2e;
+  a.softcap_log2 = p.softcap > 0.f ? p.softcap * log2e : 0.f;
+  a.softcap_k = p.softcap > 0.f ? 2.f / p.softcap : 0.f;
+  a.window = p.mask_mode == MaskMode::kPastLen ? p.window : 0;
   a.q = p.q, a.q_sb = p.q_sb, a.q_sh = p.q_sh, a.q_ss = p.q_ss;
   a.k = p.k, a.k_sb = p.k_sb, a.k_sh = p.k_sh, a.k_ss = p.k_ss;
   a.v = p.v, a.v_sb = p.v_sb, a.v_sh = p.v_sh, a.v_ss = p.v_ss;
@@ -128,12 +132,11 @@ attn::AttnArgs make_args(const AttentionParams& p, AttnKernel kernel, unsigned l
 template <typename T>
 cudaError_t launch_rowwise(const attn::AttnArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.batch * a.num_heads * a.seq));
-  if (a.head_dim == 128) {
-    attn::rowwise_kernel<T, 128><<<grid, 128, 0, stream>>>(a);
-  } else if (a.head_dim == 64) {
-    attn::rowwise_kernel<T, 64><<<grid, 128, 0, stream>>>(a);
-  } else {
-    return cudaErrorInvalidValue;
+  switch (kernel_head_dim(a.head_dim)) {  // 80 and 96 in the 128 kernel
+    case 64: attn::rowwise_kernel<T, 64><<<grid, 128, 0, stream>>>(a); break;
+    case 128: attn::rowwise_kernel<T, 128><<<grid, 128, 0, stream>>>(a); break;
+    case 256: attn::rowwise_kernel<T, 256><<<grid, 128, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -295,6 +298,7 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
       cudaError_t err = wgmma_prefill_available(p, &wgmma);
       if (err != cudaSuccess) return err;
       if (p.prefill_config == 4 && !wgmma) return cudaErrorNotSupported;
+      if (p.prefill_config > 0 && !prefill_shape_takes(p, p.prefill_config)) return cudaErrorNotSupported;
       if (p.prefill_config > 0) {  // forced (tests, benchmarks): exactly the kernel asked for
         a.prefill_config = p.prefill_config;
       } else if (wgmma) {
@@ -308,6 +312,8 @@ cudaError_t attention_forward(const AttentionParams& p, void* workspace, size_t 
         const int heads = p.batch * p.num_heads, slots = info.num_sms * kPrefillCtasPerSm;
         a.prefill_config = prefill_tile_config(heads, p.seq, slots);
         if (prefill_prefers_synchronized(heads, p.seq, slots)) run_unified = false;
+        // What shape 1 lacks (prefill_shape_takes) runs in the 64-row blocks, synchronized as the rule above has them.
+        if (!prefill_shape_takes(p, a.prefill_config)) a.prefill_config = 2, run_unified = false;
       }
       return launch_prefill_typed(p.dtype, a, run_unified, stream);
     }

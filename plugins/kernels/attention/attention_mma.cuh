@@ -71,6 +71,15 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
+// Where a thread that copies chunk `chunk` of rows row0, row0 + kRowsPerPass, ... puts pass p: with kRowsPerPass a
+// multiple of 8 every pass has row0's swizzle phase (one add per pass); otherwise (4 rows per pass at head_dim 256)
+// the phase alternates and the offset is computed per pass.
+template <int kRowBytes, int kRowsPerPass>
+__device__ __forceinline__ uint32_t swizzled_pass(uint32_t first, int row0, int chunk, int p) {
+  if constexpr (kRowsPerPass % 8 == 0) return first + p * kRowsPerPass * kRowBytes;
+  return swizzled<kRowBytes>(row0 + p * kRowsPerPass, chunk);
+}
+
 // --- tensor-core fragments -----------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {

@@ -7,6 +7,8 @@
 //            once for all G * seq query rows of that head; the splits' partials of a row are then added in a
 //            thread block cluster, by the last split CTA to finish, or by a combine kernel (DecodeCombine).
 //   prefill  FlashAttention-2 style causal tiles on tensor cores (128 query rows x 64 keys per step).
+// Scores may be soft-capped (softcap) and windowed (window): every kernel applies both, and skips key tiles wholly
+// before a row block's window.
 //   rowwise  one CTA per query row, float32 arithmetic, the synchronized online-max softmax: float32 inputs, and
 //            the exact recompute that the guard falls back to.
 // softmax: kUnified is FlashDecoding++'s asynchronized softmax (e^(s - phi) with one fixed phi; a guard sends rows
@@ -63,11 +65,22 @@ constexpr float kFp16PrefillMaxFloor = contract::kAttentionFp16PrefillMaxFloor;
 // Positions whose additive bias is at or below this are masked (the contract's bias_mask_threshold).
 constexpr float kBiasMaskThreshold = contract::kAttentionBiasMaskThreshold;
 
-// Whether the kernels are built for this head_dim (the contract's head_dim choices: 64 and 128).
+// Whether the kernels take this head_dim (the contract's head_dim choices: 64, 80, 96, 128 and 256).
 constexpr bool head_dim_supported(int head_dim) {
   for (int d : contract::kAttentionHeadDims)
     if (d == head_dim) return true;
   return false;
+}
+
+// The instantiation a head_dim runs in: 64, 128 and 256 their own; 80 and 96 inside the 128 kernels. There the
+// dimensions past head_dim are zero-filled in shared memory (never read from global memory), so they add exactly 0
+// to every q.k and produce output dimensions that are never written: the same result as a d80/d96 kernel, and the
+// same DRAM traffic (what decode is bound by); prefill pays 128/80 or 128/96 of the tensor-core work
+// (docs/notes-attention.md, "Head sizes"). Example: 96 -> 128; 256 -> 256. 0 where no kernel takes it.
+constexpr int kernel_head_dim(int head_dim) {
+  if (!head_dim_supported(head_dim)) return 0;
+  if (head_dim == 64 || head_dim == 256) return head_dim;
+  return head_dim <= 128 && head_dim % 16 == 0 ? 128 : 0;
 }
 
 // Keys per block of a paged KV cache (the contract's kv_block_size): what every kernel's address rule divides by.
@@ -88,6 +101,10 @@ struct AttentionParams {
   int prefill_config = 0;  // prefill tile shape: 0 = the plan (attention_forward), else 1, 2 or 4 (the C ABI's)
   float scale = 1.0f, phi = contract::kAttentionPhiDefault;
   float guard_lo = contract::kAttentionGuardLoDefault, guard_hi = contract::kAttentionGuardHiDefault;
+  // Logit soft-capping: s = softcap * tanh(s / softcap) after the scale, before the mask (Gemma 2); 0 = none.
+  float softcap = contract::kAttentionSoftcapDefault;
+  // Sliding window (mask_mode kPastLen): key j visible to query i only if (past_len + i) - j < window; 0 = none.
+  int window = contract::kAttentionWindowDefault;
   // Programmatic dependent launch of the decode kernels where the GPU runs the sm_90a code: the split grid becomes
   // resident and prefetches its first K/V tiles while the kernel before it finishes (it waits before reading q),
   // and the combine grid is resident before the split grid ends. Off only for a timing baseline, or where K/V are
@@ -147,6 +164,16 @@ struct RopeAppendParams {
   int kv_block_size = 0;
 };
 
+// Whether prefill tile shape `config` (1, 2 or 4; attention_prefill_impl.cuh) is built for these parameters: head_dim
+// 256 has the 64-row shape 2 only; shape 1 (128 rows, at 255 registers) is compiled without soft-capping, the sliding
+// window and the zero-filled head dims 80 and 96 (their code made it spill), which shapes 2 and 4 have.
+// Example: head_dim 96, config 1 -> false; head_dim 128 with softcap 50, config 2 -> true.
+inline bool prefill_shape_takes(const AttentionParams& p, int config) {
+  if (kernel_head_dim(p.head_dim) == 256) return config == 2;
+  if (config == 1) return p.softcap == 0.f && p.window == 0 && p.head_dim == kernel_head_dim(p.head_dim);
+  return true;
+}
+
 // --- argument checks (attention_check.cpp): what the C ABI and the TensorRT adapter both run first ----------------
 
 enum class ParamsError : int { kNone = 0, kInvalid = 1, kUnsupported = 2 };
@@ -157,8 +184,8 @@ struct ParamsCheck {
 };
 
 // Whether attention_forward can run p: shapes, modes, the guard window and (with_tensors) the pointers, strides
-// and alignment; without tensors, what a TensorRT build phase knows. Example: head_dim 96 -> kUnsupported,
-// "head_dim 96 is not supported; the kernels are built for head_dim 64 and 128".
+// and alignment; without tensors, what a TensorRT build phase knows. Example: head_dim 48 -> kUnsupported,
+// "head_dim 48 is not supported; the kernels are built for head_dim 64, 80, 96, 128 and 256".
 ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors);
 ParamsCheck check_rope_append_params(const RopeAppendParams& p);
 

@@ -23,9 +23,14 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
   using Tr = PrefillTraits<D, kStepN, kRowsPerWarp>;
   constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles;
   using State = std::conditional_t<kUnified, AnchoredUnifiedSoftmax<2 * kMT>, SynchronizedSoftmax<2 * kMT>>;
+  // Soft-capping, the sliding window and head dims 80/96 (zero-filled in the 128 kernel) are compiled into the
+  // 64-row shape only: the 128-row shape is at 255 registers, and their code made it spill (ptxas -v). The plan sends
+  // such calls to another shape, and a forced 128-row shape is refused (prefill_shape_takes, attention_params.h).
+  constexpr bool kScoreExtras = kRowsPerWarp == 16;
+  const int dim = kScoreExtras ? real_dim<D>(a) : D;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const PrefillBlock<Tr::kBlockM, Tr::kBlockN, Tr::kAnchorTiles> blk(a);
+  const PrefillBlock<Tr::kBlockM, Tr::kBlockN, Tr::kAnchorTiles, kScoreExtras> blk(a);
   const int b = blk.b, hq = blk.hq, hkv = blk.hkv, m0 = blk.m0;
   const int kv_len = blk.kv_len, rows_here = blk.rows_here, key_end = blk.key_end, num_tiles = blk.num_tiles;
   auto tile_at = [&](int it) { return blk.tile_at(it); };
@@ -36,45 +41,58 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
   const uint32_t kv_smem = q_smem + Tr::kQBytes;
   const int c = tid % Tr::kChunks, lrow0 = tid / Tr::kChunks;
   const uint32_t dst0 = swizzled<Tr::kRowBytes>(lrow0, c);
+  // Row r (= lrow0 + a multiple of kRowsPerPass) of this thread's chunk, relative to tile_dst(base): every pass in
+  // row lrow0's swizzle phase (the offset folds into the base), or at 4 rows per pass (head_dim 256) the phase
+  // alternating.
+  constexpr bool kOnePhase = Tr::kRowsPerPass % 8 == 0;
+  auto tile_dst = [&](uint32_t base) { return kOnePhase ? base + dst0 : base; };
+  auto row_dst = [&](int r) {
+    if constexpr (kOnePhase) return static_cast<uint32_t>((r - lrow0) * Tr::kRowBytes);
+    return swizzled<Tr::kRowBytes>(r, c);
+  };
+  // A chunk past the real head dims (80 and 96 in the 128 kernel) zero-fills every row and reads nothing.
+  const bool chunk_real = !kScoreExtras || c < dim / 8;
+  const int c_src = chunk_real ? c : 0;
+  const int load_end = chunk_real ? key_end : 0;
 
   // Q tile (zero rows past the prompt) with tile 0 in the first cp.async group.
   {
-    const T* q_base = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, 0) + c * 8;
+    const T* q_base = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, 0) + c_src * 8;
 #pragma unroll 4
     for (int r = lrow0; r < Tr::kBlockM; r += Tr::kRowsPerPass) {
-      const bool valid = r < rows_here;
-      cp_async_16(q_smem + dst0 + (r - lrow0) * Tr::kRowBytes, q_base + (valid ? (m0 + r) * a.q_ss : 0), valid);
+      const bool valid = r < rows_here && chunk_real;
+      cp_async_16(tile_dst(q_smem) + row_dst(r), q_base + (valid ? (m0 + r) * a.q_ss : 0), valid);
     }
   }
   // Contiguous: key at k_base + key * k_ss. Paged: a key tile is one KV block (static_assert in PrefillTraits),
   // located once per tile (kv_locate). A row past key_end reads nothing (zero-fill) from a valid row.
   const bool paged = a.block_table != nullptr;
-  const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv) + c * 8;
-  const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + c * 8;
+  const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv) + c_src * 8;
+  const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + c_src * 8;
   auto load_tile = [&](int it) {  // iteration it's tile into buffer it % kStages
     const int tile = tile_at(it);
-    const uint32_t kdst = kv_smem + (it % Tr::kStages) * 2 * Tr::kTileBytes + dst0;
+    const uint32_t kdst = tile_dst(kv_smem + (it % Tr::kStages) * 2 * Tr::kTileBytes);
     const uint32_t vdst = kdst + Tr::kTileBytes;
     if (paged) {
       const KvRow at = kv_locate(a, b, tile * Tr::kBlockN);
-      const T* k_tile = k_row<T>(a, at, hkv) + c * 8;
-      const T* v_tile = v_row<T>(a, at, hkv) + c * 8;
+      const T* k_tile = k_row<T>(a, at, hkv) + c_src * 8;
+      const T* v_tile = v_row<T>(a, at, hkv) + c_src * 8;
 #pragma unroll
       for (int r = lrow0; r < Tr::kBlockN; r += Tr::kRowsPerPass) {
-        const bool valid = tile * Tr::kBlockN + r < key_end;
+        const bool valid = tile * Tr::kBlockN + r < load_end;
         const int64_t rr = valid ? r : 0;
-        cp_async_16(kdst + (r - lrow0) * Tr::kRowBytes, k_tile + rr * a.k_ss, valid);
-        cp_async_16(vdst + (r - lrow0) * Tr::kRowBytes, v_tile + rr * a.v_ss, valid);
+        cp_async_16(kdst + row_dst(r), k_tile + rr * a.k_ss, valid);
+        cp_async_16(vdst + row_dst(r), v_tile + rr * a.v_ss, valid);
       }
       return;
     }
 #pragma unroll
     for (int r = lrow0; r < Tr::kBlockN; r += Tr::kRowsPerPass) {
       const int key = tile * Tr::kBlockN + r;
-      const bool valid = key < key_end;
+      const bool valid = key < load_end;
       const int64_t kk = valid ? key : 0;
-      cp_async_16(kdst + (r - lrow0) * Tr::kRowBytes, k_base + kk * a.k_ss, valid);
-      cp_async_16(vdst + (r - lrow0) * Tr::kRowBytes, v_base + kk * a.v_ss, valid);
+      cp_async_16(kdst + row_dst(r), k_base + kk * a.k_ss, valid);
+      cp_async_16(vdst + row_dst(r), v_base + kk * a.v_ss, valid);
     }
   };
   if (num_tiles > 0) load_tile(0);
@@ -145,14 +163,27 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
       // x = s * log2(e); once the unified max is frozen, x - phi_row directly (one FFMA per score).
       bool frozen = false;
       if constexpr (kUnified) frozen = state.frozen;
+      if (kScoreExtras && a.softcap_log2 > 0.f) {  // soft-capping (uniform over the grid): x = C tanh(x / C) before the mask
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int n = 0; n < kNT; ++n)
+          for (int n = 0; n < kNT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sc[mt][n][e] = fmaf(sc[mt][n][e], a.scale_log2, frozen ? -state.m_sub[2 * mt + (e >> 1)] : 0.f);
-      const bool masked = key0 + Tr::kStepN > unmasked_end;
+            for (int e = 0; e < 4; ++e)
+              sc[mt][n][e] = softcap_x(a, sc[mt][n][e] * a.scale_log2) - (frozen ? state.m_sub[2 * mt + (e >> 1)] : 0.f);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int n = 0; n < kNT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              sc[mt][n][e] = fmaf(sc[mt][n][e], a.scale_log2, frozen ? -state.m_sub[2 * mt + (e >> 1)] : 0.f);
+      }
+      // A sliding window masks keys before the window of the warp's last row (past + m0 + wrow0 + kRowsPerWarp
+      // - window at most; recomputed here rather than held: the kernel is at 255 registers).
+      const bool masked = key0 + Tr::kStepN > unmasked_end ||
+                          (kScoreExtras && a.window > 0 && key0 < past + m0 + wrow0 + Tr::kRowsPerWarp - a.window);
       if (masked) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
@@ -164,7 +195,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
               const int s_row = m0 + (lr < rows_here ? lr : 0);
               const int key = key0 + n * 8 + 2 * t4 + (e & 1);
               const int end = causal ? (past + s_row + 1 < kv_len ? past + s_row + 1 : kv_len) : kv_len;
-              bool visible = key < end;
+              bool visible = key < end && (!kScoreExtras || a.window == 0 || past + s_row - key < a.window);
               if (a.mask_mode == MaskMode::kBias && visible) {
                 bool unmasked;
                 sc[mt][n][e] += bias_log2<T>(a, b, s_row, key, unmasked);
@@ -245,6 +276,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
     T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(m0 + lr) * a.o_ss + 2 * t4;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
+      if (i * 8 >= dim) break;  // past the real head dims: not written
       const uint32_t packed = Elem<T>::pack(o[r >> 1][i][2 * (r & 1)] * inv, o[r >> 1][i][2 * (r & 1) + 1] * inv);
       *reinterpret_cast<uint32_t*>(out + i * 8) = packed;
     }

@@ -1,4 +1,6 @@
-// The prefill launcher template, instantiated once per element type (attention_prefill_f16.cu, _bf16.cu).
+// The prefill launcher templates: per element type and head_dim (launch_prefill_dim, instantiated for 64 and 128 in
+// attention_prefill_f16.cu / _bf16.cu and for 256 in attention_prefill_d256.cu), and the dispatch over head_dim
+// (launch_prefill, per element type).
 #pragma once
 
 #include <atomic>
@@ -81,27 +83,35 @@ cudaError_t launch_prefill_cfg(const AttnArgs& a, bool unified, cudaStream_t str
 
 template <typename T, int D>
 cudaError_t launch_prefill_dim(const AttnArgs& a, bool unified, cudaStream_t stream) {
-  switch (a.prefill_config) {
-    case 1: return launch_prefill_cfg<T, D, 32, 32>(a, unified, stream);
-    case 2: return launch_prefill_cfg<T, D, 64, 16>(a, unified, stream);
-    case 4:
-      return unified ? launch_prefill_sm90_impl<T, D, true>(a, stream)
-                     : launch_prefill_sm90_impl<T, D, false>(a, stream);
-    default: return cudaErrorInvalidValue;
+  if constexpr (D == 256) {  // 64-row blocks on mma.sync only (PrefillTraits; the wgmma kernel is built for 64, 128)
+    return a.prefill_config == 2 ? launch_prefill_cfg<T, D, 64, 16>(a, unified, stream) : cudaErrorNotSupported;
+  } else {
+    switch (a.prefill_config) {
+      case 1: return launch_prefill_cfg<T, D, 32, 32>(a, unified, stream);
+      case 2: return launch_prefill_cfg<T, D, 64, 16>(a, unified, stream);
+      case 4:
+        return unified ? launch_prefill_sm90_impl<T, D, true>(a, stream)
+                       : launch_prefill_sm90_impl<T, D, false>(a, stream);
+      default: return cudaErrorInvalidValue;
+    }
   }
 }
 
 template <typename T>
 cudaError_t launch_prefill(const AttnArgs& a, bool unified, cudaStream_t stream) {
-  if (a.head_dim == 128) return launch_prefill_dim<T, 128>(a, unified, stream);
-  if (a.head_dim == 64) return launch_prefill_dim<T, 64>(a, unified, stream);
-  return cudaErrorInvalidValue;
+  switch (kernel_head_dim(a.head_dim)) {  // 80 and 96 run in the 128 kernels
+    case 64: return launch_prefill_dim<T, 64>(a, unified, stream);
+    case 128: return launch_prefill_dim<T, 128>(a, unified, stream);
+    case 256: return launch_prefill_dim<T, 256>(a, unified, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <typename T>
 cudaError_t prefill_sm90_available(int head_dim, bool* available) {
-  if (head_dim == 128) return sm90_binary_present<T, 128>(available);
-  if (head_dim == 64) return sm90_binary_present<T, 64>(available);
+  const int d = kernel_head_dim(head_dim);  // 256: the mma.sync kernel only
+  if (d == 128) return sm90_binary_present<T, 128>(available);
+  if (d == 64) return sm90_binary_present<T, 64>(available);
   *available = false;
   return cudaSuccess;
 }

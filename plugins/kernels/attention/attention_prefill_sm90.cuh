@@ -85,11 +85,13 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
 
   if (warp == Tr::kConsumerWarps) {  // the producer warp
     const T* q_base = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, 0);
+    // Chunks past the real head dims (80 and 96 in the 128 kernel) zero-fill and read nothing.
+    const int dim_chunks = real_dim<D>(a) / 8;
 #pragma unroll 8
     for (int i = lane; i < Tr::kBlockM * Tr::kChunks; i += 32) {
       const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
-      const bool valid = r < rows_here;
-      cp_async_16(q_smem + sw128_offset(Tr::kBlockM, r, c), q_base + (valid ? (m0 + r) * a.q_ss : 0) + c * 8, valid);
+      const bool valid = r < rows_here && c < dim_chunks;
+      cp_async_16(q_smem + sw128_offset(Tr::kBlockM, r, c), q_base + (valid ? (m0 + r) * a.q_ss + c * 8 : 0), valid);
     }
     mbar_arrive_on_copies(q_full);
     for (int it = 0; it < num_tiles; ++it) {
@@ -104,11 +106,12 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
 #pragma unroll 8
       for (int i = lane; i < Tr::kBlockN * Tr::kChunks; i += 32) {
         const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
-        const bool valid = key0 + r < key_end;  // zero-fill past the end: cache garbage never reaches a product
-        const int64_t rr = valid ? r : 0;
+        // zero-fill past the end (cache garbage never reaches a product) and past the real head dims
+        const bool valid = key0 + r < key_end && c < dim_chunks;
+        const int64_t rr = valid ? r : 0, cc = valid ? c * 8 : 0;
         const uint32_t off = sw128_offset(Tr::kBlockN, r, c);
-        cp_async_16(kdst + off, k_tile + rr * a.k_ss + c * 8, valid);
-        cp_async_16(vdst + off, v_tile + rr * a.v_ss + c * 8, valid);
+        cp_async_16(kdst + off, k_tile + rr * a.k_ss + cc, valid);
+        cp_async_16(vdst + off, v_tile + rr * a.v_ss + cc, valid);
       }
       mbar_arrive_on_copies(full(stage));
     }
@@ -127,6 +130,8 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
   const bool causal = a.mask_mode == MaskMode::kPastLen;
   const long long past_raw = causal ? a.past_len[b] : 0;  // clamped like kv_len_of(): never an int overflow
   const int past = past_raw < 0 ? -1 : (past_raw > a.kv_capacity ? a.kv_capacity : static_cast<int>(past_raw));
+  // A sliding window: from masked_below on every row of this warp sees the keys (below it, the mask decides).
+  const int masked_below = visible_begin(a, b, m0 + (wrow0 + 15 < rows_here - 1 ? wrow0 + 15 : rows_here - 1), kv_len);
 
   State state;
   state.init();
@@ -161,13 +166,21 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
       keep_registers(sc);
 
       // x = s * log2(e); once the unified max is frozen, x - phi_row directly (one FFMA per score).
+      if (a.softcap_log2 > 0.f) {  // soft-capping (uniform over the grid): x = C tanh(x / C) before the mask
 #pragma unroll
-      for (int n = 0; n < kNT; ++n)
+        for (int n = 0; n < kNT; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, kFrozen ? -state.m_sub[e >> 1] : 0.f);
+          for (int e = 0; e < 4; ++e)
+            sc[n][e] = softcap_x(a, sc[n][e] * a.scale_log2) - (kFrozen ? state.m_sub[e >> 1] : 0.f);
+      } else {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, kFrozen ? -state.m_sub[e >> 1] : 0.f);
+      }
       // The mask, written out as in attention_prefill.cuh: a shared device helper for it changed register
       // allocation in both kernels (spills at head_dim 128, measured with ptxas -v), so it stays inline.
-      if (key0 + Tr::kBlockN > unmasked_end) {
+      if (key0 + Tr::kBlockN > unmasked_end || key0 < masked_below) {
 #pragma unroll
         for (int n = 0; n < kNT; ++n)
 #pragma unroll
@@ -176,7 +189,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
             const int s_row = m0 + (lr < rows_here ? lr : 0);
             const int key = key0 + n * 8 + 2 * t4 + (e & 1);
             const int end = causal ? (past + s_row + 1 < kv_len ? past + s_row + 1 : kv_len) : kv_len;
-            bool visible = key < end;
+            bool visible = key < end && (a.window == 0 || past + s_row - key < a.window);
             if (a.mask_mode == MaskMode::kBias && visible) {
               bool unmasked;
               sc[n][e] += bias_log2<T>(a, b, s_row, key, unmasked);
@@ -254,8 +267,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
     const float inv = state.l[r] > 0.f ? 1.f / state.l[r] : 0.f;
     T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(m0 + lr) * a.o_ss + 2 * t4;
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i)
+    for (int i = 0; i < D / 8; ++i) {
+      if (i * 8 >= real_dim<D>(a)) break;  // past the real head dims: not written
       *reinterpret_cast<uint32_t*>(out + i * 8) = Elem<T>::pack(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+    }
   }
   if constexpr (kUnified) {
     float* q_scratch = reinterpret_cast<float*>(smem + (scratch_smem - smem_addr(smem))) + warp * D;

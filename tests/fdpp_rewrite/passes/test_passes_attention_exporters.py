@@ -203,9 +203,13 @@ def test_contract_says_a_fully_masked_row_is_exactly_zero():
     onnx.checker.check_model(build())
 
 
-def test_soft_capped_attention_is_found_and_left_with_its_reason():
-    """Gemma 2's cap * tanh(s / cap) between the scale and the mask: the kernels have no soft cap yet, so the chain is
-    left as is, and said so (the summary counts it as attention left, not as none found)."""
+def test_soft_capped_attention_is_found_and_left_with_its_reason(monkeypatch):
+    """Gemma 2's cap * tanh(s / cap) between the scale and the mask, with a contract that has no soft cap (as before
+    version 4): the chain is left as is, and said so (the summary counts it as attention left, not as none
+    found)."""
+    from fdpp_rewrite.contracts import load_contract
+
+    monkeypatch.delitem(load_contract("AsyncSoftmaxAttention").attributes, "softcap")
     model = build(softcap=(50.0, 50.0), score_scale=0.125)
     (softmax,) = [n.name for n in model.graph.node if n.op_type == "Softmax"]
     rewritten, report = rewrite(model)
@@ -222,13 +226,15 @@ def test_unequal_caps_are_no_soft_cap():
     assert attention.remaining_attention(gs.import_onnx(rewritten))  # still attention for the summary
 
 
-def test_a_contract_with_softcap_gets_the_cap(monkeypatch):
-    """The day the contract has a `softcap` attribute, the same chain is replaced and the op carries the cap."""
-    from fdpp_rewrite.contracts import load_contract
-
-    spec = {"type": "float", "default": 0.0, "range": [0.0, 1000.0], "doc": "0: no soft cap"}
-    monkeypatch.setitem(load_contract("AsyncSoftmaxAttention").attributes, "softcap", spec)
-    rewritten, report = rewrite(build(softcap=(50.0, 50.0), score_scale=0.125))
+def test_soft_capped_attention_gets_the_cap():
+    """The contract has `softcap` (version 4): the chain is replaced, the op carries the cap, and the rewritten graph
+    (the reference op applies the cap) gives the original's outputs."""
+    model = build(softcap=(50.0, 50.0), score_scale=0.125)
+    rewritten, report = rewrite(model)
     (attrs,) = attention_attrs(rewritten)
     assert report.total == 1 and attrs["softcap"] == pytest.approx(50.0) and attrs["scale"] == pytest.approx(0.125)
     assert "Tanh" not in [n.op_type for n in rewritten.graph.node]
+    # scores within [-50, 50]: phi 0 and guard_hi 50 keep every row on the fast path, uncalibrated
+    assert (attrs["phi"], attrs["guard_lo"], attrs["guard_hi"]) == (0.0, -60.0, 50.0)
+    data = {name: value if name == "mask" else 4.0 * value for name, value in feeds(model).items()}
+    assert_same_outputs(model, rewritten, data)  # scores of order 10-40: the cap changes them by up to a few

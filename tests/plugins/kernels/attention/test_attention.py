@@ -5,7 +5,9 @@ input. Grids over kernel axes are pairwise (tests/helpers/pairwise.py)."""
 
 import pytest
 
-from attention_reference import adversarial_inputs, check_close, make_inputs, reference_view
+from attention_reference import exact_fp32_matmul  # noqa: F401 - an autouse fixture
+from attention_reference import (adversarial_inputs, attention_api, check_close, make_inputs, prefill_shape_built,
+                                 reference_view)
 from gpu_kernels import capture_graph, kernels_launched
 from pairwise import pairwise_params
 
@@ -14,16 +16,8 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(autouse=True)
-def _exact_fp32_matmul():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.manual_seed(0)
-
-
 def _att():
-    from fdpp_rewrite.gpu import attention
-
-    return attention
+    return attention_api()
 
 
 def skip_unless_hopper(config):
@@ -35,6 +29,8 @@ def skip_unless_hopper(config):
 DTYPES = [torch.float16, torch.bfloat16]
 HEADS = [(1, 32, 32), (3, 9, 3), (2, 8, 1)]  # (batch, query heads, kv heads): MHA, GQA 3:1, MQA
 SOFTMAXES = ["unified", "synchronized"]
+HEAD_DIMS = [64, 80, 96, 128, 256]  # the contract's choices: 80 and 96 run zero-filled inside the 128 kernels
+
 
 
 def _heads_id(h):
@@ -42,7 +38,7 @@ def _heads_id(h):
 
 
 @pytest.mark.parametrize("dtype,dim,bhk,kv_len,softmax", pairwise_params(
-    {"dtype": DTYPES, "dim": [64, 128], "bhk": HEADS, "kv_len": [1, 97, 4099], "softmax": SOFTMAXES},
+    {"dtype": DTYPES, "dim": HEAD_DIMS, "bhk": HEADS, "kv_len": [1, 97, 4099], "softmax": SOFTMAXES},
     ids={"bhk": _heads_id}))
 def test_decode_matches_reference(dtype, dim, bhk, kv_len, softmax):
     att = _att()
@@ -184,8 +180,9 @@ def test_decode_grid_sized_for_the_cache_handles_short_sequences():
 
 # 128 rows x 32-key steps, 64 rows x 64-key steps, 128 rows on warpgroup MMAs (sm_90)
 @pytest.mark.parametrize("dtype,dim,bhk,seq_past,softmax,config", pairwise_params(
-    {"dtype": DTYPES, "dim": [64, 128], "bhk": [(1, 4, 4), (3, 9, 3)],
+    {"dtype": DTYPES, "dim": HEAD_DIMS, "bhk": [(1, 4, 4), (3, 9, 3)],
      "seq_past": [(1000, 0), (97, 0), (300, 200), (129, 4000)], "softmax": SOFTMAXES, "config": [1, 2, 4]},
+    valid=lambda c: prefill_shape_built(c["dim"], c["config"]),
     ids={"bhk": _heads_id, "seq_past": lambda sp: "S{}past{}".format(*sp), "config": lambda c: f"cfg{c}"}))
 def test_prefill_matches_reference(dtype, dim, bhk, seq_past, softmax, config):
     skip_unless_hopper(config)
