@@ -2,24 +2,15 @@
 through the static KV cache gives the logits a full pass over the longer prompt gives, with multi-head and grouped
 KV heads."""
 
-import importlib.util
-
 import pytest
+from script_module import load_script
 
-from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.errors import FdppError
 
 torch = pytest.importorskip("torch")
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_gptfast", REPO_ROOT / "scripts" / "bench_gptfast.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-peer = _script()
+peer = load_script("bench_gptfast")
 
 
 def test_model_config_takes_llama_layouts_and_refuses_others_in_one_line():

@@ -1,11 +1,9 @@
 """scripts/kernel_table.py's host logic on the CPU: finding the repeated layer in a step's nodes, the bytes each node
 moves, kernels matched to nodes with their gaps, the per-layer medians and the markdown."""
 
-import importlib.util
-
 import pytest
+from script_module import load_script
 
-from fdpp_rewrite import REPO_ROOT
 from fdpp_rewrite.errors import FdppError
 
 torch = pytest.importorskip("torch")
@@ -14,14 +12,7 @@ LLAMA_LAYER = ["RMSNorm", "FlatGemm", "Reshape", "RopeAppend", "AsyncSoftmaxAtte
                "FlatGemm", "FlatGemm"]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("kernel_table", REPO_ROOT / "scripts" / "kernel_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-kt = _script()
+kt = load_script("kernel_table")
 
 
 @pytest.mark.parametrize("layers", [2, 3, 32])
