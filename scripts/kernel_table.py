@@ -56,6 +56,11 @@ def short_name(name: str) -> str:
     return name.replace("(anonymous namespace)::", "").split("(")[0][:70]
 
 
+def op_name(key: str) -> str:
+    """A Program step's op without its domain: 'fdpp::FlatGemm' -> 'FlatGemm', 'Gather' -> 'Gather'."""
+    return key.split("::")[-1]
+
+
 def node_bytes(op: str, inputs: list, outputs: list, kv_lens: list) -> int:
     """Bytes a node moves once, from its device tensors (objects with .nbytes, .shape and .element_size(); None for
     an absent or host input). kv_lens: each sequence row's keys, for the attention (the cache bucket holds more rows
@@ -162,7 +167,7 @@ def eager_steps(program, feeds: dict, kv_lens: list) -> list:
             outputs = result if isinstance(result, tuple) else (result,)
             tensors = [t if isinstance(t, torch.Tensor) and t.is_cuda else None for t in inputs]
             outs = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_cuda]
-            seen[index] = node_bytes(step.op, tensors, outs, kv_lens)
+            seen[index] = node_bytes(op_name(step.op), tensors, outs, kv_lens)
             return result
         return run
 
@@ -183,7 +188,7 @@ def eager_steps(program, feeds: dict, kv_lens: list) -> list:
     if len(launches) != len(kernels):
         launches = kernels
     counts = {index: sum(start <= t <= end for t in launches) for start, end, index in ranges}
-    return [{"op": step.op, "kernels": counts.get(i, 0), "bytes": seen.get(i, 0)}
+    return [{"op": op_name(step.op), "kernels": counts.get(i, 0), "bytes": seen.get(i, 0)}
             for i, step in enumerate(program.steps)]
 
 

@@ -103,6 +103,11 @@ def test_markdown_lists_the_layer_and_the_head_and_tail():
     assert "8 kernels, 404.00 MB, 110.00 us" in text
 
 
+def test_op_name_drops_the_domain_of_a_program_step():
+    assert [kt.op_name(k) for k in ("fdpp::FlatGemm", "fdpp.engine::CacheAppend", "Gather")] == \
+        ["FlatGemm", "CacheAppend", "Gather"]
+
+
 def test_short_name_drops_arguments_and_anonymous_namespaces():
     name = "void fdpp::gemm::(anonymous namespace)::flat_gemm_pair_kernel<__half, 1>(fdpp::gemm::PairParams)"
     assert kt.short_name(name) == "void fdpp::gemm::flat_gemm_pair_kernel<__half, 1>"
