@@ -118,8 +118,9 @@ size_t implc_workspace_bytes(int64_t max_m, int64_t n, Epilogue epilogue, Dtype 
 
 // The ImplC epilogue pass: y[m, j] = f(d[m, :]) for the parts of the epilogue the library did not fuse.
 //   silu_mul: d [m, n] -> y [m, n/2] with bias and residual; otherwise: y [m, n] = d + bias (d may alias y).
+// pdl: programmatic dependent launch where the GPU runs the sm_90a code (it reads nothing before the wait).
 cudaError_t launch_gemm_epilogue(const void* d, const void* bias, const void* residual, void* y, int64_t m, int64_t n,
-                                 Epilogue epilogue, Dtype dtype, cudaStream_t stream);
+                                 Epilogue epilogue, Dtype dtype, bool pdl, cudaStream_t stream);
 
 // Runs one implementation (Impl::kAuto: the plan's choice for p.m). config/pad_m apply to ImplB (config null:
 // the plan's). Workspace must be at least workspace_bytes(p.m, ...).

@@ -308,7 +308,7 @@ cudaError_t launch_implc_cublaslt(const Problem& p, void* workspace, size_t work
       return cudaErrorUnknown;
     }
   }
-  if (silu) return launch_gemm_epilogue(d_ptr, nullptr, p.residual, p.y, p.m, p.n, p.epilogue, p.dtype, stream);
+  if (silu) return launch_gemm_epilogue(d_ptr, nullptr, p.residual, p.y, p.m, p.n, p.epilogue, p.dtype, p.pdl, stream);
   return cudaSuccess;
 }
 

@@ -74,9 +74,9 @@ cudaError_t launch_implc_cutlass(const Problem& p, void* workspace, size_t works
   cudaError_t err = p.dtype == Dtype::kBFloat16 ? run_typed<cutlass::bfloat16_t>(p, d_ptr, c_ptr, ldc, stream)
                                                 : run_typed<cutlass::half_t>(p, d_ptr, c_ptr, ldc, stream);
   if (err != cudaSuccess) return err;
-  if (silu) return launch_gemm_epilogue(d_ptr, nullptr, p.residual, p.y, p.m, p.n, p.epilogue, p.dtype, stream);
+  if (silu) return launch_gemm_epilogue(d_ptr, nullptr, p.residual, p.y, p.m, p.n, p.epilogue, p.dtype, p.pdl, stream);
   if (p.bias && p.residual)
-    return launch_gemm_epilogue(p.y, nullptr, p.residual, p.y, p.m, p.n, p.epilogue, p.dtype, stream);
+    return launch_gemm_epilogue(p.y, nullptr, p.residual, p.y, p.m, p.n, p.epilogue, p.dtype, p.pdl, stream);
   return cudaSuccess;
 }
 

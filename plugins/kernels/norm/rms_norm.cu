@@ -57,8 +57,16 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const RmsNormPara
   const uint4* w = reinterpret_cast<const uint4*>(p.weight);
   uint4* y = reinterpret_cast<uint4*>(static_cast<T*>(p.y) + row * p.y_row_stride);
 
-  // Launched with PDL (on sm_90a) this CTA may start before the kernel writing x ends: wait for it, then let the
-  // next kernel (a GEMM, which streams its constant weight before it waits for y) start.
+  // Launched with PDL (on sm_90a) this CTA may start before the kernel writing x ends. The weight is a constant
+  // (the GEMMs' rule, gemm.h Problem::pdl): its loads go out first, so that their latency is behind the wait and
+  // not after the reduction. Then wait for x's writer, and let the next kernel (a GEMM, which streams its constant
+  // weight before it waits for y) start.
+  uint4 weight[kMaxVecs];
+#pragma unroll
+  for (int j = 0; j < kMaxVecs; ++j) {
+    const int v = threadIdx.x + j * blockDim.x;
+    if (v < vecs) weight[j] = w[v];
+  }
   pdl::wait_for_primary();
   pdl::launch_dependents();
   uint4 held[kMaxVecs];
@@ -81,9 +89,8 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const RmsNormPara
   for (int j = 0; j < kMaxVecs; ++j) {
     const int v = threadIdx.x + j * blockDim.x;
     if (v < vecs) {
-      const uint4 wv = w[v];
       const T* e = reinterpret_cast<const T*>(&held[j]);
-      const T* we = reinterpret_cast<const T*>(&wv);
+      const T* we = reinterpret_cast<const T*>(&weight[j]);
       uint4 out;
       T* o = reinterpret_cast<T*>(&out);
 #pragma unroll

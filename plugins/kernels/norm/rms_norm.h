@@ -28,6 +28,8 @@ struct RmsNormParams {
 };
 
 // y = to_dtype(to_dtype(x / sqrt(mean(x^2) + epsilon)) * weight), one CTA per row. Never synchronizes.
+// On sm_90a it launches with programmatic dependent launch and loads the weight before waiting for the previous
+// kernel (which writes x): the weight must be constant while the kernels run, the GEMMs' rule (gemm.h, Problem::pdl).
 cudaError_t rms_norm(const RmsNormParams& p, cudaStream_t stream);
 
 }  // namespace fdpp

@@ -10,6 +10,7 @@ test_refusals_are_one_line_errors."""
 import pytest
 
 from pairwise import pairwise_params
+from pdl_chain import assert_pdl_chain_exact
 
 pytestmark = pytest.mark.gpu
 
@@ -410,31 +411,44 @@ def test_programmatic_dependent_launch_chain(first, second, m):
         else:
             gemm.run_impl(args, impl, workspace=ws, pdl=pdl)
 
-    def chain(pdl=True):
+    def chain(pdl):
         mid.fill_(float("nan"))
         launch(a1, first, pdl)
         launch(a2, second, pdl)
 
-    chain(pdl=False)
-    torch.cuda.synchronize()
-    expected = out.clone()
-    assert not torch.isnan(expected).any()
-    for _ in range(20):
-        out.fill_(float("nan"))
-        chain()
-    torch.cuda.synchronize()
-    assert torch.equal(out, expected), "with PDL the second GEMM saw a different (stale) X"
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(5):
-            chain()
-    for _ in range(5):
-        out.fill_(float("nan"))
-        graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, expected), "replayed graph with PDL differs from the plain launch"
+    assert_pdl_chain_exact(chain, out, graph_chains=5)
+
+
+@pytest.mark.parametrize("m", [4, 24])
+def test_pdl_chain_through_the_implc_epilogue_pass(m):
+    """ImplB -> cuBLASLt with silu_mul (its product, then the epilogue pass, launched with PDL) -> ImplB: the pass
+    waits for cuBLASLt's product and the last GEMM for the pass. Intermediates are NaN before every chain; PDL on
+    must equal PDL off bit for bit, eagerly and replayed from a CUDA graph."""
+    torch = _torch()
+    from fdpp_rewrite.gpu import gemm
+
+    if not gemm.cublaslt_available():
+        pytest.skip("libcublasLt not found")
+    k, n_gate_up, n_out = 2048, 2 * 2056, 3000
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w1 = torch.randn(k, k, device="cuda", dtype=torch.float16) / k**0.5
+    w2 = torch.randn(n_gate_up, k, device="cuda", dtype=torch.float16) / k**0.5
+    w3 = torch.randn(n_out, n_gate_up // 2, device="cuda", dtype=torch.float16) / (n_gate_up // 2) ** 0.5
+    h = torch.empty(m, k, device="cuda", dtype=torch.float16)
+    act = torch.empty(m, n_gate_up // 2, device="cuda", dtype=torch.float16)
+    out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
+    ws = torch.empty(gemm.workspace_bytes(m, n_gate_up, "float16", "silu_mul"), dtype=torch.uint8, device="cuda")
+    a1, a2 = gemm.make_args(x, w1, out=h), gemm.make_args(h, w2, out=act, epilogue="silu_mul")
+    a3 = gemm.make_args(act, w3, out=out)
+
+    def chain(pdl):
+        h.fill_(float("nan"))
+        act.fill_(float("nan"))
+        gemm.run_impl(a1, "implb", workspace=ws, pdl=pdl)
+        gemm.run_impl(a2, "cublaslt", workspace=ws, pdl=pdl)
+        gemm.run_impl(a3, "implb", workspace=ws, pdl=pdl)
+
+    assert_pdl_chain_exact(chain, out)
 
 
 @pytest.mark.parametrize("m", [9, 24])

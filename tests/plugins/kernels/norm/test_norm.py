@@ -5,6 +5,7 @@ input."""
 import pytest
 
 from pairwise import pairwise_params
+from pdl_chain import assert_pdl_chain_exact
 
 pytestmark = pytest.mark.gpu
 
@@ -91,6 +92,34 @@ def test_cuda_graph_capture_and_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, norm.rms_norm(x, weight, 1e-5)), f"replay {step} differs from eager"
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_between_two_pdl_gemms_it_reads_its_input_only_after_the_gemm_and_its_weight_stays_right(rows):
+    """GEMM -> RMSNorm -> GEMM, each launched with programmatic dependent launch (on compute capability 9.x): the
+    first GEMM lets the norm start at once; the norm loads its weight before its wait but x only after it, and the
+    second GEMM reads the norm's output only after the norm is done. The buffers between them are NaN before every
+    chain; the result must equal the chain without PDL bit for bit, eagerly and replayed from a CUDA graph."""
+    from fdpp_rewrite.gpu import gemm
+
+    norm = _norm()
+    hidden = 4096
+    x, weight = fresh_inputs((rows, hidden), torch.float16, seed=5)
+    w1 = torch.randn(hidden, hidden, device="cuda", dtype=torch.float16) / hidden**0.5
+    w2 = torch.randn(3000, hidden, device="cuda", dtype=torch.float16) / hidden**0.5
+    h, normed = torch.empty_like(x), torch.empty_like(x)
+    out = torch.empty(rows, 3000, device="cuda", dtype=torch.float16)
+    plan = {"m1": 0, "m2": 16, "implb": {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows"},
+            "implc": "cublaslt"}
+
+    def chain(pdl):
+        h.fill_(float("nan"))
+        normed.fill_(float("nan"))
+        gemm.run(gemm.make_args(x, w1, out=h), plan, pdl=pdl)
+        norm.rms_norm(h, weight, 1e-5, out=normed)
+        gemm.run(gemm.make_args(normed, w2, out=out), plan, pdl=pdl)
+
+    assert_pdl_chain_exact(chain, out)
 
 
 def test_bad_inputs_raise_clear_errors():
