@@ -1,7 +1,7 @@
 """Bring your own model: transformers graphs the kernels cannot fully serve, or that the passes once misread, each
 exported once (TorchScript prefill, tests/helpers/hf_exports.py) and rewritten as a user would:
   * llama with head_dim 32 (no kernel has it): its attention left as is with one warning, everything else replaced;
-  * gemma2's soft-capped attention: found, left as is, and said so (not "none found");
+  * gemma2's soft-capped attention: replaced with its cap (softcap 50) and Gemma's RMSNorm folded;
   * gpt_neox and falcon (parallel residual): every weight matmul replaced, and counted once;
 and `compare` PASSes on every one of them."""
 
@@ -78,16 +78,16 @@ def test_require_attention_names_what_was_left_and_why(exported):
                      require=("attention", "gemm"))
 
 
-def test_soft_capped_attention_is_found_and_left_as_is(exported, rewritten):
+def test_soft_capped_attention_is_replaced_with_its_cap(exported, rewritten):
+    """passes/test_passes_attention_gemma2.py checks the attributes; this checks what stays of the graph."""
     output, log = rewritten("gemma2")
-    reason = "logit soft-capping: not supported by the kernels yet"
-    assert f"  warning: {LAYERS} left as is ({reason}): Softmax" in log
-    assert f"warning: attention: 0 replaced, {LAYERS} left ({reason})" in log and "none found" not in log
+    assert "left as is" not in log
     found = ops(output)
-    # the attention's soft caps stay, beside each layer's tanh GELU and the final logit cap
-    assert found.count("Softmax") == LAYERS and found.count("Tanh") == 2 * LAYERS + 1
+    # the attention's soft caps are gone; each layer's tanh GELU and the final logit cap stay
+    assert found.count("AsyncSoftmaxAttention") == LAYERS and "Softmax" not in found
+    assert found.count("Tanh") == LAYERS + 1
     assert found.count("RMSNorm") == 4 * LAYERS + 1  # Gemma's RMSNorm, weight 1 + w folded (four per layer)
-    assert "ReduceMean" not in found and "MatMul" in found  # only the attention's own q.k and p.v stay
+    assert "ReduceMean" not in found and "MatMul" not in found
     assert_compare_passes(exported("gemma2"), output)
 
 

@@ -71,7 +71,7 @@ def test_the_mirror_structs_have_the_headers_fields_in_order(header, struct, mir
     for (name, kind), (_, c_kind) in zip(mirrored, declared):
         assert ctypes.sizeof(kind) == ctypes.sizeof(c_kind), name
         assert (kind is ctypes.c_void_p) == (c_kind is ctypes.c_void_p), name
-    assert attention.AttentionArgs._fields_[-1] == ("kv_block_size", ctypes.c_int32)
+    assert attention.AttentionArgs._fields_[-1] == ("window", ctypes.c_int32)
 
 
 def _attention_args(**changes):
@@ -102,13 +102,13 @@ def _workspace_status(args):
 def test_the_attention_checks_accept_the_contracts_head_dims_and_refuse_others():
     """The kernels' head_dim support comes from the contract's choices (through the generated header)."""
     choices = load_contract("AsyncSoftmaxAttention").attributes["head_dim"]["choices"]
-    assert choices == [64, 128]
+    assert choices == [64, 80, 96, 128, 256]
     for head_dim in choices:
         assert _workspace_status(_attention_args(head_dim=head_dim)) == 0
-    for head_dim in (32, 80, 96, 256):
+    for head_dim in (32, 48, 112, 512):
         assert _workspace_status(_attention_args(head_dim=head_dim)) == FDPP_ERR_UNSUPPORTED
         message = fdpp_lib.load().fdpp_last_error().decode()
-        assert f"head_dim {head_dim} is not supported" in message and "64 and 128" in message
+        assert f"head_dim {head_dim} is not supported" in message and "64, 80, 96, 128 and 256" in message
 
 
 @pytest.mark.parametrize("change, message", [
