@@ -301,39 +301,46 @@ stage_paged() {
     && $PY scripts/bench_paged_attention.py --out "$OUT/paged_attention.json"
 }
 
-serve_paged_level() {  # $1: name, then serve options after --, then loadgen options
-  local name=$1 port=8322 url=http://127.0.0.1:8322 serve_opts=() ; shift
-  while [ "$1" != "--" ]; do serve_opts+=("$1"); shift; done; shift
-  $ENGINE serve "$PAGED/engine" --port $port --warmup all "${serve_opts[@]}" >"$OUT/server_$name.log" 2>&1 &
-  local server=$!
+paged_server_start() {  # $1: log name, then serve options; the server's pid in PAGED_SERVER once /health answers
+  local name=$1; shift
+  $ENGINE serve "$PAGED/engine" --port 8322 --warmup all "$@" >"$OUT/server_$name.log" 2>&1 &
+  PAGED_SERVER=$!
   for _ in $(seq 300); do
-    $PY -c "import urllib.request as u; u.urlopen('$url/health')" 2>/dev/null && break
+    $PY -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8322/health')" 2>/dev/null && return 0
+    kill -0 $PAGED_SERVER 2>/dev/null || { tail -5 "$OUT/server_$name.log"; return 1; }
     sleep 1
   done
-  $PY scripts/loadgen.py --url "$url" --force -o "$OUT/serve_$name" "$@"
-  local rc=$?
-  kill $server; wait $server
-  return $rc
+  return 1
 }
 
-stage_serve_paged() {
+paged_loadgen() {  # $1: result name, then loadgen options
+  local name=$1; shift
+  $PY scripts/loadgen.py --url http://127.0.0.1:8322 --force -o "$OUT/serve_$name" "$@"
+}
+
+stage_serve_paged() {  # one server (prefix caching on) for the mixes, a second one for prefix caching off
   [ -f "$PAGED/engine/manifest.json" ] || { echo "run the paged stage first (it builds the engine)"; return 1; }
-  local rc=0
-  for mix in ${SERVE_MIXES:-today decode-heavy prefix}; do
+  local rc=0 mixes=" ${SERVE_MIXES:-today decode-heavy prefix} "
+  paged_server_start serve || return 1
+  for mix in $mixes; do
     case $mix in
-      today) serve_paged_level today -- --clients 16 64 256 --mix today --requests 1024 || rc=1 ;;
-      decode-heavy) serve_paged_level decode_heavy -- --clients 16 256 --mix decode-heavy --requests 512 || rc=1 ;;
-      prefix) serve_paged_level prefix_on -- --clients 64 --mix shared-prefix --requests 512 || rc=1
-              serve_paged_level prefix_off --no-prefix-cache -- --clients 64 --mix shared-prefix --requests 512 \
-                || rc=1 ;;
+      today) paged_loadgen today --clients 16 64 256 --mix today --requests 1024 || rc=1 ;;
+      decode-heavy) paged_loadgen decode_heavy --clients 16 256 --mix decode-heavy --requests 384 || rc=1 ;;
+      prefix) paged_loadgen prefix_on --clients 64 --mix shared-prefix --requests 512 || rc=1 ;;
     esac
   done
+  kill $PAGED_SERVER; wait $PAGED_SERVER
+  if [[ $mixes == *" prefix "* ]]; then
+    paged_server_start serve_no_prefix --no-prefix-cache || return 1
+    paged_loadgen prefix_off --clients 64 --mix shared-prefix --requests 512 || rc=1
+    kill $PAGED_SERVER; wait $PAGED_SERVER
+  fi
   return $rc
 }
 
 export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
   stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo \
-  stage_paged serve_paged_level stage_serve_paged
+  stage_paged paged_server_start paged_loadgen stage_serve_paged
 STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"

@@ -442,9 +442,9 @@ def test_no_heavy_import_before_a_command_runs(tmp_path):
     assert result.stdout.splitlines()[-1] == "[]", result.stdout[-500:] + result.stderr[-500:]
 
 
-GPU_SCRIPTS = ["bench_attention.py", "bench_paged_attention.py", "bench_gemm.py", "bench_gptfast.py",
-               "bench_implb_loaders.py", "bench_portable.py", "calibration_gpu_check.py", "kernel_table.py",
-               "sanitize_attention.py"]
+GPU_SCRIPTS = ["bench_attention.py", "bench_attention_heads.py", "bench_paged_attention.py", "bench_gemm.py",
+               "bench_gptfast.py", "bench_implb_loaders.py", "bench_portable.py", "calibration_gpu_check.py",
+               "kernel_table.py", "sanitize_attention.py"]
 
 
 @pytest.mark.parametrize("script", GPU_SCRIPTS)
