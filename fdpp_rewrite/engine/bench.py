@@ -8,6 +8,9 @@ the same graph, norms, RoPE and CUDA graphs) and prints the ratios. `--ablate` a
 (ablations.ABLATIONS: one technique switched back to its baseline, everything else unchanged) and prints what
 each technique buys: fdpp's tokens/s over the ablated engine's, per point.
 
+`--kernels gptfast` also runs gpt-fast's torch.compile decode recipe (gptfast_peer.py) on the engine's model
+shapes with random weights, timed the same way, after the engines (cuda, llama layouts).
+
 A paged engine's torch peer runs on a contiguous build of the same model (--torch-engine FOLDER): SDPA on a paged
 engine would read a gathered copy of every page each step, so bench refuses --kernels torch there without one,
 and --ablate skips the ablations that would gather (GATHERING_ABLATIONS).
@@ -206,6 +209,8 @@ def add_roofline(points: list, bandwidth: float, spec: float | None = None) -> N
                 point["roofline_spec_pct"] = 100 * nbytes / spec * 1e3 / point["ms_per_step"]
 
 
+PEER_NAMES = {"torch": "torch baseline", "gptfast": "gpt-fast recipe"}  # the peers print_table compares against
+
 # ablations that read a paged cache by gathering its pages into a contiguous copy in every call: no fair peer
 GATHERING_ABLATIONS = ("sdpa-attention",)
 
@@ -243,6 +248,32 @@ def check_peer(args, paged: bool) -> None:
         raise FdppError(f"--torch-engine {args.torch_engine} is a paged build; build it without --kv-memory")
 
 
+def gptfast_config(manifest: dict, cuda: bool):
+    """The engine's model config for the gpt-fast peer, with the engine's layer count; refused in one line where the
+    peer cannot run."""
+    from dataclasses import replace
+
+    from fdpp_rewrite.engine.gptfast_peer import checked_config
+    from fdpp_rewrite.models.config import ModelConfig
+
+    if not cuda:
+        raise FdppError("--kernels gptfast runs gpt-fast's recipe on the GPU: it needs a cuda engine and a GPU")
+    config = (manifest.get("model") or {}).get("config")
+    if not config:
+        raise FdppError("this engine's manifest has no model config (built from an ONNX file without fdpp "
+                        "metadata): --kernels gptfast needs the model's shapes; run scripts/bench_gptfast.py "
+                        "--preset NAME instead")
+    config = replace(ModelConfig.from_dict(config), num_layers=manifest["num_layers"])
+    return checked_config(config, f"the engine's model ({config.family})")
+
+
+def gptfast_points(args, manifest: dict) -> list:
+    from fdpp_rewrite.engine.gptfast_peer import run_points
+
+    config = gptfast_config(manifest, True)
+    return run_points(config, args.batch, args.context, args.new_tokens, progress=lambda line: print(line, flush=True))
+
+
 def print_ablation(points: list, stream=None) -> None:
     """What each technique buys: fdpp tokens/s over the tokens/s with that technique switched off."""
     from fdpp_rewrite.engine.ablations import ABLATIONS
@@ -276,11 +307,11 @@ def print_table(points: list, stream=None) -> None:
     ours = {(p["batch"], p["context"]): p for p in points if p["kernels"] == "fdpp"}
     for p in points:
         mine = ours.get((p["batch"], p["context"]))
-        if p["kernels"] == "torch" and mine:
+        if p["kernels"] in PEER_NAMES and mine:
             speedup = mine["tokens_per_s"] / p["tokens_per_s"]
             first = p["first_token_ms"] / mine["first_token_ms"]
-            print(f"batch {p['batch']} context {p['context']}: fdpp kernels {speedup:.2f}x the torch baseline's "
-                  f"decode tokens/s, first token {first:.2f}x", file=stream)
+            print(f"batch {p['batch']} context {p['context']}: fdpp kernels {speedup:.2f}x the "
+                  f"{PEER_NAMES[p['kernels']]}'s decode tokens/s, first token {first:.2f}x", file=stream)
 
 
 def check_limits(args, folder, manifest: dict) -> None:
@@ -305,6 +336,8 @@ def bench_command(args, command: str) -> int:
     limits = read_manifest(args.engine)
     if args.ablate and (args.backend or limits["backend"]) != "cuda":
         raise FdppError("--ablate switches GPU kernels: it needs a cuda engine (build --backend cuda)")
+    if "gptfast" in args.kernels:
+        gptfast_config(limits, (args.backend or limits["backend"]) == "cuda")  # refused before any engine runs
     if min(args.batch) < 1 or min(args.context) < 1 or args.new_tokens < 2:
         raise FdppError("--batch and --context must be >= 1 and --new-tokens >= 2 (a decode step is timed after the "
                         f"first token); got --batch {args.batch} --context {args.context} "
@@ -332,6 +365,8 @@ def bench_command(args, command: str) -> int:
         gc.collect()  # an engine in a reference cycle would keep its pool and graphs past empty_cache
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    if "gptfast" in args.kernels:
+        points += gptfast_points(args, limits)
     bandwidth = spec = None
     if reads:
         reads.measure("after")

@@ -74,9 +74,11 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--stream-gib", type=float, default=2.0, help="GiB of the streaming read that sets the "
                                                                       "roofline (default 2)")
     parser.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
-    parser.add_argument("--kernels", nargs="+", choices=["fdpp", "torch"], default=["fdpp"],
+    parser.add_argument("--kernels", nargs="+", choices=["fdpp", "torch", "gptfast"], default=["fdpp"],
                         help="fdpp: this project's kernels; torch: the stock baseline (cuBLAS GEMMs with unfused "
-                             "epilogues, SDPA attention; same graph, norms, RoPE, CUDA graphs). Both: the ratios")
+                             "epilogues, SDPA attention; same graph, norms, RoPE, CUDA graphs); gptfast: gpt-fast's "
+                             "torch.compile decode recipe on the engine's model shapes (random weights, llama "
+                             "layouts). fdpp with a peer: the ratios")
     parser.add_argument("--torch-engine", type=Path, metavar="FOLDER",
                         help="the engine folder --kernels torch runs on (default: ENGINE); a paged ENGINE needs a "
                              "contiguous build of the same model here, as SDPA reads contiguous caches")

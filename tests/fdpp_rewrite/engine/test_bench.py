@@ -1,5 +1,6 @@
 """bench.py's roofline on the CPU: % of the attainable read and % of the spec sheet's bandwidth side by side."""
 
+import dataclasses
 import io
 
 import pytest
@@ -42,3 +43,25 @@ def test_a_stream_read_too_small_to_pass_the_l2_is_refused(capsys):
     assert main(["bench", "no-such-engine", "--stream-gib", "0.1"]) == 2
     err = capsys.readouterr().err
     assert "--stream-gib 0.1 is too small" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_gpt_fast_peer_takes_the_engines_model_and_refuses_other_layouts():
+    from fdpp_rewrite.engine.bench import gptfast_config
+    from fdpp_rewrite.errors import FdppError
+    from fdpp_rewrite.models import get_config
+
+    manifest = {"model": {"config": dataclasses.asdict(get_config("llama2-7b"))}, "num_layers": 2}
+    assert gptfast_config(manifest, cuda=True).num_layers == 2  # the engine's layers, not the preset's 32
+    opt = {"model": {"config": dataclasses.asdict(get_config("opt-6.7b"))}, "num_layers": 2}
+    with pytest.raises(FdppError, match="not a plain Llama layout .family opt"):
+        gptfast_config(opt, cuda=True)
+    with pytest.raises(FdppError, match="no model config"):
+        gptfast_config({"model": {"config": None}, "num_layers": 2}, cuda=True)
+
+
+def test_the_table_compares_fdpp_with_each_peer():
+    stream = io.StringIO()
+    print_table([_point(4.0), {**_point(5.0), "kernels": "gptfast"}, {**_point(8.0), "kernels": "torch"}], stream)
+    text = stream.getvalue()
+    assert "fdpp kernels 1.25x the gpt-fast recipe's decode tokens/s" in text
+    assert "fdpp kernels 2.00x the torch baseline's decode tokens/s" in text

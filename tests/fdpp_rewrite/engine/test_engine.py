@@ -283,9 +283,10 @@ def test_cli_run_and_bench(built, capsys, tmp_path):
     assert "the torch baseline's decode tokens/s" in capsys.readouterr().out
     assert main(["run", str(built[3]), "--prompt", "hi"]) == 2
     assert "has no tokenizer" in capsys.readouterr().err
-    assert main(["bench", str(built[3]), "--ablate"]) == 2
-    err = capsys.readouterr().err
-    assert "needs a cuda engine" in err and len(err.strip().splitlines()) == 1
+    for peer in (["--ablate"], ["--kernels", "fdpp", "gptfast"]):  # GPU-only peers, refused before any engine runs
+        assert main(["bench", str(built[3]), *peer]) == 2
+        err = capsys.readouterr().err
+        assert "needs a cuda engine" in err and len(err.strip().splitlines()) == 1
     for bad in (["--batch", "0"], ["--context", "0"], ["--new-tokens", "1"]):  # refused before any generation
         assert main(["bench", str(built[3]), "--context", "16", "--new-tokens", "4", *bad]) == 2
         err = capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""scripts/kernel_table.py and scripts/bench_gptfast.py on the GPU, small: the table of a 2-layer engine of
-smollm2-135m's shapes (every GEMM shape is in the committed H200 profile) and the gpt-fast peer on tiny-llama."""
+"""scripts/kernel_table.py, scripts/bench_gptfast.py and `bench --kernels gptfast` on the GPU, small: the table of a
+2-layer engine of smollm2-135m's shapes (every GEMM shape is in the committed H200 profile), the gpt-fast peer on
+tiny-llama, and bench with that peer on the same engine."""
 
 import io
 import json
@@ -58,3 +59,15 @@ def test_gptfast_peer_on_a_tiny_model(tmp_path):
         assert point["tokens_per_s"] == pytest.approx(point["batch"] * 1e3 / point["ms_per_step"])
         assert point["ms_per_step_events"] > 0 and point["first_token_ms"] > 0
     assert "bench_gptfast" in report["command"]
+
+
+def test_bench_runs_the_gptfast_peer_on_the_engines_model(small_engine, tmp_path, capsys):
+    from fdpp_rewrite.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(small_engine), "--batch", "1", "2", "--context", "16", "--new-tokens", "6",
+                 "--kernels", "fdpp", "gptfast", "--out", str(out)]) == 0
+    points = json.loads(out.read_text())["points"]
+    assert [(p["kernels"], p["batch"]) for p in points] == [("fdpp", 1), ("fdpp", 2), ("gptfast", 1), ("gptfast", 2)]
+    assert all(p["tokens_per_s"] > 0 and p["decode_steps"] == 5 for p in points if p["kernels"] == "gptfast")
+    assert "the gpt-fast recipe's decode tokens/s" in capsys.readouterr().out
