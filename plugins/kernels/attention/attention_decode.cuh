@@ -128,6 +128,7 @@ template <int kThreads>
 __device__ __forceinline__ void prefetch_table_row(const AttnArgs& a, int b) {
   constexpr int kEntriesPerLine = 128 / sizeof(int32_t);
   const int width = a.kv_capacity / kKvBlockSize;
+  if (width <= 0) return;
   const int32_t* row = a.block_table + b * a.block_table_stride;
   // Entries 0, 32, 64, ... and the last: one in every line the row touches, whatever its alignment.
   for (int j = threadIdx.x * kEntriesPerLine; j < width + kEntriesPerLine - 1; j += kThreads * kEntriesPerLine)
@@ -491,6 +492,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     if (s < num_tiles) load_tile(s, hint.tile[s]);
     cp_async_commit();
   }
+
   // This thread's two rows (g and g + 8 of the fragment): their token and last visible key.
   int row_begin[2], row_end[2];  // the first visible key (a sliding window), one past the last
   int row_s[2];
