@@ -181,10 +181,14 @@ struct KvRow {
   int64_t outer;  // multiplies sb: the sequence, or the block
   int row;        // multiplies ss: the key, or the row within the block
 };
+// The table entry naming the block of row `key` of sequence b: kv_locate's lookup, also for the decode kernel,
+// which reads its tiles' block ids ahead of their loads.
+__device__ __forceinline__ const int32_t* kv_block_entry(const int32_t* table, int64_t table_stride, int b, int key) {
+  return table + b * table_stride + static_cast<unsigned>(key) / kKvBlockSize;  // key >= 0: the division is a shift
+}
 __device__ __forceinline__ KvRow kv_locate(const int32_t* table, int64_t table_stride, int b, int key) {
   if (table == nullptr) return {b, key};
-  const unsigned k = static_cast<unsigned>(key);  // >= 0: unsigned division is a shift
-  return {table[b * table_stride + k / kKvBlockSize], static_cast<int>(k % kKvBlockSize)};
+  return {*kv_block_entry(table, table_stride, b, key), static_cast<int>(static_cast<unsigned>(key) % kKvBlockSize)};
 }
 __device__ __forceinline__ int64_t kv_row_offset(KvRow r, int64_t sb, int64_t sh, int64_t ss, int h) {
   return r.outer * sb + h * sh + static_cast<int64_t>(r.row) * ss;

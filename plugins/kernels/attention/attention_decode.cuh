@@ -26,10 +26,12 @@
 // Programmatic dependent launch (sm_90+, both kernels; attention_decode_impl.cuh): a grid may become resident while
 // the grid before it in the stream is still running. Each kernel lets its dependents launch only after its own
 // griddepcontrol.wait (so at most one grid runs ahead; the split kernel once it has issued its last loads, the
-// combine kernel right after the wait), and nothing it does before that wait reads or writes anything
-// another kernel may write: the split kernel only issues L2 prefetch hints for its first K/V tiles there
-// (prefetch_first_tiles), the combine kernel nothing at all. A dependent's wait returns once the whole grid before
-// it has completed, its last-block combines included: the next grid sees the output written and the counters zero.
+// combine kernel right after the wait), and nothing it does before that wait writes anything or reads anything
+// another kernel may write as a value it relies on: the split kernel only issues L2 prefetch hints for its first K/V
+// tiles there, reading past_len and a paged cache's block ids at L2 to place them (prefetch_first_tiles; the ids
+// also address its first loads after the wait, and are read again and compared then), the combine kernel nothing
+// at all. A dependent's wait returns once the whole grid before it has completed, its last-block combines included:
+// the next grid sees the output written and the counters zero.
 #pragma once
 
 #include <type_traits>
@@ -53,6 +55,11 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) 
 #endif
 }
 
+// A line of L2 prefetch hint for the 128-byte line holding p. On every target (sm_80 included).
+__device__ __forceinline__ void prefetch_l2_line(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
+}
+
 // Sequence b's kv length as a placement hint for prefetches, clamped to [0, kv_capacity] like kv_len_of. Read
 // before griddepcontrol.wait, so it may be stale (the previous kernel may still be writing past_len): it only places
 // hints. ld.global.cg reads at L2 and allocates no L1 line, so the real read after the wait cannot hit a line
@@ -65,60 +72,130 @@ __device__ __forceinline__ int kv_len_hint(const AttnArgs& a, int b) {
   return static_cast<int>(len);
 }
 
+// This CTA's split as the hints before griddepcontrol.wait place it (split_range on kv_len_hint).
+template <int kTile>
+__device__ __forceinline__ SplitRange split_range_hint(const AttnArgs& a, int b, int split) {
+  const int len = kv_len_hint(a, b);
+  const int first =
+      a.mask_mode == MaskMode::kPastLen
+          ? decode_first_key(clamped_past(__ldcg(a.past_len + b), a.kv_capacity), a.window, len, kTile)
+          : 0;
+  return split_range(first, len, a.num_splits, kTile, split);
+}
+
+// --- paged caches: the block ids of the split's tiles, read ahead of their loads ------------------------------------
+// A key tile is kBlocks = tile / kKvBlockSize KV blocks (one at head_dim >= 80, two at 64), and tiles start on a
+// block boundary (split_range). The split kernel reads a tile's ids before the loads that use them: the first
+// kStages - 1 tiles' before griddepcontrol.wait (a hint, checked after it: the first loads go out as early as on a
+// contiguous cache), the next tile's right after them, and each later tile's one tile ahead, while the tile before
+// it computes. No cp.async then waits on a table read, and no table read waits on another.
+template <int kBlocks>
+struct TileBlocks {
+  int32_t id[kBlocks];  // 0 for a block at or past the split's end: never looked up, its rows are zero-filled
+};
+
+// The ids of the tile starting at key0 in a split ending at `end`. An entry past `end` is not read (it may lie past
+// the table); 0 names a block of the pool (any table entry is an id of it). kHint: read at L2 (ld.global.cg), as
+// kv_len_hint, before griddepcontrol.wait.
+template <int kBlocks, bool kHint = false>
+__device__ __forceinline__ TileBlocks<kBlocks> tile_blocks(const AttnArgs& a, int b, int key0, int end) {
+  TileBlocks<kBlocks> t;
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) {
+    const int first = key0 + i * kKvBlockSize;
+    const int32_t* entry = kv_block_entry(a.block_table, a.block_table_stride, b, first);
+    t.id[i] = 0;
+    if (first < end) t.id[i] = kHint ? __ldcg(entry) : *entry;
+  }
+  return t;
+}
+
+// What the paged split kernel read before griddepcontrol.wait: its split and the block ids of its first kTiles tiles
+// as they were then. The kernel issues its first loads from these ids and issues them again from the ids it reads
+// after the wait where the two differ (the previous kernel moved past_len or rewrote the table meanwhile).
+template <int kBlocks, int kTiles>
+struct FirstBlocks {
+  int begin, end;
+  TileBlocks<kBlocks> tile[kTiles];
+};
+template <int D, int Stages>
+using DecodeFirstBlocks = FirstBlocks<DecodeTraits<D, Stages>::kTile / kKvBlockSize, Stages - 1>;
+
+// L2 hints for the 128-byte lines of table row b (kv_capacity / kKvBlockSize entries), each hint on an entry of the
+// row, issued before past_len's read returns: which entries the split reads depends on past_len, so without them
+// the table read would be a second DRAM round trip after it.
+template <int kThreads>
+__device__ __forceinline__ void prefetch_table_row(const AttnArgs& a, int b) {
+  constexpr int kEntriesPerLine = 128 / sizeof(int32_t);
+  const int width = a.kv_capacity / kKvBlockSize;
+  if (width <= 0) return;
+  const int32_t* row = a.block_table + b * a.block_table_stride;
+  // Entries 0, 32, 64, ... and the last: one in every line the row touches, whatever its alignment.
+  for (int j = threadIdx.x * kEntriesPerLine; j < width + kEntriesPerLine - 1; j += kThreads * kEntriesPerLine)
+    prefetch_l2_line(row + (j < width ? j : width - 1));
+}
+
 // L2 prefetch of the K and V rows of the first kStages - 1 tiles of this CTA's split (what the pipeline prologue
 // loads right after the wait). Every address lies in keys [0, kv_capacity) of (b, hkv): the hint length is clamped,
 // and the rows are whole rows the cp.async loads could read. Contiguous rows (seq stride == head_dim): one bulk
 // prefetch per tile per tensor, spread over the warps' lane 0; strided rows: one bulk prefetch per row.
-// Paged caches: the same keys block by block (a block's rows are contiguous when ss == D), the table read with
-// ld.global.cg like past_len. The table too may be stale before the wait; its entries are block ids of the pool
-// at every moment (the caller writes only ids of its pool, 0 for unused entries), so every hint lies in the pool.
+// Paged caches: the same keys block by block (a block's rows are contiguous when ss == D), from the ids every thread
+// reads for the prologue (tile_blocks with kHint, returned). The table too may be stale before the wait; its entries
+// are block ids of the pool at every moment (the caller writes only ids of its pool, 0 for unused entries), so
+// every hint, and every load the prologue issues from these ids, lies in the pool.
 template <typename T, int D, int Stages>
-__device__ __forceinline__ void prefetch_first_blocks(const AttnArgs& a, int b, int hkv, int begin, int keys) {
+__device__ __forceinline__ DecodeFirstBlocks<D, Stages> prefetch_first_blocks(const AttnArgs& a, int b, int hkv,
+                                                                              int split) {
   using Tr = DecodeTraits<D, Stages>;
+  constexpr int kBlocks = Tr::kTile / kKvBlockSize;
+  prefetch_table_row<Tr::kThreads>(a, b);
+  const SplitRange r = split_range_hint<Tr::kTile>(a, b, split);
+  DecodeFirstBlocks<D, Stages> first;
+  first.begin = r.begin, first.end = r.end;
+#pragma unroll
+  for (int s = 0; s < Stages - 1; ++s) first.tile[s] = tile_blocks<kBlocks, true>(a, b, r.begin + s * Tr::kTile, r.end);
   const int dim = real_dim<D>(a);  // the rows' real length: a hint never reaches past a row
   const uint32_t kRowBytes = dim * sizeof(T);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int32_t* table = a.block_table + b * a.block_table_stride;
-  const int blocks = (keys + kKvBlockSize - 1) / kKvBlockSize;  // begin is a block boundary (split_range)
+  const int span = r.end - r.begin;
+  const int keys = span < (Stages - 1) * Tr::kTile ? span : (Stages - 1) * Tr::kTile;
 #pragma unroll
   for (int t = 0; t < 2; ++t) {
     const int64_t sb = t == 0 ? a.k_sb : a.v_sb, sh = t == 0 ? a.k_sh : a.v_sh, ss = t == 0 ? a.k_ss : a.v_ss;
     const T* base = static_cast<const T*>(t == 0 ? a.k : a.v);
-    if (ss == dim) {
-      for (int j = 0; j < blocks; ++j) {
-        if (lane != 0 || warp != (2 * j + t) % Tr::kWarps) continue;
-        const int n = keys - j * kKvBlockSize < kKvBlockSize ? keys - j * kKvBlockSize : kKvBlockSize;
-        const KvRow at = {__ldcg(table + begin / kKvBlockSize + j), 0};
-        prefetch_l2_bulk(base + kv_row_offset(at, sb, sh, ss, hkv), static_cast<uint32_t>(n) * kRowBytes);
-      }
-    } else {
-      for (int i = threadIdx.x; i < keys; i += Tr::kThreads) {
-        const int key = begin + i;
-        const KvRow at = {__ldcg(table + key / kKvBlockSize), key % kKvBlockSize};
-        prefetch_l2_bulk(base + kv_row_offset(at, sb, sh, ss, hkv), kRowBytes);
+#pragma unroll
+    for (int j = 0; j < (Stages - 1) * kBlocks; ++j) {
+      const int n = keys - j * kKvBlockSize < kKvBlockSize ? keys - j * kKvBlockSize : kKvBlockSize;  // its rows
+      const KvRow at = {first.tile[j / kBlocks].id[j % kBlocks], 0};
+      if (ss == dim) {
+        if (n > 0 && lane == 0 && warp == (2 * j + t) % Tr::kWarps)
+          prefetch_l2_bulk(base + kv_row_offset(at, sb, sh, ss, hkv), static_cast<uint32_t>(n) * kRowBytes);
+      } else {
+        static_assert(Tr::kThreads == 2 * kKvBlockSize, "strided rows: each half of the CTA takes every other block");
+        const int row = threadIdx.x % kKvBlockSize;
+        if (row < n && threadIdx.x / kKvBlockSize == j % 2)
+          prefetch_l2_bulk(base + kv_row_offset({at.outer, row}, sb, sh, ss, hkv), kRowBytes);
       }
     }
   }
+  return first;
 }
 
+// Before griddepcontrol.wait: L2 hints for the first tiles of this CTA's split; paged caches: also the prologue's
+// block ids as read then (prefetch_first_blocks). Contiguous caches return nothing to use.
 template <typename T, int D, int Stages>
-__device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, int hkv, int split) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ DecodeFirstBlocks<D, Stages> prefetch_first_tiles(const AttnArgs& a, int b, int hkv,
+                                                                             int split) {
   using Tr = DecodeTraits<D, Stages>;
+  if (a.block_table != nullptr) return prefetch_first_blocks<T, D, Stages>(a, b, hkv, split);
+  DecodeFirstBlocks<D, Stages> none = {};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int dim = real_dim<D>(a);
   const uint32_t kRowBytes = dim * sizeof(T);
-  const int len = kv_len_hint(a, b);
-  const int first = a.mask_mode == MaskMode::kPastLen
-                        ? decode_first_key(clamped_past(__ldcg(a.past_len + b), a.kv_capacity), a.window, len, Tr::kTile)
-                        : 0;
-  const SplitRange r = split_range(first, len, a.num_splits, Tr::kTile, split);
+  const SplitRange r = split_range_hint<Tr::kTile>(a, b, split);
   const int span = r.end - r.begin;
   const int keys = span < (Tr::kStages - 1) * Tr::kTile ? span : (Tr::kStages - 1) * Tr::kTile;
-  if (keys <= 0) return;
-  if (a.block_table != nullptr) {
-    prefetch_first_blocks<T, D, Stages>(a, b, hkv, r.begin, keys);
-    return;
-  }
+  if (keys <= 0) return none;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
   for (int t = 0; t < 2; ++t) {
@@ -137,6 +214,7 @@ __device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a, int b, i
     }
   }
 #endif
+  return none;
 }
 
 // --- the workspace combine: the combine kernel and the last-block combine ----------------------------------------
@@ -305,9 +383,10 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   const bool last_block = a.combine_counters != nullptr;  // the host sets them only with several splits, no cluster
   // With programmatic dependent launch this CTA may run while the previous kernel in the stream is still writing
   // (the combine of the previous call, RoPE + cache append, the GEMM producing Q). Before the wait: L2 hints only,
-  // which cannot change what any load returns. Everything that kernel may write -- Q, the new K/V rows, past_len,
-  // the workspace, the output, the counters -- is read or written only after it.
-  prefetch_first_tiles<T, D, Stages>(a, b, hkv, split);
+  // which cannot change what any load returns, and (paged) the block ids as they are then, whose loads are issued
+  // again after the wait if the ids read then differ. Everything that kernel may write -- Q, the new K/V rows,
+  // past_len, the table, the workspace, the output, the counters -- is read or written only after it.
+  const DecodeFirstBlocks<D, Stages> hint = prefetch_first_tiles<T, D, Stages>(a, b, hkv, split);
   pdl_wait_primary();  // the previous grid has completed and its memory is visible from here on
   // The next grid may start once this CTA has issued its last tile's loads (kStages tiles before the end of the
   // key loop, below), neither earlier nor later. Before the wait, every later call's grids would become resident one
@@ -358,18 +437,17 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
   const int c_src = chunk_real ? c : 0;
   const int range_end = chunk_real ? range.end : range.begin;  // no row of a padded chunk is read
   const int num_tiles = (range.end - range.begin + Tr::kTile - 1) / Tr::kTile;
-  // Contiguous: key at k_base + key * k_ss. Paged: a tile is kBlocks KV blocks (one at head_dim 128, two at 64;
-  // tiles start on a block boundary, split_range), each located once per tile (kv_locate); a block past the split's
-  // end is not looked up (its table entry may lie past the table). A row past the end reads nothing (zero-fill)
-  // from a valid row.
+  // Contiguous: key at k_base + key * k_ss. Paged: the tile's kBlocks block ids, read ahead (TileBlocks); a row
+  // past the end reads nothing (zero-fill) from a valid row, also in a block past the end (id 0).
   const bool paged = a.block_table != nullptr;
   const T* k_base = k_row<T>(a, KvRow{b, 0}, hkv) + c_src * 8;
   const T* v_base = v_row<T>(a, KvRow{b, 0}, hkv) + c_src * 8;
   constexpr int kBlocks = Tr::kTile / kKvBlockSize;
   constexpr int kPassesPerBlock = kKvBlockSize / Tr::kRowsPerPass;
   static_assert(Tr::kTile % kKvBlockSize == 0 && kKvBlockSize % Tr::kRowsPerPass == 0, "a pass stays in one block");
+  using Blocks = TileBlocks<kBlocks>;
   auto pass_dst = [&](int p) { return swizzled_pass<Tr::kRowBytes, Tr::kRowsPerPass>(dst0, lrow0, c, p); };
-  auto load_tile = [&](int tile) {
+  auto load_tile = [&](int tile, const Blocks& ids) {
     const int key0 = range.begin + tile * Tr::kTile;
     const uint32_t kdst = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes;
     const uint32_t vdst = kdst + Tr::kTileBytes;
@@ -377,8 +455,7 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
 #pragma unroll
       for (int i = 0; i < kBlocks; ++i) {
         const int first = key0 + i * kKvBlockSize;
-        if (first >= range.end) break;
-        const KvRow at = kv_locate(a, b, first);
+        const KvRow at = {ids.id[i], 0};
         const T* k_blk = k_row<T>(a, at, hkv) + c_src * 8;
         const T* v_blk = v_row<T>(a, at, hkv) + c_src * 8;
 #pragma unroll
@@ -401,9 +478,18 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
       cp_async_16(vdst + pass_dst(p), v_base + kk * a.v_ss, valid);
     }
   };
+  auto blocks_of = [&](int tile) { return tile_blocks<kBlocks>(a, b, range.begin + tile * Tr::kTile, range.end); };
+  // Paged: the ids of the prologue's tiles and the next one, read now (all at once); the prologue's loads go out
+  // from the ids read before the wait (the hint), which the ones read now confirm below.
+  Blocks first_ids[Tr::kStages - 1], next_ids = {};
+  if (paged) {
+#pragma unroll
+    for (int s = 0; s < Tr::kStages - 1; ++s) first_ids[s] = blocks_of(s);
+    next_ids = blocks_of(Tr::kStages - 1);
+  }
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < num_tiles) load_tile(s);
+    if (s < num_tiles) load_tile(s, hint.tile[s]);
     cp_async_commit();
   }
 
@@ -438,6 +524,24 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
     ldmatrix_x4(frag, q_smem + swizzled<Tr::kRowBytes>((mi & 1) * 8 + (lane & 7), ks * 2 + (mi >> 1)));
   };
 
+  if (paged) {
+    // The hint was read before the wait: where the split or an id has changed since, this thread waits for its
+    // loads and issues them again from the ids read after the wait (its own cp.async groups: no barrier needed).
+    bool stale = hint.begin != range.begin || hint.end != range.end;
+#pragma unroll
+    for (int s = 0; s < Tr::kStages - 1; ++s)
+#pragma unroll
+      for (int i = 0; i < kBlocks; ++i) stale |= hint.tile[s].id[i] != first_ids[s].id[i];
+    if (stale) {
+      cp_async_wait<0>();
+#pragma unroll
+      for (int s = 0; s < Tr::kStages - 1; ++s) {
+        if (s < num_tiles) load_tile(s, first_ids[s]);
+        cp_async_commit();
+      }
+    }
+  }
+
   // The iteration that issues the last tile's loads (the prologue issued them all when there are fewer tiles).
   const int trigger_tile = num_tiles > Tr::kStages ? num_tiles - Tr::kStages : 0;
   for (int tile = 0; tile < num_tiles; ++tile) {
@@ -450,7 +554,10 @@ __global__ void __launch_bounds__(128, 2) decode_split_kernel(const AttnArgs a) 
         for (int ks = 0; ks < D / 16; ++ks) load_q(qa[ks], ks);
       }
     }
-    if (tile + Tr::kStages - 1 < num_tiles) load_tile(tile + Tr::kStages - 1);
+    if (tile + Tr::kStages - 1 < num_tiles) {
+      load_tile(tile + Tr::kStages - 1, next_ids);
+      if (paged) next_ids = blocks_of(tile + Tr::kStages);  // used one iteration later: off the critical path
+    }
     cp_async_commit();
 
     const uint32_t kbuf = kv_smem + (tile % Tr::kStages) * 2 * Tr::kTileBytes;

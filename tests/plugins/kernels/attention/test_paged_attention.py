@@ -119,6 +119,69 @@ def test_paged_decode_equals_contiguous(dtype, dim, heads, batch, lengths, combi
         assert not options["combine_counters"].any().item(), f"{what}: combine counters left non-zero"
 
 
+# --- the split kernel's block ids, read ahead of its loads --------------------------------------------------------
+
+def _sms():
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+# (dim, KV heads, row lengths, splits, ring depth): one split streaming >= 32 tiles at one CTA per SM (4 stages),
+# more CTAs than SMs (2 stages, batch from the SM count), 3 stages, and 4 splits starting mid-row; lengths ending
+# inside a block and on block boundaries (head_dim 64: a last tile whose second block lies past the end).
+LONG_SPLITS = {"4stages-d128": (128, 2, [2100, 2047], 1, 4), "4stages-d64": (64, 2, [4200, 4160], 1, 4),
+               "2stages": (128, 8, [700, 641, 1000, 64], 1, 2), "3stages-d64": (64, 2, [1000, 1088], 1, 3),
+               "4splits": (128, 2, [3000, 2113], 4, 3)}
+
+
+@pytest.mark.parametrize("case", list(LONG_SPLITS))
+@pytest.mark.parametrize("dtype,softmax", [(torch.float16, "unified"), (torch.bfloat16, "synchronized")])
+def test_paged_decode_long_splits_equal_contiguous(case, dtype, softmax):
+    """Splits of many tiles: each tile's ids are read one tile ahead, through every ring depth."""
+    att = _att()
+    dim, kv_heads, lengths, splits, stages = LONG_SPLITS[case]
+    batch = len(lengths) if stages != 2 else _sms() // kv_heads + 1
+    rows = [lengths[b % len(lengths)] for b in range(batch)]
+    tiles = -(-max(rows) // (64 if dim >= 80 else 128))
+    assert att.decode_stages(batch * kv_heads * splits, _sms(), False, -(-tiles // splits)) == stages, case
+    k, v = caches_for(rows, kv_heads, dim, dtype)
+    q = torch.randn(batch, 4 * kv_heads, 1, dim, device="cuda").to(dtype)
+    past = torch.tensor([n - 1 for n in rows], dtype=torch.int64, device="cuda")
+    combine = {"decode_combine": "kernel"} if splits > 1 else {}
+    what = f"long split {case} {dtype} {softmax}"
+    ref, out, ref_counters, counters = run_both(q, k, v, past, rows, kernel="decode", softmax=softmax,
+                                                num_splits=splits, **combine)
+    assert_same_bits(ref, out, ref_counters, counters, what)
+    check_close(out, q, torch.nan_to_num(k), torch.nan_to_num(v), what, scale=dim ** -0.5, past_len=past)
+
+
+@pytest.mark.parametrize("dtype,dim,combine", pairwise_params(
+    {"dtype": DTYPES, "dim": [64, 128], "combine": ["direct", "kernel", "plan"]}))
+def test_paged_decode_shared_blocks_equal_contiguous(dtype, dim, combine):
+    """Table entries naming the same pool block: rows 1 and 2 share row 0's first 6 blocks (a common prompt prefix)
+    and row 2 names one block twice in a row; the copies they no longer name hold NaN."""
+    att = _att()
+    rows, prefix = [700, 900, 600], 6
+    k, v = caches_for(rows, 2, dim, dtype)
+    for cache in (k, v):
+        cache[1:, :, :prefix * BLOCK] = cache[0, :, :prefix * BLOCK]
+        cache[2, :, 8 * BLOCK:9 * BLOCK] = cache[2, :, 7 * BLOCK:8 * BLOCK]
+    (kp, vp), table = paginate((k, v), rows)
+    freed = [int(table[r, j]) for r in (1, 2) for j in range(prefix)] + [int(table[2, 8])]
+    table[1:, :prefix] = table[0, :prefix]
+    table[2, 8] = table[2, 7]
+    for pool in (kp, vp):
+        pool[freed] = float("nan")
+    q = torch.randn(3, 8, 1, dim, device="cuda").to(dtype)
+    past = torch.tensor([n - 1 for n in rows], dtype=torch.int64, device="cuda")
+    options = dict(COMBINES[combine], kernel="decode", max_kv_len=k.shape[2])
+    ref_counters, counters = att.Counters(), att.Counters()
+    ref = att.attention(q, k, v, past, counters=ref_counters, **options)
+    out = att.attention(q, kp, vp, past, block_table=table, counters=counters, **options)
+    what = f"shared blocks {dtype} d{dim} {combine}"
+    assert_same_bits(ref, out, ref_counters, counters, what)
+    check_close(out, q, torch.nan_to_num(k), torch.nan_to_num(v), what, scale=dim ** -0.5, past_len=past)
+
+
 # --- prefill chunks (and chunks the plan gives the decode kernel) --------------------------------------------------
 
 @pytest.mark.parametrize("dtype,dim,seq,past0,softmax,kernel", pairwise_params(
