@@ -113,6 +113,11 @@ def paged_cases(att, counters, combine_counters, configs):
             q = torch.randn(2, 4, 1, dim, device="cuda").to(dtype)
             att.attention(q, k, v, torch.tensor([63, 127], device="cuda"), block_table=table, max_kv_len=cap,
                           kernel="decode", num_splits=1, counters=counters)
+            lengths = [2100, 700]  # one split of many tiles: block ids read one tile ahead (4 stages at d128)
+            k, v, table, cap = pools(lengths, 2, dim, dtype)
+            q = torch.randn(2, 8, 1, dim, device="cuda").to(dtype)
+            att.attention(q, k, v, torch.tensor([n - 1 for n in lengths], device="cuda"), block_table=table,
+                          max_kv_len=cap, kernel="decode", num_splits=1, counters=counters)
             lengths = [330, 300]
             k, v, table, cap = pools(lengths, 2, dim, dtype)
             q = torch.randn(2, 4, 300, dim, device="cuda").to(dtype)
