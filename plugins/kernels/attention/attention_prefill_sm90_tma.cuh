@@ -195,18 +195,8 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
     setmaxnreg_inc<Tr::kConsumerRegs>();
     // Consumer warp cw holds rows 16 cw .. 16 cw + 15 of the block; its warpgroup wg rows 64 wg .. 64 wg + 63.
     const int cw = warp - Tr::kProducerThreads / 32;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int wg = cw >> 2;
-    const int wrow0 = cw * 16, wg_row0 = wg * 64;
-    const bool wg_has_rows = wg_row0 < rows_here;
-    const int wg_last = wg_row0 + 63 < rows_here - 1 ? wg_row0 + 63 : rows_here - 1;
-    const int wg_end = wg_has_rows ? visible_end(a, b, m0 + wg_last, kv_len) : 0;  // keys past it: no row sees
-    const int unmasked_end = a.mask_mode == MaskMode::kBias ? -1 : visible_end(a, b, m0 + wrow0, kv_len);
-    const bool causal = a.mask_mode == MaskMode::kPastLen;
-    const long long past_raw = causal ? a.past_len[b] : 0;  // clamped like kv_len_of(): never an int overflow
-    const int past = past_raw < 0 ? -1 : (past_raw > a.kv_capacity ? a.kv_capacity : static_cast<int>(past_raw));
-    const int masked_below =
-        visible_begin(a, b, m0 + (wrow0 + 15 < rows_here - 1 ? wrow0 + 15 : rows_here - 1), kv_len);
+    const Sm90WarpRows w(a, b, m0, rows_here, kv_len, cw, lane);
+    const int wg = w.wg, wg_end = w.wg_end;
 
     State state;
     state.init();
@@ -217,7 +207,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kNT / 2; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
     int pending = -1;  // the stage of that tile, -1: none
-    const uint32_t q_wg = q_smem + wg_row0 * 128;
+    const uint32_t q_wg = q_smem + w.wg_row0 * 128;
     const int my_turn = Tr::kTurnBarrier + wg, their_turn = Tr::kTurnBarrier + 1 - wg;
     // Turns: warpgroup 1 passes once up front so that warpgroup 0 goes first; after that each warpgroup waits
     // for its turn and passes it once per round (and warpgroup 0 takes one last turn at the end, so that every
@@ -250,38 +240,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
     // Scores -> p in place (scale, soft cap, mask, max, exponentials); alpha: the rescale O needs (1: none).
     auto softmax = [&](float (&sc)[Tr::kNT][4], int key0, float (&alpha)[2], auto frozen_phase) {
       constexpr bool kFrozen = decltype(frozen_phase)::value;
-      // x = s * log2(e); once the unified max is frozen, x - phi_row directly (one FFMA per score).
-      if (a.softcap_log2 > 0.f) {
-#pragma unroll
-        for (int n = 0; n < kNT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sc[n][e] = softcap_x(a, sc[n][e] * a.scale_log2) - (kFrozen ? state.m_sub[e >> 1] : 0.f);
-      } else {
-#pragma unroll
-        for (int n = 0; n < kNT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, kFrozen ? -state.m_sub[e >> 1] : 0.f);
-      }
-      // The mask, inline as in shapes 2 and 4 (a shared helper changed their register allocation).
-      if (key0 + Tr::kBlockN > unmasked_end || key0 < masked_below) {
-#pragma unroll
-        for (int n = 0; n < kNT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int lr = wrow0 + g + 8 * (e >> 1);
-            const int s_row = m0 + (lr < rows_here ? lr : 0);
-            const int key = key0 + n * 8 + 2 * t4 + (e & 1);
-            const int end = causal ? (past + s_row + 1 < kv_len ? past + s_row + 1 : kv_len) : kv_len;
-            bool visible = key < end && (a.window == 0 || past + s_row - key < a.window);
-            if (a.mask_mode == MaskMode::kBias && visible) {
-              bool unmasked;
-              sc[n][e] += bias_log2<T>(a, b, s_row, key, unmasked);
-              visible = unmasked;
-            }
-            if (!visible) sc[n][e] = -kInf;
-          }
-      }
+      sm90_scale_and_mask<T, kNT, Tr::kBlockN, kFrozen>(a, state, w, b, m0, rows_here, kv_len, key0, sc);
       alpha[0] = alpha[1] = 1.f;
       if constexpr (!kFrozen) {  // synchronized: every tile; anchored unified: only until the anchor freezes
 #pragma unroll
@@ -306,13 +265,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
           for (int i = 0; i < D / 8; ++i) o[i][2 * r] *= alpha[r], o[i][2 * r + 1] *= alpha[r];
         }
       }
-#pragma unroll
-      for (int ks = 0; ks < kNT / 2; ++ks) {  // the A fragment of k-step ks: score fragments 2 ks, 2 ks + 1
-        pa[ks][0] = Elem<T>::pack(sc[2 * ks][0], sc[2 * ks][1]);
-        pa[ks][1] = Elem<T>::pack(sc[2 * ks][2], sc[2 * ks][3]);
-        pa[ks][2] = Elem<T>::pack(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
-        pa[ks][3] = Elem<T>::pack(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
-      }
+      sm90_pack_p<T>(sc, pa);
       pending = stage;
     };
 
@@ -385,36 +338,8 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
     round(num_tiles, Anchoring{});  // drains the last P.V (no tile: the phase does not matter)
     if (wg == 0) turn_wait(my_turn);  // warpgroup 1's last pass
 
-    // Epilogue: normalize and store; remember which rows the guard flagged (shape 4's).
-    state.finish();
-    uint32_t flagged = 0;  // bit r: row g + 8 r of this warp
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int lr = wrow0 + g + 8 * r;
-      if (lr >= rows_here) continue;
-      if (state.guard_bits(r, a.lo_log2, a.hi_log2, a.max_floor_log2)) flagged |= 1u << r;
-      const float inv = state.l[r] > 0.f ? 1.f / state.l[r] : 0.f;
-      T* out = static_cast<T*>(a.out) + b * a.o_sb + hq * a.o_sh + static_cast<int64_t>(m0 + lr) * a.o_ss + 2 * t4;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        if (i * 8 >= real_dim<D>(a)) break;  // past the real head dims: not written
-        *reinterpret_cast<uint32_t*>(out + i * 8) = Elem<T>::pack(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-      }
-    }
-    if constexpr (kUnified) {
-      float* q_scratch = reinterpret_cast<float*>(smem + (scratch_smem - smem_addr(smem))) + cw * D;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        uint32_t lanes = __ballot_sync(0xffffffffu, (flagged >> r) & 1u) & 0x11111111u;  // one lane per quad
-        while (lanes) {
-          const int qg = (__ffs(lanes) - 1) >> 2;
-          lanes &= lanes - 1;
-          __syncwarp();  // this warp's stores of the row are done before the recompute overwrites them
-          if (lane == 0) atomicAdd(a.counters, 1ull);
-          recompute_row_warp<T, D>(a, b, hq, m0 + wrow0 + qg + 8 * r, kv_len, q_scratch);
-        }
-      }
-    }
+    float* q_scratch = reinterpret_cast<float*>(smem + (scratch_smem - smem_addr(smem))) + cw * D;
+    sm90_epilogue<T, D, kUnified>(a, state, o, w, b, hq, m0, rows_here, kv_len, q_scratch, lane);
   }
 #endif  // FDPP_WGMMA
 }
