@@ -47,6 +47,44 @@ struct PrefillSm90Traits {
   static_assert(kQBytes % 1024 == 0 && kTileBytes % 1024 == 0, "every swizzle panel 1024-byte aligned");
 };
 
+// The producer's cp.async copies of kRows rows into the 128-byte swizzled panels at dst0 (and, for a K/V tile,
+// the same rows of src1 to dst1), 16 bytes per lane and step: rows past valid_rows and head dims past the real ones
+// (80, 96 in the 128 kernel) are zero-filled and read nothing, so cache garbage past a sequence's end never reaches
+// a product. kUnroll: shape 4's producer warp has registers to spare, shape 5's producer warpgroup kProducerRegs.
+template <typename T, int D, int kRows, int kUnroll, bool kPair>
+__device__ __forceinline__ void sm90_copy_rows(const AttnArgs& a, int valid_rows, int lane, const T* src0,
+                                               int64_t stride0, uint32_t dst0, const T* src1 = nullptr,
+                                               int64_t stride1 = 0, uint32_t dst1 = 0) {
+  constexpr int kChunks = D / 8;
+  const int dim_chunks = real_dim<D>(a) / 8;
+#pragma unroll kUnroll
+  for (int i = lane; i < kRows * kChunks; i += 32) {
+    const int r = i / kChunks, c = i - r * kChunks;
+    const bool valid = r < valid_rows && c < dim_chunks;
+    const int64_t rr = valid ? r : 0, cc = valid ? c * 8 : 0;
+    const uint32_t off = sw128_offset(kRows, r, c);
+    cp_async_16(dst0 + off, src0 + rr * stride0 + cc, valid);
+    if constexpr (kPair) cp_async_16(dst1 + off, src1 + rr * stride1 + cc, valid);
+  }
+}
+
+// The shared memory of the wgmma kernels (shapes 4 and 5), from the dynamic base rounded up to the swizzle's
+// 1024-byte alignment: Q, the ring (stage s: K at kv + 2 s tiles, V right after it), the fallback's scratch, and
+// the barriers q_full, full[s], empty[s].
+template <int D>
+struct Sm90Smem {
+  using Tr = PrefillSm90Traits<D>;
+  uint32_t q, kv, scratch, q_full;
+  __device__ __forceinline__ explicit Sm90Smem(const unsigned char* smem) {
+    q = (smem_addr(smem) + 1023u) & ~1023u;
+    kv = q + Tr::kQBytes;
+    scratch = kv + Tr::kStages * 2 * Tr::kTileBytes;
+    q_full = scratch + Tr::kScratchBytes;
+  }
+  __device__ __forceinline__ uint32_t full(int s) const { return q_full + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t empty(int s) const { return q_full + 8 * (1 + Tr::kStages + s); }
+};
+
 // p for one score in the given phase: the anchored unified max frozen, anchoring, or the synchronized softmax.
 template <bool kFrozen, bool kUnified, typename State>
 __device__ __forceinline__ float phase_exp(State& state, int r, float x) {
@@ -180,13 +218,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
   auto tile_at = [&](int it) { return blk.tile_at(it); };
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
-  const uint32_t q_smem = base;
-  const uint32_t kv_smem = q_smem + Tr::kQBytes;  // stage s: K at kv_smem + 2 s tile, V right after it
-  const uint32_t scratch_smem = kv_smem + Tr::kStages * 2 * Tr::kTileBytes;
-  const uint32_t q_full = scratch_smem + Tr::kScratchBytes;  // then full[s], empty[s]
-  auto full = [&](int s) { return q_full + 8 * (1 + s); };
-  auto empty = [&](int s) { return q_full + 8 * (1 + Tr::kStages + s); };
+  const Sm90Smem<D> sm(smem);
+  const uint32_t q_smem = sm.q, kv_smem = sm.kv, scratch_smem = sm.scratch, q_full = sm.q_full;
+  auto full = [&](int s) { return sm.full(s); };
+  auto empty = [&](int s) { return sm.empty(s); };
   if (tid == 0) {
     mbar_init(q_full, 32);
 #pragma unroll
@@ -195,15 +230,8 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
   __syncthreads();
 
   if (warp == Tr::kConsumerWarps) {  // the producer warp
-    const T* q_base = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, 0);
-    // Chunks past the real head dims (80 and 96 in the 128 kernel) zero-fill and read nothing.
-    const int dim_chunks = real_dim<D>(a) / 8;
-#pragma unroll 8
-    for (int i = lane; i < Tr::kBlockM * Tr::kChunks; i += 32) {
-      const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
-      const bool valid = r < rows_here && c < dim_chunks;
-      cp_async_16(q_smem + sw128_offset(Tr::kBlockM, r, c), q_base + (valid ? (m0 + r) * a.q_ss + c * 8 : 0), valid);
-    }
+    const T* q_base = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, m0);
+    sm90_copy_rows<T, D, Tr::kBlockM, 8, false>(a, rows_here, lane, q_base, a.q_ss, q_smem);
     mbar_arrive_on_copies(q_full);
     for (int it = 0; it < num_tiles; ++it) {
       const int stage = it % Tr::kStages, use = it / Tr::kStages;
@@ -212,18 +240,8 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
       const int key0 = tile_at(it) * Tr::kBlockN;
       // A key tile is one KV block: one kv_locate per tile (attention_common.cuh).
       const KvRow at = kv_locate(a, b, key0);
-      const T* k_tile = k_row<T>(a, at, hkv);
-      const T* v_tile = v_row<T>(a, at, hkv);
-#pragma unroll 8
-      for (int i = lane; i < Tr::kBlockN * Tr::kChunks; i += 32) {
-        const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
-        // zero-fill past the end (cache garbage never reaches a product) and past the real head dims
-        const bool valid = key0 + r < key_end && c < dim_chunks;
-        const int64_t rr = valid ? r : 0, cc = valid ? c * 8 : 0;
-        const uint32_t off = sw128_offset(Tr::kBlockN, r, c);
-        cp_async_16(kdst + off, k_tile + rr * a.k_ss + cc, valid);
-        cp_async_16(vdst + off, v_tile + rr * a.v_ss + cc, valid);
-      }
+      sm90_copy_rows<T, D, Tr::kBlockN, 8, true>(a, key_end - key0, lane, k_row<T>(a, at, hkv), a.k_ss, kdst,
+                                                 v_row<T>(a, at, hkv), a.v_ss, vdst);
       mbar_arrive_on_copies(full(stage));
     }
     cp_async_wait<0>();

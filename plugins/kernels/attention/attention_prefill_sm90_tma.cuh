@@ -123,14 +123,10 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
   auto tile_at = [&](int it) { return blk.tile_at(it); };
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  // Shape 4's layout: Q, the ring (stage s: K, then V), the fallback's scratch, the barriers.
-  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
-  const uint32_t q_smem = base;
-  const uint32_t kv_smem = q_smem + Tr::kQBytes;
-  const uint32_t scratch_smem = kv_smem + Tr::kStages * 2 * Tr::kTileBytes;
-  const uint32_t q_full = scratch_smem + Tr::kScratchBytes;  // then full[s], empty[s]
-  auto full = [&](int s) { return q_full + 8 * (1 + s); };
-  auto empty = [&](int s) { return q_full + 8 * (1 + Tr::kStages + s); };
+  const Sm90Smem<D> sm(smem);  // shape 4's layout
+  const uint32_t q_smem = sm.q, kv_smem = sm.kv, scratch_smem = sm.scratch, q_full = sm.q_full;
+  auto full = [&](int s) { return sm.full(s); };
+  auto empty = [&](int s) { return sm.empty(s); };
   if (tid == 0) {
     mbar_init(q_full, 32);
 #pragma unroll
@@ -146,14 +142,8 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(&kmap) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(&vmap) : "memory");
     }
-    const T* q_base = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, 0);
-    const int dim_chunks = real_dim<D>(a) / 8;  // chunks past the real head dims zero-fill and read nothing
-#pragma unroll 2  // the producer has kProducerRegs registers
-    for (int i = lane; i < Tr::kBlockM * Tr::kChunks; i += 32) {
-      const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
-      const bool valid = r < rows_here && c < dim_chunks;
-      cp_async_16(q_smem + sw128_offset(Tr::kBlockM, r, c), q_base + (valid ? (m0 + r) * a.q_ss + c * 8 : 0), valid);
-    }
+    const T* q_base = row_ptr<T>(a.q, a.q_sb, a.q_sh, a.q_ss, b, hq, m0);
+    sm90_copy_rows<T, D, Tr::kBlockM, 2, false>(a, rows_here, lane, q_base, a.q_ss, q_smem);
     mbar_arrive_on_copies(q_full);
     for (int it = 0; it < num_tiles; ++it) {
       const int stage = it % Tr::kStages, use = it / Tr::kStages;
@@ -173,17 +163,8 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
           }
         }
       } else {  // the block's last visible key inside the tile: zero-fill the rest (shape 4's copies)
-        const T* k_tile = k_row<T>(a, at, hkv);
-        const T* v_tile = v_row<T>(a, at, hkv);
-#pragma unroll 2
-        for (int i = lane; i < Tr::kBlockN * Tr::kChunks; i += 32) {
-          const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
-          const bool valid = key0 + r < key_end && c < dim_chunks;
-          const int64_t rr = valid ? r : 0, cc = valid ? c * 8 : 0;
-          const uint32_t off = sw128_offset(Tr::kBlockN, r, c);
-          cp_async_16(kdst + off, k_tile + rr * a.k_ss + cc, valid);
-          cp_async_16(vdst + off, v_tile + rr * a.v_ss + cc, valid);
-        }
+        sm90_copy_rows<T, D, Tr::kBlockN, 2, true>(a, key_end - key0, lane, k_row<T>(a, at, hkv), a.k_ss, kdst,
+                                                   v_row<T>(a, at, hkv), a.v_ss, vdst);
         mbar_track_copies(full(stage));
         __syncwarp();  // every lane's copies are tracked before the phase's one arrival
         if (lane == 0) mbar_arrive(full(stage));
