@@ -85,6 +85,23 @@ struct Sm90Smem {
   __device__ __forceinline__ uint32_t empty(int s) const { return q_full + 8 * (1 + Tr::kStages + s); }
 };
 
+using Anchoring = std::integral_constant<bool, false>;
+using Frozen = std::integral_constant<bool, true>;
+
+// Calls step(it, phase) for the tiles 0 .. num_tiles - 1 in order: the phase is Frozen once the anchored unified
+// max has frozen (after the anchor tiles; never in the synchronized softmax), else Anchoring (a type, so that the
+// step's code tests it at compile time, never per score).
+template <bool kUnified, int kAnchorTiles, typename State, typename Step>
+__device__ __forceinline__ void sm90_walk_tiles(int num_tiles, State& state, Step& step) {
+  const int anchor_end = kUnified && num_tiles > kAnchorTiles ? kAnchorTiles : num_tiles;
+  int it = 0;
+  for (; it < anchor_end; ++it) step(it, Anchoring{});
+  if constexpr (kUnified) {
+    if (it < num_tiles) state.freeze();
+    for (; it < num_tiles; ++it) step(it, Frozen{});
+  }
+}
+
 // p for one score in the given phase: the anchored unified max frozen, anchoring, or the synchronized softmax.
 template <bool kFrozen, bool kUnified, typename State>
 __device__ __forceinline__ float phase_exp(State& state, int r, float x) {
@@ -326,15 +343,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
   };
 
   mbar_wait(q_full, 0);
-  using Anchoring = std::integral_constant<bool, false>;
-  using Frozen = std::integral_constant<bool, true>;
-  const int anchor_end = kUnified && num_tiles > Tr::kAnchorTiles ? Tr::kAnchorTiles : num_tiles;
-  int it = 0;
-  for (; it < anchor_end; ++it) tile(it, Anchoring{});
-  if constexpr (kUnified) {
-    if (it < num_tiles) state.freeze();
-    for (; it < num_tiles; ++it) tile(it, Frozen{});
-  }
+  sm90_walk_tiles<kUnified, Tr::kAnchorTiles>(num_tiles, state, tile);
 
   float* q_scratch = reinterpret_cast<float*>(smem + (scratch_smem - smem_addr(smem))) + warp * D;
   sm90_epilogue<T, D, kUnified>(a, state, o, w, b, hq, m0, rows_here, kv_len, q_scratch, lane);

@@ -307,15 +307,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
     };
 
     mbar_wait(q_full, 0);
-    using Anchoring = std::integral_constant<bool, false>;
-    using Frozen = std::integral_constant<bool, true>;
-    const int anchor_end = kUnified && num_tiles > Tr::kAnchorTiles ? Tr::kAnchorTiles : num_tiles;
-    int it = 0;
-    for (; it < anchor_end; ++it) round(it, Anchoring{});
-    if constexpr (kUnified) {
-      if (it < num_tiles) state.freeze();
-      for (; it < num_tiles; ++it) round(it, Frozen{});
-    }
+    sm90_walk_tiles<kUnified, Tr::kAnchorTiles>(num_tiles, state, round);
     round(num_tiles, Anchoring{});  // drains the last P.V (no tile: the phase does not matter)
     if (wg == 0) turn_wait(my_turn);  // warpgroup 1's last pass
 
