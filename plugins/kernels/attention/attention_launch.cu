@@ -151,12 +151,13 @@ cudaError_t launch_prefill_typed(AttnDtype dtype, const attn::AttnArgs& a, bool 
 // Tile shape 5, the TMA wgmma kernel: where the library holds its sm_90a code, else cudaErrorNotSupported.
 cudaError_t launch_prefill_tma_typed(const AttentionParams& p, const attn::AttnArgs& a, bool unified,
                                      cudaStream_t stream) {
+  if (p.dtype == AttnDtype::kFloat32) return cudaErrorNotSupported;
   bool available = false;
   const bool bf16 = p.dtype == AttnDtype::kBFloat16;
   cudaError_t err = bf16 ? attn::prefill_tma_available<__nv_bfloat16>(p.head_dim, &available)
                          : attn::prefill_tma_available<__half>(p.head_dim, &available);
   if (err != cudaSuccess) return err;
-  if (!available || p.dtype == AttnDtype::kFloat32) return cudaErrorNotSupported;
+  if (!available) return cudaErrorNotSupported;
   return bf16 ? attn::launch_prefill_tma<__nv_bfloat16>(a, unified, stream)
               : attn::launch_prefill_tma<__half>(a, unified, stream);
 }
