@@ -200,6 +200,30 @@ def test_prefill_matches_reference(dtype, dim, bhk, seq_past, softmax, config):
     assert counters.fallback_rows == 0, "unit-scale scores stay inside every row's anchored window"
 
 
+@pytest.mark.parametrize("dtype,dim,bhk,seq_past,softmax", pairwise_params(
+    {"dtype": DTYPES, "dim": [64, 96, 128], "bhk": [(1, 4, 4), (3, 9, 3)],
+     "seq_past": [(1000, 0), (97, 0), (300, 200), (129, 4000)], "softmax": SOFTMAXES},
+    ids={"bhk": _heads_id, "seq_past": lambda sp: "S{}past{}".format(*sp)}))
+def test_prefill_tma_shape_gives_the_bits_of_shape_4(dtype, dim, bhk, seq_past, softmax):
+    """Shape 5 runs shape 4's arithmetic in shape 4's order (S, mask, exponentials; O += P V of a tile before the
+    next tile's rescale); only the loads (TMA, cp.async for a block's last partial tile) and the schedule differ.
+    Lengths vary per sequence, with NaN in the cache past each one: the same bits and fallback counts."""
+    if not _hopper():
+        pytest.skip("prefill_config 4 and 5 are sm_90 (Hopper) wgmma kernels")
+    att = _att()
+    (batch, heads, kv_heads), (seq, past_len) = bhk, seq_past
+    q, k, v, past = make_inputs(batch, heads, kv_heads, seq, past_len + seq, dim, dtype, spread=True)
+    outs, fallback_rows = [], []
+    for config in HOPPER_CONFIGS:
+        counters = att.Counters()
+        outs.append(att.attention(q, k, v, past, kernel="prefill", softmax=softmax, counters=counters,
+                                  prefill_config=config))
+        fallback_rows.append(counters.fallback_rows)
+    assert torch.isfinite(outs[1]).all()
+    assert torch.equal(outs[0], outs[1]), f"max |cfg5 - cfg4| = {(outs[1].float() - outs[0].float()).abs().max()}"
+    assert fallback_rows[0] == fallback_rows[1]
+
+
 @pytest.mark.parametrize("config", HOPPER_CONFIGS)
 @pytest.mark.parametrize("softmax", SOFTMAXES)
 def test_prefill_wgmma_smoke(softmax, config):
