@@ -45,7 +45,7 @@ def parse_args(argv=None):
 def prefill_shapes():
     import torch
 
-    return (1, 2, 4) if torch.cuda.get_device_capability()[0] == 9 else (1, 2)
+    return (1, 2, 4, 5) if torch.cuda.get_device_capability()[0] == 9 else (1, 2)
 
 
 class Ours:
@@ -293,8 +293,8 @@ def bench_prefill(seq, quick, heads=32):
                 ("cudnn_us", [sdpa("cudnn", q, k, v, causal=True) for q, k, v, _ in sets]),
                 ("flash_us", [sdpa("flash", q, k, v, causal=True) for q, k, v, _ in sets])]
     # Each tile shape forced (1: 128 rows x 32-key steps, 2: 64 rows x 64-key steps, 4: 128 rows on warpgroup
-    # MMAs, sm_90 only), both softmax variants: the data behind prefill_tile_config() in attention_heuristics.h and
-    # the sm_90 plan in attention_launch.cu.
+    # MMAs, 5: shape 4 with TMA loads and ping-pong warpgroups; 4 and 5 sm_90 only), both softmax variants: the data
+    # behind prefill_tile_config() in attention_heuristics.h and the sm_90 plan in attention_launch.cu.
     for config in prefill_shapes():
         for softmax, short in (("unified", "unified"), ("synchronized", "sync")):
             variants.append((f"ours_{short}_cfg{config}_us",

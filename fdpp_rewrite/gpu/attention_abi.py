@@ -18,8 +18,9 @@ KERNEL_NAMES = {v: k for k, v in KERNELS.items()}
 CONTRACT = load_contract("AsyncSoftmaxAttention")
 SUPPORTED_HEAD_DIMS = tuple(CONTRACT.attributes["head_dim"]["choices"])  # what the kernels are built for
 # Prefill tile shapes: 0 = the plan's choice (4 where the GPU has it); 1 = 128 query rows x 32-key steps;
-# 2 = 64 query rows x 64-key steps; 4 = 128 query rows on Hopper's warpgroup MMAs (sm_90 only).
-PREFILL_CONFIGS = (0, 1, 2, 4)
+# 2 = 64 query rows x 64-key steps; 4 = 128 query rows on Hopper's warpgroup MMAs (sm_90 only); 5 = shape 4 with TMA
+# loads, a setmaxnreg producer warpgroup and ping-pong consumer warpgroups (sm_90 only; forced, never planned yet).
+PREFILL_CONFIGS = (0, 1, 2, 4, 5)
 # How decode combines its splits: the plan's choice; a second kernel through the workspace; inside a thread block
 # cluster of the splits (sm_90, 2 to 8 splits); in the last split CTA of each row block to finish (needs
 # combine_counters).

@@ -113,9 +113,10 @@ ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) 
   const int combine = static_cast<int>(p.decode_combine);
   if (combine < 0 || combine > 3)
     return invalid("unknown decode_combine " + str(combine) + " (0 plan, 1 kernel, 2 cluster, 3 last_block)");
-  if (p.prefill_config != 0 && p.prefill_config != 1 && p.prefill_config != 2 && p.prefill_config != 4)
+  if (p.prefill_config < 0 || p.prefill_config > 5 || p.prefill_config == 3)
     return invalid("unknown prefill_config " + str(p.prefill_config) +
-                   " (0 plan, 1 128 rows x 32-key steps, 2 64 rows x 64-key steps, 4 wgmma on sm_90)");
+                   " (0 plan, 1 128 rows x 32-key steps, 2 64 rows x 64-key steps, 4 wgmma on sm_90, 5 TMA + wgmma "
+                   "on sm_90)");
   if (p.prefill_config != 0 && !prefill_shape_takes(p, p.prefill_config))
     return unsupported("prefill_config " + str(p.prefill_config) + " is not built for head_dim " + str(p.head_dim) +
                        (p.softcap != 0.f || p.window != 0 ? " with softcap or window" : "") +

@@ -98,7 +98,7 @@ struct AttentionParams {
   // kAuto: the cluster where it can run (cluster_combine_ok), else the last-block combine when combine_counters is
   // given, else the combine kernel.
   DecodeCombine decode_combine = DecodeCombine::kAuto;
-  int prefill_config = 0;  // prefill tile shape: 0 = the plan (attention_forward), else 1, 2 or 4 (the C ABI's)
+  int prefill_config = 0;  // prefill tile shape: 0 = the plan (attention_forward), else 1, 2, 4 or 5 (the C ABI's)
   float scale = 1.0f, phi = contract::kAttentionPhiDefault;
   float guard_lo = contract::kAttentionGuardLoDefault, guard_hi = contract::kAttentionGuardHiDefault;
   // Logit soft-capping: s = softcap * tanh(s / softcap) after the scale, before the mask (Gemma 2); 0 = none.
@@ -164,9 +164,10 @@ struct RopeAppendParams {
   int kv_block_size = 0;
 };
 
-// Whether prefill tile shape `config` (1, 2 or 4; attention_prefill_impl.cuh) is built for these parameters: head_dim
-// 256 has the 64-row shape 2 only; shape 1 (128 rows, at 255 registers) is compiled without soft-capping, the sliding
-// window and the zero-filled head dims 80 and 96 (their code made it spill), which shapes 2 and 4 have.
+// Whether prefill tile shape `config` (1, 2, 4; attention_prefill_impl.cuh; 5, attention_prefill_sm90_tma.cuh) is
+// built for these parameters: head_dim 256 has the 64-row shape 2 only; shape 1 (128 rows, at 255 registers) is
+// compiled without soft-capping, the sliding window and the zero-filled head dims 80 and 96 (their code made it
+// spill), which shapes 2, 4 and 5 have.
 // Example: head_dim 96, config 1 -> false; head_dim 128 with softcap 50, config 2 -> true.
 inline bool prefill_shape_takes(const AttentionParams& p, int config) {
   if (kernel_head_dim(p.head_dim) == 256) return config == 2;

@@ -20,10 +20,13 @@ def _att():
     return attention_api()
 
 
+HOPPER_CONFIGS = (4, 5)  # the wgmma tile shapes: 4 cp.async, 5 TMA with ping-pong warpgroups
+
+
 def skip_unless_hopper(config):
-    """Tile shape 4 runs warpgroup MMAs, which only sm_90 has."""
-    if config == 4 and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("prefill_config 4 is the sm_90 (Hopper) wgmma kernel")
+    """Tile shapes 4 and 5 run warpgroup MMAs, which only sm_90 has."""
+    if config in HOPPER_CONFIGS and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip(f"prefill_config {config} is an sm_90 (Hopper) wgmma kernel")
 
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -178,10 +181,10 @@ def test_decode_grid_sized_for_the_cache_handles_short_sequences():
     check_close(out, q, kr, vr, "short sequences in a long cache", scale=128 ** -0.5, past_len=past)
 
 
-# 128 rows x 32-key steps, 64 rows x 64-key steps, 128 rows on warpgroup MMAs (sm_90)
+# 128 rows x 32-key steps, 64 rows x 64-key steps, 128 rows on warpgroup MMAs (sm_90: cp.async, TMA)
 @pytest.mark.parametrize("dtype,dim,bhk,seq_past,softmax,config", pairwise_params(
     {"dtype": DTYPES, "dim": HEAD_DIMS, "bhk": [(1, 4, 4), (3, 9, 3)],
-     "seq_past": [(1000, 0), (97, 0), (300, 200), (129, 4000)], "softmax": SOFTMAXES, "config": [1, 2, 4]},
+     "seq_past": [(1000, 0), (97, 0), (300, 200), (129, 4000)], "softmax": SOFTMAXES, "config": [1, 2, 4, 5]},
     valid=lambda c: prefill_shape_built(c["dim"], c["config"]),
     ids={"bhk": _heads_id, "seq_past": lambda sp: "S{}past{}".format(*sp), "config": lambda c: f"cfg{c}"}))
 def test_prefill_matches_reference(dtype, dim, bhk, seq_past, softmax, config):
@@ -197,23 +200,48 @@ def test_prefill_matches_reference(dtype, dim, bhk, seq_past, softmax, config):
     assert counters.fallback_rows == 0, "unit-scale scores stay inside every row's anchored window"
 
 
+@pytest.mark.parametrize("dtype,dim,bhk,seq_past,softmax", pairwise_params(
+    {"dtype": DTYPES, "dim": [64, 96, 128], "bhk": [(1, 4, 4), (3, 9, 3)],
+     "seq_past": [(1000, 0), (97, 0), (300, 200), (129, 4000)], "softmax": SOFTMAXES},
+    ids={"bhk": _heads_id, "seq_past": lambda sp: "S{}past{}".format(*sp)}))
+def test_prefill_tma_shape_gives_the_bits_of_shape_4(dtype, dim, bhk, seq_past, softmax):
+    """Shape 5 runs shape 4's arithmetic in shape 4's order (S, mask, exponentials; O += P V of a tile before the
+    next tile's rescale); only the loads (TMA, cp.async for a block's last partial tile) and the schedule differ.
+    Lengths vary per sequence, with NaN in the cache past each one: the same bits and fallback counts."""
+    if not _hopper():
+        pytest.skip("prefill_config 4 and 5 are sm_90 (Hopper) wgmma kernels")
+    att = _att()
+    (batch, heads, kv_heads), (seq, past_len) = bhk, seq_past
+    q, k, v, past = make_inputs(batch, heads, kv_heads, seq, past_len + seq, dim, dtype, spread=True)
+    outs, fallback_rows = [], []
+    for config in HOPPER_CONFIGS:
+        counters = att.Counters()
+        outs.append(att.attention(q, k, v, past, kernel="prefill", softmax=softmax, counters=counters,
+                                  prefill_config=config))
+        fallback_rows.append(counters.fallback_rows)
+    assert torch.isfinite(outs[1]).all()
+    assert torch.equal(outs[0], outs[1]), f"max |cfg5 - cfg4| = {(outs[1].float() - outs[0].float()).abs().max()}"
+    assert fallback_rows[0] == fallback_rows[1]
+
+
+@pytest.mark.parametrize("config", HOPPER_CONFIGS)
 @pytest.mark.parametrize("softmax", SOFTMAXES)
-def test_prefill_wgmma_smoke(softmax):
-    """The first check of the sm_90 kernel (scripts/device_job.sh runs it alone before anything else): one block
+def test_prefill_wgmma_smoke(softmax, config):
+    """The first check of the sm_90 kernels (scripts/device_job.sh runs it alone before anything else): one block
     of 128 rows and a ragged second one, against the reference. Off sm_90 the forced tile shape is an error, never
     another shape's result."""
     att = _att()
     q, k, v, past = make_inputs(1, 2, 2, 200, 200, 128, torch.float16)
     if not _hopper():
-        with pytest.raises(att.FdppError, match="unsupported"):
-            att.attention(q, k, v, past, kernel="prefill", softmax=softmax, prefill_config=4)
+        with pytest.raises(att.FdppError, match="unsupported|not supported"):
+            att.attention(q, k, v, past, kernel="prefill", softmax=softmax, prefill_config=config)
         return
-    out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, prefill_config=4)
+    out = att.attention(q, k, v, past, kernel="prefill", softmax=softmax, prefill_config=config)
     kr, vr = reference_view(k, v, past, 200)
-    check_close(out, q, kr, vr, f"wgmma smoke {softmax}", scale=128 ** -0.5, past_len=past)
+    check_close(out, q, kr, vr, f"wgmma smoke {softmax} cfg{config}", scale=128 ** -0.5, past_len=past)
 
 
-@pytest.mark.parametrize("config", [0, 1, 2, 4])
+@pytest.mark.parametrize("config", [0, 1, 2, 4, 5])
 def test_prefill_grid_of_about_two_waves(config):
     """32 heads x 9 query blocks = 288 CTAs (128 rows; 576 at 64): the second wave runs in reverse (light-first)
     work order."""
@@ -225,7 +253,7 @@ def test_prefill_grid_of_about_two_waves(config):
     check_close(out, q, kr, vr, f"prefill 1100 rows cfg{config}", scale=128 ** -0.5, past_len=past)
 
 
-@pytest.mark.parametrize("config", [1, 2, 4])
+@pytest.mark.parametrize("config", [1, 2, 4, 5])
 def test_prefill_rows_with_nothing_visible_output_zero_in_every_tile_shape(config):
     """A bias mask that hides every key from some rows: those rows output exactly 0 (never NaN) in every tile
     shape, and the other rows still match the reference."""
@@ -244,7 +272,7 @@ def test_prefill_rows_with_nothing_visible_output_zero_in_every_tile_shape(confi
     assert (out[:, :, keep].float() - expected).abs().max().item() < 2e-2
 
 
-@pytest.mark.parametrize("config", [3, 5])  # 3, the rolled 128-row shape, is gone
+@pytest.mark.parametrize("config", [3, 6])  # 3, the rolled 128-row shape, is gone; 6 was never built
 def test_prefill_rejects_an_unknown_tile_shape(config):
     from fdpp_rewrite.errors import FdppError
 
@@ -299,7 +327,7 @@ def test_adversarial_scores_stay_exact(dtype, path, softmax):
     q, k, v, past, kr, vr = adversarial_inputs(seq, dtype)
     configs = (0,)
     if kernel == "prefill":  # every tile shape
-        configs = (1, 2, 4) if torch.cuda.get_device_capability()[0] == 9 else (1, 2)
+        configs = (1, 2, *HOPPER_CONFIGS) if torch.cuda.get_device_capability()[0] == 9 else (1, 2)
     for scale, config in ((s, c) for s in (128 ** -0.5, 30.0) for c in configs):  # 30: ordinary scores ~ +-1e4
         counters = att.Counters()
         out = att.attention(q, k, v, past, kernel=kernel, softmax=softmax, scale=scale, num_splits=splits,
@@ -387,11 +415,13 @@ def test_prefill_fallback_counts_rows_beyond_their_anchor():
     # The simulation models 128-row blocks (tile shape 1); the guard_hi of 11 is the simulation's.
     out = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=counters, prefill_config=1)
     check_close(out, q, k, v, "prefill spike", scale=128 ** -0.5, past_len=past)
-    if torch.cuda.get_device_capability()[0] == 9:  # the wgmma kernel: the same 128-row blocks and anchors
-        hopper = att.Counters()
-        out4 = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=hopper, prefill_config=4)
-        check_close(out4, q, k, v, "prefill spike, wgmma", scale=128 ** -0.5, past_len=past)
-        assert hopper.fallback_rows == counters.fallback_rows
+    if torch.cuda.get_device_capability()[0] == 9:  # the wgmma kernels: the same 128-row blocks and anchors
+        for config in HOPPER_CONFIGS:
+            hopper = att.Counters()
+            out4 = att.attention(q, k, v, past, kernel="prefill", guard_hi=11.0, counters=hopper,
+                                 prefill_config=config)
+            check_close(out4, q, k, v, f"prefill spike, wgmma cfg{config}", scale=128 ** -0.5, past_len=past)
+            assert hopper.fallback_rows == counters.fallback_rows, f"cfg{config}"
     scores = (q[:, :1].float() @ k[:, :1].float().transpose(-1, -2)) * 128 ** -0.5
     scores = scores.masked_fill(torch.ones(seq, seq, device="cuda").triu(1).bool(), -math.inf).cpu()
     expected = anchored_prefill_fallbacks(scores)  # the same rule, simulated on the CPU

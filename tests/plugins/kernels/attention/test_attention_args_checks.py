@@ -70,6 +70,8 @@ def test_new_head_sizes_with_a_cap_and_a_window_are_accepted(dim):
     (128, {"window": 8, "mask_mode": 2}, FDPP_ERR_INVALID_ARGUMENT, "window 8 needs mask_mode past_len"),
     (256, {"prefill_config": 1}, FDPP_ERR_UNSUPPORTED, "prefill_config 1 is not built for head_dim 256"),
     (256, {"prefill_config": 4}, FDPP_ERR_UNSUPPORTED, "prefill_config 4 is not built for head_dim 256"),
+    (256, {"prefill_config": 5}, FDPP_ERR_UNSUPPORTED, "prefill_config 5 is not built for head_dim 256"),
+    (128, {"prefill_config": 6}, FDPP_ERR_INVALID_ARGUMENT, "unknown prefill_config 6"),
     (80, {"prefill_config": 1}, FDPP_ERR_UNSUPPORTED, "prefill_config 1 is not built for head_dim 80"),
     (128, {"prefill_config": 1, "window": 64}, FDPP_ERR_UNSUPPORTED, "with softcap or window"),
 ])
@@ -79,7 +81,7 @@ def test_bad_head_dim_softcap_window_and_shapes_are_refused(dim, changes, code, 
 
 
 def test_a_plain_128_prefill_keeps_every_tile_shape():
-    for config in (1, 2, 4):
+    for config in (1, 2, 4, 5):
         assert status(args(128, prefill_config=config)) == FDPP_OK, last_error()
 
 

@@ -80,7 +80,7 @@ def test_paged_new_head_sizes_equal_contiguous(kernel, dim, dtype, window):
 
 @pytest.mark.parametrize("path,dim,dtype,softcap,window", pairwise_params(
     {"path": [("decode", 0, 0), ("decode", 0, 3), ("prefill", 0, 0), ("prefill", 2, 0), ("prefill", 4, 0),
-              ("rowwise", 0, 0)],
+              ("prefill", 5, 0), ("rowwise", 0, 0)],
      "dim": [64, 96, 128, 256], "dtype": DTYPES, "softcap": [0.0, 30.0], "window": [0, 1, 700]},
     valid=lambda c: bool(c["softcap"] or c["window"]) and (
         c["path"][0] != "prefill" or prefill_shape_built(c["dim"], c["path"][1], c["softcap"], c["window"])),
@@ -89,8 +89,8 @@ def test_softcap_and_window_match_reference(path, dim, dtype, softcap, window):
     """Every kernel with a cap and/or a window (1: each query sees only itself; 700: the decode splits start past
     key 0 and the prefill skips whole tiles) against the reference that caps and windows the same way."""
     kernel, config, splits = path
-    if config == 4 and not _hopper():
-        pytest.skip("prefill_config 4 is the sm_90 (Hopper) wgmma kernel")
+    if config in (4, 5) and not _hopper():
+        pytest.skip(f"prefill_config {config} is an sm_90 (Hopper) wgmma kernel")
     att = _att()
     seq = {"decode": 4, "prefill": 150, "rowwise": 3}[kernel]
     q, k, v, past = make_inputs(2, 8, 2, seq, 1500, dim, dtype, spread=True, q_scale=4.0)
@@ -103,14 +103,15 @@ def test_softcap_and_window_match_reference(path, dim, dtype, softcap, window):
     assert counters.clamped_rows == 0
 
 
-@pytest.mark.parametrize("kernel,config", [("decode", 0), ("prefill", 2), ("prefill", 4), ("rowwise", 0)])
+@pytest.mark.parametrize("kernel,config", [("decode", 0), ("prefill", 2), ("prefill", 4), ("prefill", 5),
+                                           ("rowwise", 0)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_adversarial_scores_with_softcap_and_window_stay_exact(kernel, config, dtype):
     """Scores of order +-1e4 (scale 30), capped at 50, inside a window of 512: with phi = 0 and guard_hi = cap (the
     setting docs/notes-attention.md gives for a cap) no row falls back and none is non-finite; forcing every row to
     the fallback (phi far off) gives the same result."""
-    if config == 4 and not _hopper():
-        pytest.skip("prefill_config 4 is the sm_90 (Hopper) wgmma kernel")
+    if config in (4, 5) and not _hopper():
+        pytest.skip(f"prefill_config {config} is an sm_90 (Hopper) wgmma kernel")
     att = _att()
     seq = 1 if kernel == "decode" else 64
     q, k, v, past = make_inputs(2, 8, 2, seq, 1500, 128, dtype, spread=True)
@@ -135,6 +136,7 @@ def test_adversarial_scores_with_softcap_and_window_stay_exact(kernel, config, d
 @pytest.mark.parametrize("dim,options,message", [
     (256, {"prefill_config": 1}, "prefill_config 1 is not built for head_dim 256"),
     (256, {"prefill_config": 4}, "prefill_config 4 is not built for head_dim 256"),
+    (256, {"prefill_config": 5}, "prefill_config 5 is not built for head_dim 256"),
     (96, {"prefill_config": 1}, "prefill_config 1 is not built for head_dim 96"),
     (128, {"prefill_config": 1, "softcap": 50.0}, "with softcap or window"),
     (128, {"window": 8, "mask_mode": "none"}, "window"),

@@ -186,14 +186,14 @@ def test_paged_decode_shared_blocks_equal_contiguous(dtype, dim, combine):
 
 @pytest.mark.parametrize("dtype,dim,seq,past0,softmax,kernel", pairwise_params(
     {"dtype": DTYPES, "dim": [64, 128], "seq": [16, 100, 256], "past0": [0, 37, 300], "softmax": SOFTMAXES,
-     "kernel": [("prefill", 1), ("prefill", 2), ("prefill", 4), ("auto", 0)]},
+     "kernel": [("prefill", 1), ("prefill", 2), ("prefill", 4), ("prefill", 5), ("auto", 0)]},
     ids={"kernel": lambda k: "{}{}".format(*k)}))
 def test_paged_prefill_chunk_equals_contiguous(dtype, dim, seq, past0, softmax, kernel):
     """A chunk of seq tokens after past0 (and a shorter second row): the prefill tile shapes and the plan, whose
     small grids run the decode kernel with several causal query rows."""
     name, config = kernel
-    if config == 4 and not _hopper():
-        pytest.skip("prefill_config 4 is the sm_90 (Hopper) wgmma kernel")
+    if config in (4, 5) and not _hopper():
+        pytest.skip(f"prefill_config {config} is an sm_90 (Hopper) wgmma kernel")
     past = [past0, past0 // 2 + 5]
     rows = [p + seq for p in past]
     k, v = caches_for(rows, 2, dim, dtype)
@@ -230,7 +230,7 @@ def test_paged_adversarial_scores_give_the_same_bits(dtype, path, softmax):
     rows = [int(p) + seq for p in past]
     configs = (0,)
     if kernel == "prefill":  # every tile shape
-        configs = (1, 2, 4) if _hopper() else (1, 2)
+        configs = (1, 2, 4, 5) if _hopper() else (1, 2)
     for scale, config in ((s, c) for s in (128 ** -0.5, 30.0) for c in configs):
         what = f"adversarial {kernel} {softmax} scale={scale} cfg{config}"
         ref, out, ref_counters, counters = run_both(q, k, v, past, rows, kernel=kernel, softmax=softmax, scale=scale,
