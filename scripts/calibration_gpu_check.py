@@ -59,6 +59,7 @@ def main(argv=None) -> int:
                   ("decode_uncalibrated", "decode", {"scale": scale})]
         if hopper:
             checks.append(("prefill_wgmma", "prefill", {**tuned, "prefill_config": 4}))
+            checks.append(("prefill_wgmma_tma", "prefill", {**tuned, "prefill_config": 5}))
         for name, kernel, options in checks:
             counters = att.Counters()
             out = att.attention(q, k, v, past, kernel=kernel, counters=counters, **options)

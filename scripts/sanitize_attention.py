@@ -27,7 +27,7 @@ def main() -> int:
         k = torch.randn(batch, kv_heads, cap, dim, device="cuda").to(dtype)
         return q, k, torch.randn_like(k)
 
-    configs = (1, 2, 4) if torch.cuda.get_device_capability()[0] == 9 else (1, 2)  # 4: sm_90 only
+    configs = (1, 2, 4, 5) if torch.cuda.get_device_capability()[0] == 9 else (1, 2)  # 4 and 5: sm_90 only
     for dtype in (torch.float16, torch.bfloat16):
         for dim in (64, 128):
             q, k, v = inputs(3, 6, 2, 1, 200, dim, dtype)

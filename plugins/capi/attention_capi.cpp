@@ -163,10 +163,9 @@ fdpp_status fdpp_attention_forward(const fdpp_attention_args* args, void* worksp
                              splits + " splits); use 0 (plan) or 1 (kernel)");
     }
     const cudaError_t err = fdpp::attention_forward(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
-    if (err == cudaErrorNotSupported && p.prefill_config == 4)
-      return unsupported(fn,
-                         "prefill_config 4 (the wgmma kernel) needs an sm_90 GPU and a library built for 90a; "
-                         "use 0 (the plan)");
+    if (err == cudaErrorNotSupported && (p.prefill_config == 4 || p.prefill_config == 5))
+      return unsupported(fn, "prefill_config " + str(static_cast<long long>(p.prefill_config)) +
+                                 " (a wgmma kernel) needs an sm_90 GPU and a library built for 90a; use 0 (the plan)");
     return fdpp::from_cuda(err, fn);
   });
 }

@@ -53,7 +53,9 @@ typedef struct fdpp_attention_args {
   int32_t prefill_config;  // prefill tile shape: 0 = the plan's choice (4 where the GPU and library have it, else
                            // 1 or 2 by prefill_tile_config), 1 = 128 query rows x 32-key steps, 2 = 64 query
                            // rows x 64-key steps, 4 = 128 rows on warpgroup MMAs (sm_90 with the library's 90a
-                           // code; elsewhere FDPP_ERR_UNSUPPORTED); benchmarks and tests force one
+                           // code; elsewhere FDPP_ERR_UNSUPPORTED), 5 = shape 4 with TMA K/V loads, a setmaxnreg
+                           // producer warpgroup and ping-pong consumers (sm_90, 90a code; forced only, never
+                           // planned yet); benchmarks and tests force one
   int32_t decode_combine;  // fdpp_decode_combine; CLUSTER where the plan cannot take it: FDPP_ERR_UNSUPPORTED
   int32_t pdl;             // fdpp_pdl for the decode kernels: AUTO (0) unless K/V are written by a kernel that may
                            // still run when attention starts

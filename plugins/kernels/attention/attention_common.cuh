@@ -42,7 +42,7 @@ struct AttnArgs {
   int cluster_combine;  // 1: the splits of a row block form a thread block cluster whose first CTA combines them
   int decode_stages;    // pipeline stages of the split kernel (host-chosen: decode_stages() in attention_heuristics.h)
   int prefill_slots;    // prefill: CTAs resident on the GPU at once (orders the work, see prefill_kernel)
-  int prefill_config;   // prefill tile shape (host-chosen in attention_forward): 1, 2 or 4
+  int prefill_config;   // prefill tile shape (host-chosen in attention_forward): 1, 2, 4 or 5
   float* ws_acc;        // [rows][splits][head_dim] partial sums of p * v
   float* ws_l;          // [rows][splits] partial sums of p
   uint32_t* ws_stat;    // [rows][splits] guard flag bits (unified) or the running max as float bits (synchronized)
