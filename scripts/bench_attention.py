@@ -429,6 +429,22 @@ def plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+def claim_output(path: Path, force: bool) -> None:
+    """Refuse to overwrite an existing result without --force (before any GPU work); create its folder."""
+    from fdpp_rewrite.errors import FdppError
+
+    if path.exists() and not force:
+        raise FdppError(f"{path} exists; pass --force to overwrite")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def write_json(path: Path, result: dict) -> None:
+    """Write atomically: a reader never sees half a file, and a failed write leaves the old one."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(result, indent=1))
+    temporary.replace(path)
+
+
 def result_header(schema: str) -> dict:
     """The fields a results JSON of these benchmarks starts with: schema, command line, time, GPU, torch, method."""
     torch = torch_module()

@@ -14,11 +14,9 @@ peers, median replay time / calls. A peer that refuses a head size is reported w
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from bench_attention import Ours, copies_for, result_header, sdpa, time_variants
+from bench_attention import Ours, claim_output, copies_for, result_header, sdpa, time_variants, write_json
 
 HEAD_DIMS = (80, 96, 128, 256)
 BATCHES = (1, 4, 16)
@@ -89,10 +87,7 @@ def main(argv=None) -> int:
     from fdpp_rewrite.errors import require_gpu
 
     require_gpu("bench_attention_heads")
-    if args.out.exists() and not args.force:
-        print(f"error: {args.out} exists; pass --force to overwrite", file=sys.stderr)
-        return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    claim_output(args.out, args.force)
     torch.manual_seed(0)
     points = [("decode", d, b, length) for d in HEAD_DIMS for b in BATCHES for length in CONTEXTS]
     points += [("prefill", d, 1, length) for d in HEAD_DIMS for length in PREFILL_LENGTHS]
@@ -101,9 +96,7 @@ def main(argv=None) -> int:
         rows.append(bench_point(phase, dim, batch, length, args.quick))
         print(f"{phase} d{dim} B{batch} L{length}: {describe(rows[-1])}", flush=True)
     result = {**result_header("fdpp-bench-attention-heads/1"), "rows": rows}
-    temporary = args.out.with_name(args.out.name + ".tmp")
-    temporary.write_text(json.dumps(result, indent=1))
-    temporary.replace(args.out)
+    write_json(args.out, result)
     print(f"\nwrote {args.out}")
     return 0
 

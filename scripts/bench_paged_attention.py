@@ -22,11 +22,9 @@ contiguous speed ratio (contiguous time / paged time: 1.0 = no cost, below 1 = p
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from bench_attention import L2_BYTES, Ours, result_header, time_variants
+from bench_attention import L2_BYTES, Ours, claim_output, result_header, time_variants, write_json
 
 BATCHES = (1, 16, 64, 256)
 CONTEXTS = (512, 2048, 8192)
@@ -125,10 +123,7 @@ def main(argv=None) -> int:
     from fdpp_rewrite.errors import require_gpu
 
     require_gpu("bench_paged_attention")
-    if args.out.exists() and not args.force:
-        print(f"error: {args.out} exists; pass --force to overwrite", file=sys.stderr)
-        return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    claim_output(args.out, args.force)
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     rows = []
@@ -142,7 +137,7 @@ def main(argv=None) -> int:
                 print(f"{heads}/{kv_heads} B{batch} L{context}: {status}", flush=True)
     print_table(rows)
     result = {**result_header("fdpp-bench-paged-attention/1"), "rows": rows}
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     print(f"\nwrote {args.out}")
     return 0
 
