@@ -49,16 +49,20 @@
 #             decode-heavy mix at 16/256 (256/512), the shared-prefix mix at 64 (384) with prefix caching on, then
 #             off (a second server); then bench at batch 256 over the decode-heavy mix's contexts (its mean prompt,
 #             its output as new tokens) -> serve_bench_decode_heavy.json (est. 7-9 min: two warm-ups)
-#   capacity  the 16K engine ($WORK/capacity: --kv-memory ${PAGED_KV:-0.9}, max seq LONG_SEQ, from paged's graph;
-#             13 GiB) served without warm-up; 48 clients send one 8,192-token sequence each (loadgen --mix
-#             8k-sequences, /metrics read every 0.5 s): the most held at once, and the KV pool line (est. 3 min)
+#   capacity_build  the 16K engine ($WORK/capacity: --kv-memory ${PAGED_KV:-0.9}, max seq LONG_SEQ, from paged's
+#             graph; 13 GiB; est. 1.5 min)
+#   capacity  capacity_build, then the 16K engine served without warm-up; 48 clients send one 8,192-token sequence
+#             each (loadgen --mix 8k-sequences, /metrics read every 0.5 s): the most held at once, and the KV pool
+#             line (est. 1.5 min)
 #   soak_paged  the 16K engine served (--warmup ${SOAK_WARMUP:-decode}); 128 warm-up requests, then 2,000
 #             (SOAK_REQUESTS) of 128-8K prompts at 128 clients, 20% cancelled, 30% with a stop string; nvidia-smi's
 #             memory.used every 2 s over them -> serve_soak/, soak_gpu_memory.tsv (est. 5-6 min)
-#   llama3    llama3-8b (random weights) exported, rewritten and built paged (--kv-memory ${PAGED_KV:-0.9}, max seq
-#             8320) in $WORK/llama3 (15 GiB; 34 GiB free needed: below that it deletes the capacity engine and
-#             llama2's graph first); bench at batch 256 x context 1024/2048 (LLAMA3_CONTEXT), served (--warmup
-#             ${LLAMA3_WARMUP:-all}) at 256 clients, 512 requests of 1K-4K prompts (est. 8-9 min)
+#   llama3_graph  llama3-8b (random weights) exported and rewritten into $WORK/llama3 (CPU only: it can run beside
+#             soak_paged; 32 GiB free needed, 15 kept: short of that it deletes $WORK/paged, llama2's graph and
+#             paged engine, never the 16K engine; est. 3-4 min)
+#   llama3    llama3_graph, then built paged (--kv-memory ${PAGED_KV:-0.9}, max seq 8320; 15 GiB); bench at batch
+#             256 x context 1024/2048 (LLAMA3_CONTEXT; 4K does not fit 256 rows), then served (--warmup
+#             ${LLAMA3_WARMUP:-decode}) at 256 clients, 512 requests of 1K-4K prompts (est. 5 min after the graph)
 #   serve_bars  scripts/report_serve.py scale --results $OUT: every bar of issue 39 from the stages above (CPU only)
 #             -> serve_bars.json, .md (the table), .png; a bar whose results are missing reads "not measured"
 # Stages whose prerequisite is missing (the library, an engine, a graph, disk) fail at once with a one-line reason.
@@ -87,7 +91,8 @@ declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180
                   [paged_graph]=${PAGED_GRAPH_TIMEOUT:-300} [paged_build]=${PAGED_BUILD_TIMEOUT:-420}
                   [paged_peer]=${PAGED_PEER_TIMEOUT:-360} [capacity]=${CAPACITY_TIMEOUT:-300}
                   [soak_paged]=${SOAK_PAGED_TIMEOUT:-420} [llama3]=${LLAMA3_TIMEOUT:-560}
-                  [serve_bars]=${SERVE_BARS_TIMEOUT:-60})
+                  [serve_bars]=${SERVE_BARS_TIMEOUT:-60} [capacity_build]=${CAPACITY_BUILD_TIMEOUT:-200}
+                  [llama3_graph]=${LLAMA3_GRAPH_TIMEOUT:-400})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
@@ -371,7 +376,8 @@ stage_paged_peer() {  # the paged engine and the torch peer on a contiguous buil
 
 server_start() {  # $1: engine, $2: log name, then serve options; the pid in SERVER once /health answers
   local engine=$1 name=$2; shift 2
-  $ENGINE serve "$engine" --port 8322 "$@" >"$OUT/server_$name.log" 2>&1 &
+  # --max-queue 256: no client of a level is refused for want of a queue place (the default holds 64)
+  $ENGINE serve "$engine" --port 8322 --max-queue 256 "$@" >"$OUT/server_$name.log" 2>&1 &
   SERVER=$!
   echo $SERVER >>"$WORK/stage.pids"  # a stage killed at its time limit leaves it running: the job ends it
   for _ in $(seq 300); do
@@ -416,17 +422,21 @@ loadgen.MIXES['decode-heavy']; print(round(sum(p) / len(p)), round(sum(o) / len(
   return $rc
 }
 
-stage_capacity() {  # 8K-token sequences held at once with --kv-memory 0.9, against the pool's memory
-  need_lib && need_graph || return 1
+stage_capacity_build() {  # the 16K engine capacity and soak_paged serve, from paged's graph
+  need_lib || return 1
+  [ -f "$CAPACITY/manifest.json" ] && return 0
+  need_graph || return 1
   local positions
   positions=$($PY -c "from fdpp_rewrite.export import read_metadata as m; \
 print(m('$PAGED/model.fdpp.onnx')['config']['max_position'])" 2>/dev/null)
   [ "${positions:-0}" -ge $LONG_SEQ ] || { echo "the graph in $PAGED has ${positions:-no known} positions, not" \
     "$LONG_SEQ (an export before --max-position $LONG_SEQ): rm -rf $PAGED and run paged_build again"; return 1; }
-  if [ ! -f "$CAPACITY/manifest.json" ]; then
-    need_disk 14 && time $ENGINE build "$PAGED/model.fdpp.onnx" -o "$CAPACITY" --kv-memory "${PAGED_KV:-0.9}" \
-      --max-seq $LONG_SEQ --force || return 1
-  fi
+  need_disk 14 && time $ENGINE build "$PAGED/model.fdpp.onnx" -o "$CAPACITY" --kv-memory "${PAGED_KV:-0.9}" \
+    --max-seq $LONG_SEQ --force
+}
+
+stage_capacity() {  # 8K-token sequences held at once with --kv-memory 0.9, against the pool's memory
+  stage_capacity_build || return 1
   server_start "$CAPACITY" capacity --warmup none || return 1
   paged_loadgen capacity --clients 48 --requests 48 --mix 8k-sequences --sample-interval 0.5
   local rc=$?
@@ -452,23 +462,32 @@ stage_soak_paged() {  # 2,000 requests of 128-8K prompts with cancellations; GPU
   return $rc
 }
 
+llama3_room() {  # $1 GiB free for llama3, deleting llama2's graph and paged engine if short (never the 16K
+  # engine: soak_paged may be serving it beside llama3_graph)
+  need_disk "$1" >/dev/null && return 0
+  echo "deleting $PAGED (llama2's graph and paged engine) for llama3"
+  rm -rf "$PAGED" "$WORK/paged-contiguous"
+  need_disk "$1"
+}
+
+stage_llama3_graph() {  # CPU only: llama3-8b (random weights) exported and rewritten (beside another stage's GPU work)
+  [ -f "$LLAMA3/model.fdpp.onnx.data" ] || [ -f "$LLAMA3/engine/manifest.json" ] && return 0
+  llama3_room 32 || return 1
+  $PY -m fdpp_rewrite export llama3-8b -o "$LLAMA3/model.onnx" --dtype float16 --max-cache 8320 --force \
+    && $PY -m fdpp_rewrite rewrite "$LLAMA3/model.onnx" --force && rm -f "$LLAMA3/model.onnx.data"
+}
+
 stage_llama3() {  # llama3-8b paged: bench at batch 256, served at 256 clients with 1K-4K prompts
   need_lib || return 1
   if [ ! -f "$LLAMA3/engine/manifest.json" ]; then
-    if ! need_disk 34 >/dev/null; then  # llama2's graph and capacity engine are done with: llama3 needs 2 x 15 GiB
-      echo "deleting $CAPACITY and $PAGED/model.fdpp.onnx.data for llama3's export"
-      rm -rf "$CAPACITY" "$WORK/paged-contiguous" "$PAGED/model.fdpp.onnx.data"
-    fi
-    need_disk 34 || return 1
-    $PY -m fdpp_rewrite export llama3-8b -o "$LLAMA3/model.onnx" --dtype float16 --max-cache 8320 --force \
-      && $PY -m fdpp_rewrite rewrite "$LLAMA3/model.onnx" --force && rm -f "$LLAMA3/model.onnx.data" \
+    stage_llama3_graph && llama3_room 16 \
       && time $ENGINE build "$LLAMA3/model.fdpp.onnx" -o "$LLAMA3/engine" --kv-memory "${PAGED_KV:-0.9}" \
            --max-seq 8320 --force \
       && rm -f "$LLAMA3/model.fdpp.onnx.data" || return 1
   fi
   $ENGINE bench "$LLAMA3/engine" --batch 256 --context ${LLAMA3_CONTEXT:-1024 2048} --new-tokens 64 \
     --out "$OUT/llama3_bench.json" || return 1
-  server_start "$LLAMA3/engine" llama3 --warmup "${LLAMA3_WARMUP:-all}" || return 1
+  server_start "$LLAMA3/engine" llama3 --warmup "${LLAMA3_WARMUP:-decode}" || return 1
   paged_loadgen llama3 --clients 256 --requests 512 --mix long-prompts
   local rc=$?
   server_stop
@@ -484,7 +503,8 @@ stage_serve_bars() {  # every issue-39 bar from what the stages above left in $O
 export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
   stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo \
   need_lib need_disk gpu_mib paged_graph need_graph stage_paged_graph stage_paged_build stage_paged stage_paged_peer \
-  server_start server_stop paged_loadgen stage_serve_paged stage_capacity stage_soak_paged stage_llama3 stage_serve_bars
+  server_start server_stop paged_loadgen stage_serve_paged stage_capacity_build stage_capacity stage_soak_paged \
+  llama3_room stage_llama3_graph stage_llama3 stage_serve_bars
 STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"

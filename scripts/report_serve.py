@@ -155,7 +155,9 @@ def not_measured(title: str, why: str) -> dict:
 
 
 def tps(point: dict) -> str:
-    return f"{point['tokens_per_s']:,.1f} tok/s"
+    """A level's or bench point's tokens/s, with a level's refused and failed requests when there are any."""
+    lost = ", ".join(f"{point[key]} {key}" for key in ("refused", "failed") if point.get(key))
+    return f"{point['tokens_per_s']:,.1f} tok/s" + (f" ({lost})" if lost else "")
 
 
 def ms(value: float | None) -> str:

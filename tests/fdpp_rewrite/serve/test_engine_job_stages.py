@@ -27,6 +27,7 @@ def test_the_script_parses():
 @pytest.mark.parametrize("stage, lib, reason", [
     ("paged_peer", True, "no rewritten llama2-7b graph in"),
     ("capacity", True, "no rewritten llama2-7b graph in"),
+    ("capacity_build", True, "no rewritten llama2-7b graph in"),
     ("soak_paged", True, "run the capacity stage first"),
     ("serve_paged", True, "run the paged_build stage first"),
     ("paged_build", False, "FDPP_PLUGIN_LIB (unset) is no file: build the library"),
