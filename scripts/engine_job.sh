@@ -44,11 +44,12 @@
 #             bench run of the paged engine with --kernels fdpp torch --torch-engine it at batch 16/64/128/256 x
 #             context 128/512, 64 new tokens: roofline and 1.15x at 64-256 x 512, first token at 16 x 128, from one
 #             run -> paged_peer.json (est. 4 min)
-#   serve_paged  the paged engine served (--warmup all); loadgen levels of the issue's mixes, chosen by SERVE_MIXES
-#             (default "today decode-heavy prefix"): today's mix at 16/64/256 clients (480/640/1024 requests), the
-#             decode-heavy mix at 16/256 (256/512), the shared-prefix mix at 64 (384) with prefix caching on, then
-#             off (a second server); then bench at batch 256 over the decode-heavy mix's contexts (its mean prompt,
-#             its output as new tokens) -> serve_bench_decode_heavy.json (est. 7-9 min: two warm-ups)
+#   serve_paged  bench of the paged engine at batch 256 over the decode-heavy mix's contexts (its mean prompt, its
+#             output as new tokens) -> serve_bench_decode_heavy.json; then the engine served (--warmup all, one
+#             server): loadgen levels of the issue's mixes, chosen by SERVE_MIXES (default "today decode-heavy
+#             prefix"): today's mix at 16/64/256 clients (480/640/1024 requests), the decode-heavy mix at 16/256
+#             (256/512), the shared-prefix mix at 64 (384) with prefix caching on, then off (a second server)
+#             (est. 7-8 min: two warm-ups)
 #   capacity_build  the 16K engine ($WORK/capacity: --kv-memory ${PAGED_KV:-0.9}, max seq LONG_SEQ, from paged's
 #             graph; 13 GiB; est. 1.5 min)
 #   capacity  capacity_build, then the 16K engine served without warm-up; 48 clients send one 8,192-token sequence
@@ -399,6 +400,12 @@ stage_serve_paged() {  # one server (prefix caching on) for the mixes, a second 
   need_lib || return 1
   [ -f "$PAGED/engine/manifest.json" ] || { echo "run the paged_build stage first (it builds the engine)"; return 1; }
   local rc=0 mixes=" ${SERVE_MIXES:-today decode-heavy prefix} "
+  if [[ $mixes == *" decode-heavy "* ]]; then  # bench at batch 256 over the decode-heavy mix's contexts, first
+    local mix; mix=$($PY -c "import sys; sys.path.insert(0, 'scripts'); import loadgen; p, o, _ = \
+loadgen.MIXES['decode-heavy']; print(round(sum(p) / len(p)), round(sum(o) / len(o)))")
+    $ENGINE bench "$PAGED/engine" --batch 256 --context ${mix% *} --new-tokens ${mix#* } \
+      --out "$OUT/serve_bench_decode_heavy.json" || rc=1
+  fi
   server_start "$PAGED/engine" serve --warmup all || return 1
   for mix in $mixes; do
     case $mix in
@@ -412,12 +419,6 @@ stage_serve_paged() {  # one server (prefix caching on) for the mixes, a second 
     server_start "$PAGED/engine" serve_no_prefix --warmup all --no-prefix-cache || return 1
     paged_loadgen prefix_off --clients 64 --mix shared-prefix --requests 384 || rc=1
     server_stop
-  fi
-  if [[ $mixes == *" decode-heavy "* ]]; then  # bench at batch 256 over the decode-heavy mix's contexts
-    local mix; mix=$($PY -c "import sys; sys.path.insert(0, 'scripts'); import loadgen; p, o, _ = \
-loadgen.MIXES['decode-heavy']; print(round(sum(p) / len(p)), round(sum(o) / len(o)))")
-    $ENGINE bench "$PAGED/engine" --batch 256 --context ${mix% *} --new-tokens ${mix#* } \
-      --out "$OUT/serve_bench_decode_heavy.json" || rc=1
   fi
   return $rc
 }
