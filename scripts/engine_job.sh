@@ -97,8 +97,12 @@ declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+  # once per set of wheels: a second job started beside the first (llama3_graph) must not reinstall under it
+  if [ "$(ls .whl/*.whl)" != "$(cat /tmp/site/.engine_job_wheels 2>/dev/null)" ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && ls .whl/*.whl >/tmp/site/.engine_job_wheels
+  fi
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 export SITE=/tmp/site BEFORE=${BEFORE:-$PWD/.before} BEFORE_LIB=${BEFORE_LIB:-/tmp/build-before/libfdpp_plugins.so}
 
