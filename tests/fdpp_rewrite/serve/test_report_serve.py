@@ -202,16 +202,17 @@ def test_scale_results_says_what_was_not_measured(report_serve, tmp_path):
     """Missing results are rows 'not measured' naming the stage to run; an 8K capacity run whose every client was
     admitted measures nothing; a bench far from the decode-heavy mix's mean context is not used."""
     out = results_folder(tmp_path, admitted=48)
-    for name in ("serve_soak", "serve_llama3"):
+    for name in ("serve_soak", "serve_llama3"):  # llama3's bench is there, its serving is not
         for file in (out / name).iterdir():
             file.unlink()
         (out / name).rmdir()
-    (out / "llama3_bench.json").unlink()
     bench_file(out / "serve_bench_decode_heavy.json", [("fdpp", 256, 1024, 64, 9000.0, 28.4, 3000.0, 80.0)])
     bars = scale(report_serve, out, tmp_path / "bars.json")
     assert bars["soak"] == {"title": bars["soak"]["title"], "met": None,
                             "note": "no results: run scripts/engine_job.sh soak_paged"}
-    assert bars["llama3"]["met"] is None and "engine_job.sh llama3" in bars["llama3"]["note"]
+    llama3 = bars["llama3_beside_llama2"]
+    assert llama3["met"] is None and llama3["note"] == ("no llama3 serving (serve_llama3): run "
+                                                        "scripts/engine_job.sh llama3")
     assert bars["capacity_8k_sequences"]["met"] is None and "raise --clients" in bars["capacity_8k_sequences"]["note"]
     heavy = bars["decode_heavy_256_vs_bench"]  # bench's 1024 + 64 / 2 is 90% over the mix's mean context 555
     assert heavy["met"] is None and "--batch 256 --context 299 --new-tokens 512" in heavy["note"]
