@@ -243,8 +243,11 @@ async def sample_gauges(url: str, interval: float, done: asyncio.Event) -> dict:
     peak, count = {}, 0
     async with httpx.AsyncClient(timeout=10) as client:
         while not done.is_set():
-            samples = metrics.parse((await client.get(f"{url}/metrics")).text)
-            count += 1
+            try:
+                samples = metrics.parse((await client.get(f"{url}/metrics")).text)
+            except httpx.HTTPError:  # a read the busy server did not answer in time: the next one counts
+                samples = {}
+            count += bool(samples)
             for key in SAMPLED_GAUGES:
                 if f"fdpp_{key}" in samples:
                     peak[key] = max(peak.get(key, 0.0), samples[f"fdpp_{key}"])
