@@ -436,8 +436,8 @@ def present(paths: dict, everything: bool) -> dict:
 
 
 def all_bars(paths: dict, runs: dict, kv_fraction: float, everything: bool) -> dict:
-    """Every bar group whose inputs are present; with `everything`, a 'not measured' row for each one missing,
-    naming the engine_job.sh stage that makes it."""
+    """Every bar group whose inputs are present; with `everything`, a 'not measured' row for each one missing or
+    unreadable, naming the engine_job.sh stage that makes it."""
     groups = (
         ("peer", "bench batch 64/128/256 x 512 (roofline, over --kernels torch) and the first token", "paged_peer",
          lambda: peer_bars(paths["peer"]), "peer" in paths),
@@ -460,10 +460,16 @@ def all_bars(paths: dict, runs: dict, kv_fraction: float, everything: bool) -> d
     )
     bars = {}
     for name, title, stage, compute, available in groups:
-        if available:
+        if not available:
+            if everything:
+                bars[name] = not_measured(title, f"no results: run scripts/engine_job.sh {stage}")
+            continue
+        try:
             bars.update(compute())
-        elif everything:
-            bars[name] = not_measured(title, f"no results: run scripts/engine_job.sh {stage}")
+        except FdppError as exc:  # with --results, a stage cut short costs its own rows, not the table
+            if not everything:
+                raise
+            bars[name] = not_measured(title, f"{exc} (scripts/engine_job.sh {stage})")
     return bars
 
 

@@ -199,21 +199,24 @@ def test_scale_results_a_bar_just_past_its_threshold_is_not_met(report_serve, tm
 
 
 def test_scale_results_says_what_was_not_measured(report_serve, tmp_path):
-    """Missing results are rows 'not measured' naming the stage to run; an 8K capacity run whose every client was
-    admitted measures nothing; a bench far from the decode-heavy mix's mean context is not used."""
+    """Missing results are rows 'not measured' naming the stage to run, and so is an unreadable one (a capacity
+    server that died before its pool line); a bench far from the decode-heavy mix's mean context is not used."""
     out = results_folder(tmp_path, admitted=48)
     for name in ("serve_soak", "serve_llama3"):  # llama3's bench is there, its serving is not
         for file in (out / name).iterdir():
             file.unlink()
         (out / name).rmdir()
     bench_file(out / "serve_bench_decode_heavy.json", [("fdpp", 256, 1024, 64, 9000.0, 28.4, 3000.0, 80.0)])
+    (out / "server_capacity.log").write_text("Traceback: the server died before its pool was sized\n")
     bars = scale(report_serve, out, tmp_path / "bars.json")
     assert bars["soak"] == {"title": bars["soak"]["title"], "met": None,
                             "note": "no results: run scripts/engine_job.sh soak_paged"}
     llama3 = bars["llama3_beside_llama2"]
     assert llama3["met"] is None and llama3["note"] == ("no llama3 serving (serve_llama3): run "
                                                         "scripts/engine_job.sh llama3")
-    assert bars["capacity_8k_sequences"]["met"] is None and "raise --clients" in bars["capacity_8k_sequences"]["note"]
+    assert bars["capacity"]["met"] is None and "has no 'KV pool: ...' line" in bars["capacity"]["note"]
+    assert bars["capacity"]["note"].endswith("(scripts/engine_job.sh capacity)")
+    assert bars["today_16_clients_tokens_per_s"]["met"]  # the other rows are computed all the same
     heavy = bars["decode_heavy_256_vs_bench"]  # bench's 1024 + 64 / 2 is 90% over the mix's mean context 555
     assert heavy["met"] is None and "--batch 256 --context 299 --new-tokens 512" in heavy["note"]
     table = (tmp_path / "bars.md").read_text()
@@ -238,3 +241,10 @@ def test_scale_refusals(report_serve, tmp_path, capsys):
     assert report_serve.main(["scale", "--capacity-log", str(log), "-o", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no 'KV pool: ...' line" in err
+
+
+def test_scale_capacity_saturated_measures_nothing(report_serve, tmp_path):
+    """An 8K capacity run whose every client was admitted at once says nothing of the pool's limit."""
+    bars = scale(report_serve, results_folder(tmp_path, admitted=48), tmp_path / "bars.json")
+    capacity = bars["capacity_8k_sequences"]
+    assert capacity["met"] is None and "raise --clients" in capacity["note"]
