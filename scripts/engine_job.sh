@@ -384,7 +384,7 @@ server_start() {  # $1: engine, $2: log name, then serve options; the pid in SER
   # --max-queue 256: no client of a level is refused for want of a queue place (the default holds 64)
   $ENGINE serve "$engine" --port 8322 --max-queue 256 "$@" >"$OUT/server_$name.log" 2>&1 &
   SERVER=$!
-  echo $SERVER >>"$WORK/stage.pids"  # a stage killed at its time limit leaves it running: the job ends it
+  echo $SERVER >>"$STAGE_PIDS"  # a stage killed at its time limit leaves it running: the job ends it
   for _ in $(seq 300); do
     $PY -c "import urllib.request as u; u.urlopen('$SERVE_URL/health')" 2>/dev/null && return 0
     kill -0 $SERVER 2>/dev/null || { echo "the $name server exited: $(tail -1 "$OUT/server_$name.log")"; return 1; }
@@ -458,7 +458,7 @@ stage_soak_paged() {  # 2,000 requests of 128-8K prompts with cancellations; GPU
   paged_loadgen soak_warmup "${soak[@]}" --requests 128 --seed 1 || { server_stop; return 1; }
   ( while :; do echo "$(date +%s) $(gpu_mib)"; sleep 2; done ) >"$OUT/soak_gpu_memory.tsv" &
   sampler=$!
-  echo $sampler >>"$WORK/stage.pids"
+  echo $sampler >>"$STAGE_PIDS"
   paged_loadgen soak "${soak[@]}" --requests "${SOAK_REQUESTS:-2000}"  # it ends once the server is idle
   rc=$?
   echo "$(date +%s) $(gpu_mib)" >>"$OUT/soak_gpu_memory.tsv"
@@ -517,16 +517,17 @@ for stage in $STAGES; do
   [ -n "${LIMIT[$stage]:-}" ] || { echo "unknown stage $stage; the stages: ${!LIMIT[*]}"; exit 2; }
 done
 END=$(( $(date +%s) + ${JOB_DEADLINE_S:-86400} ))  # a device call's end: no stage runs past it
+export STAGE_PIDS=$WORK/stage-$$.pids  # this job's own: another job may run beside it (llama3_graph)
 for stage in $STAGES; do
   start=$(date +%s)
   limit=$(( END - start < LIMIT[$stage] ? END - start : LIMIT[$stage] ))
   if [ $limit -lt 30 ]; then
     echo "$stage: SKIPPED ($(( END - start )) s left of JOB_DEADLINE_S)" | tee -a "$OUT/summary.txt"; continue
   fi
-  rm -f "$WORK/stage.pids"
+  rm -f "$STAGE_PIDS"
   echo "=== $stage ($(date +%T), at most $limit s)"
   if timeout "$limit" bash -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
-  for pid in $(cat "$WORK/stage.pids" 2>/dev/null); do  # what a stage cut short left running (its server)
+  for pid in $(cat "$STAGE_PIDS" 2>/dev/null); do  # what a stage cut short left running (its server)
     kill "$pid" 2>/dev/null && for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
   done
   tail -n 30 "$OUT/$stage.log"
