@@ -362,7 +362,7 @@ stage_paged_build() {
 }
 
 stage_paged() {
-  stage_paged_build && $PY scripts/bench_paged_attention.py --out "$OUT/paged_attention.json"
+  stage_paged_build && $PY scripts/bench_paged_attention.py --out "$OUT/paged_attention.json" --force
 }
 
 stage_paged_peer() {  # the paged engine and the torch peer on a contiguous build of the same graph, one bench run
