@@ -56,14 +56,17 @@
 #             each (loadgen --mix 8k-sequences, /metrics read every 0.5 s): the most held at once, and the KV pool
 #             line (est. 1.5 min)
 #   soak_paged  the 16K engine served (--warmup ${SOAK_WARMUP:-decode}); 128 warm-up requests, then 2,000
-#             (SOAK_REQUESTS) of 128-8K prompts at 128 clients, 20% cancelled, 30% with a stop string; nvidia-smi's
-#             memory.used every 2 s over them -> serve_soak/, soak_gpu_memory.tsv (est. 5-6 min)
+#             (SOAK_REQUESTS) of 128-8K prompts at 128 clients, 20% cancelled, 30% with a stop string; the server's
+#             GPU memory (nvidia-smi's, the GPU's where it lists no process) every 2 s over them -> serve_soak/,
+#             soak_gpu_memory.tsv (est. 5 min)
 #   llama3_graph  llama3-8b (random weights) exported and rewritten into $WORK/llama3 (CPU only: it can run beside
 #             soak_paged; 32 GiB free needed, 15 kept: short of that it deletes $WORK/paged, llama2's graph and
 #             paged engine, never the 16K engine; est. 3-4 min)
-#   llama3    llama3_graph, then built paged (--kv-memory ${PAGED_KV:-0.9}, max seq 8320; 15 GiB); bench at batch
-#             256 x context 1024/2048 (LLAMA3_CONTEXT; 4K does not fit 256 rows), then served (--warmup
-#             ${LLAMA3_WARMUP:-decode}) at 256 clients, 512 requests of 1K-4K prompts (est. 5 min after the graph)
+#   llama3_build  llama3_graph, then the paged engine (--kv-memory ${PAGED_KV:-0.9}, max seq 8320; 15 GiB; CPU and
+#             disk but for a CUDA context: it can run beside soak_paged; est. 1.5 min after the graph)
+#   llama3    llama3_build, then bench at batch 256 x context 1024/2048 (LLAMA3_CONTEXT; 4K does not fit 256
+#             rows), then served (--warmup ${LLAMA3_WARMUP:-decode}) at 256 clients, 512 requests of 1K-4K prompts
+#             (est. 4 min after the build)
 #   serve_bars  scripts/report_serve.py scale --results $OUT: every bar of issue 39 from the stages above (CPU only)
 #             -> serve_bars.json, .md (the table), .png; a bar whose results are missing reads "not measured"
 # Stages whose prerequisite is missing (the library, an engine, a graph, disk) fail at once with a one-line reason.
@@ -93,7 +96,7 @@ declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180
                   [paged_peer]=${PAGED_PEER_TIMEOUT:-360} [capacity]=${CAPACITY_TIMEOUT:-300}
                   [soak_paged]=${SOAK_PAGED_TIMEOUT:-420} [llama3]=${LLAMA3_TIMEOUT:-560}
                   [serve_bars]=${SERVE_BARS_TIMEOUT:-60} [capacity_build]=${CAPACITY_BUILD_TIMEOUT:-200}
-                  [llama3_graph]=${LLAMA3_GRAPH_TIMEOUT:-400})
+                  [llama3_graph]=${LLAMA3_GRAPH_TIMEOUT:-400} [llama3_build]=${LLAMA3_BUILD_TIMEOUT:-520})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
@@ -338,6 +341,13 @@ need_disk() {  # $1: GiB that must be free on $WORK
 
 gpu_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 
+process_mib() {  # $1: pid -> "MiB process" of its GPU memory, or "MiB device" (the GPU's) where nvidia-smi does not
+  # list it (another namespace): a build beside the soak (llama3_build) is then counted too
+  local mib; mib=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
+    | awk -F', *' -v pid="$1" '$1 == pid {print $2}')
+  if [ -n "$mib" ]; then echo "$mib process"; else echo "$(gpu_mib) device"; fi
+}
+
 paged_graph() {  # llama2-7b exported (positions raised to LONG_SEQ for the capacity engine) and rewritten
   [ -f "$PAGED/model.fdpp.onnx" ] && [ -f "$PAGED/model.fdpp.onnx.data" ] && return 0
   df -h "$WORK" | tail -1
@@ -456,12 +466,12 @@ stage_soak_paged() {  # 2,000 requests of 128-8K prompts with cancellations; GPU
   local soak=(--clients 128 --mix soak --cancel-fraction 0.2 --stop-fraction 0.3) sampler rc
   server_start "$CAPACITY" soak --warmup "${SOAK_WARMUP:-decode}" || return 1
   paged_loadgen soak_warmup "${soak[@]}" --requests 128 --seed 1 || { server_stop; return 1; }
-  ( while :; do echo "$(date +%s) $(gpu_mib)"; sleep 2; done ) >"$OUT/soak_gpu_memory.tsv" &
+  ( while :; do echo "$(date +%s) $(process_mib $SERVER)"; sleep 2; done ) >"$OUT/soak_gpu_memory.tsv" &
   sampler=$!
   echo $sampler >>"$STAGE_PIDS"
   paged_loadgen soak "${soak[@]}" --requests "${SOAK_REQUESTS:-2000}"  # it ends once the server is idle
   rc=$?
-  echo "$(date +%s) $(gpu_mib)" >>"$OUT/soak_gpu_memory.tsv"
+  echo "$(date +%s) $(process_mib $SERVER)" >>"$OUT/soak_gpu_memory.tsv"
   kill $sampler
   server_stop
   return $rc
@@ -482,14 +492,17 @@ stage_llama3_graph() {  # CPU only: llama3-8b (random weights) exported and rewr
     && $PY -m fdpp_rewrite rewrite "$LLAMA3/model.onnx" --force && rm -f "$LLAMA3/model.onnx.data"
 }
 
-stage_llama3() {  # llama3-8b paged: bench at batch 256, served at 256 clients with 1K-4K prompts
+stage_llama3_build() {  # llama3_graph, then the paged engine (CPU and disk, bar a CUDA context: beside the soak)
   need_lib || return 1
-  if [ ! -f "$LLAMA3/engine/manifest.json" ]; then
-    stage_llama3_graph && llama3_room 16 \
-      && time $ENGINE build "$LLAMA3/model.fdpp.onnx" -o "$LLAMA3/engine" --kv-memory "${PAGED_KV:-0.9}" \
-           --max-seq 8320 --force \
-      && rm -f "$LLAMA3/model.fdpp.onnx.data" || return 1
-  fi
+  [ -f "$LLAMA3/engine/manifest.json" ] && return 0
+  stage_llama3_graph && llama3_room 16 \
+    && time $ENGINE build "$LLAMA3/model.fdpp.onnx" -o "$LLAMA3/engine" --kv-memory "${PAGED_KV:-0.9}" \
+         --max-seq 8320 --force \
+    && rm -f "$LLAMA3/model.fdpp.onnx.data"
+}
+
+stage_llama3() {  # llama3-8b paged: bench at batch 256, served at 256 clients with 1K-4K prompts
+  stage_llama3_build || return 1
   $ENGINE bench "$LLAMA3/engine" --batch 256 --context ${LLAMA3_CONTEXT:-1024 2048} --new-tokens 64 \
     --out "$OUT/llama3_bench.json" || return 1
   server_start "$LLAMA3/engine" llama3 --warmup "${LLAMA3_WARMUP:-decode}" || return 1
@@ -509,7 +522,7 @@ export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid sta
   stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo \
   need_lib need_disk gpu_mib paged_graph need_graph stage_paged_graph stage_paged_build stage_paged stage_paged_peer \
   server_start server_stop paged_loadgen stage_serve_paged stage_capacity_build stage_capacity stage_soak_paged \
-  llama3_room stage_llama3_graph stage_llama3 stage_serve_bars
+  llama3_room stage_llama3_graph stage_llama3_build stage_llama3 stage_serve_bars process_mib
 STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"

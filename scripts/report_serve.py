@@ -341,15 +341,17 @@ def capacity_bars(run: Path | None, log: Path, kv_fraction: float) -> dict:
         "given_sequences": given}}
 
 
-def gpu_memory(path: Path) -> list[float]:
-    """MiB samples of `time MiB` lines (engine_job.sh's sampler of nvidia-smi's memory.used)."""
+def gpu_memory(path: Path) -> tuple[list[float], set]:
+    """MiB samples of `time MiB [process|device]` lines (engine_job.sh's sampler of nvidia-smi: the server
+    process's memory, or the whole GPU's), and which of the two they are."""
     try:
-        samples = [float(line.split()[1]) for line in path.read_text().splitlines() if line.strip()]
+        lines = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        samples = [float(fields[1]) for fields in lines]
     except (OSError, IndexError, ValueError) as exc:
         raise FdppError(f"cannot read GPU memory samples from {path}: {exc}") from None
     if len(samples) < 2:
         raise FdppError(f"{path} has {len(samples)} GPU memory sample(s); the soak needs at least two")
-    return samples
+    return samples, {fields[2] for fields in lines if len(fields) > 2}
 
 
 def soak_bars(run: Path, memory: Path | None) -> dict:
@@ -369,13 +371,15 @@ def soak_bars(run: Path, memory: Path | None) -> dict:
     if memory is None or not memory.is_file():
         bars["soak_gpu_memory"] = not_measured(title, "no GPU memory samples beside the soak")
         return bars
-    samples = gpu_memory(memory)
+    samples, sources = gpu_memory(memory)
     growth = 100 * (samples[-1] - samples[0]) / samples[0]
     bars["soak_gpu_memory"] = {"title": title, "value": growth, "bar": f"growth <= {MEMORY_FLAT_PCT}%",
                                "met": growth <= MEMORY_FLAT_PCT, "samples": len(samples),
                                "first_mib": samples[0], "last_mib": samples[-1], "max_mib": max(samples),
+                               "of": sorted(sources),
                                "ours": f"{samples[0]:,.0f} -> {samples[-1]:,.0f} MiB ({growth:+.2f}%; max "
-                                       f"{max(samples):,.0f}, {len(samples)} samples)"}
+                                       f"{max(samples):,.0f}, {len(samples)} samples"
+                                       + (f" of the {' and '.join(sorted(sources))}" if sources else "") + ")"}
     return bars
 
 

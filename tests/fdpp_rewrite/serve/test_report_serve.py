@@ -148,7 +148,7 @@ def results_folder(root: Path, *, torch_b256=8000.0, roofline_b64=81.0, admitted
     loadgen_run(out / "serve_soak", "soak", [128, 8192], [16, 256],
                 [(128, 3000.0, 900.0, 50.0, {"requests": 2000, "answered": 1600 - soak_failed,
                                              "cancelled": 400, "failed": soak_failed})])
-    (out / "soak_gpu_memory.tsv").write_text("".join(f"{1000 + 2 * i} {m}\n" for i, m in enumerate(
+    (out / "soak_gpu_memory.tsv").write_text("".join(f"{1000 + 2 * i} {m} process\n" for i, m in enumerate(
         [memory_mib[0], (memory_mib[0] + memory_mib[1]) / 2, memory_mib[1]])))
     bench_file(out / "llama3_bench.json", [("fdpp", 256, 1024, 64, 11000.0, 23.3, 5000.0, 78.0)])
     loadgen_run(out / "serve_llama3", "long-prompts", [1024, 4096], [128], [(256, 4000.0, 3000.0, 40.0, {})])
@@ -175,7 +175,7 @@ def test_scale_results_computes_every_bar(report_serve, tmp_path, capsys):
     capacity = bars["capacity_8k_sequences"]
     assert capacity["value"] == 27 and capacity["base"] == pytest.approx(3484 * 64 / 8192)
     assert capacity["given_sequences"] == pytest.approx(0.9 * 125 / 4)  # 0.9 x free after the weights / 4 GiB
-    assert bars["soak_gpu_memory"]["value"] == pytest.approx(0.4)
+    assert bars["soak_gpu_memory"]["value"] == pytest.approx(0.4) and bars["soak_gpu_memory"]["of"] == ["process"]
     table = (tmp_path / "bars.md").read_text()
     assert table == capsys.readouterr().out.split("wrote")[0]
     rows = table.splitlines()[2:]
