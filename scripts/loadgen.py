@@ -6,15 +6,21 @@
     python scripts/loadgen.py --clients 64 --mix shared-prefix --requests 256 -o shared_prefix/
     python scripts/loadgen.py --clients 16 --duration 60 -o loadgen/
     python scripts/loadgen.py --clients 64 --requests 2000 --cancel-fraction 0.2 --stop-fraction 0.3 -o soak/
+    python scripts/loadgen.py --clients 16 64 256 --requests 480 640 1024 --mix today -o today/
+    python scripts/loadgen.py --clients 48 --requests 48 --mix 8k-sequences --sample-interval 0.5 -o capacity/
 
 Mixes (--mix): `lengths` (the default) draws each prompt's length from --prompt-lengths and its max_tokens from
 --output-lengths; the named mixes fix both (MIXES): `today` (prompts 128/256/512/1024, 128 out: the mix of the
 16-client serving bars), `decode-heavy` (prompts 128/256/512, 512 out), `shared-prefix` (every prompt is one seeded
-1,024-token system prompt + 128 tokens of its own, 128 out: what a prefix cache saves).
+1,024-token system prompt + 128 tokens of its own, 128 out: what a prefix cache saves), `long-prompts` (prompts
+1K-4K, 128 out: the llama3-8b serving point), `soak` (prompts 128-8K, 16-256 out) and `8k-sequences` (prompts of
+8,128 tokens, 64 out: every request ends at 8,192 tokens, 128 KV blocks; the capacity check). A mix caps a prompt
+at half the server's max sequence: 8K prompts need a server of 16K+.
 
 Per client count C (--clients, or its old name --concurrency), C clients send streamed greedy completions back to
 back (prompts as token ids, so engines
-with and without a tokenizer take the same mix) until --requests are done or --duration seconds have passed.
+with and without a tokenizer take the same mix) until --requests are done (one count for every level, or one per
+level) or --duration seconds have passed.
 Measured per request: time to first token (request sent -> first text chunk), inter-token latency (time between
 text chunks; one chunk is one token except where a chunk was held back for a stop string or a partial character),
 and the completion tokens from the usage of the last chunk. Reported per C: output tokens/s (all completion tokens
@@ -23,9 +29,12 @@ a digest of the answered texts by mix index (outputs_sha256: equal digests, iden
 soak (--cancel-fraction, --stop-fraction) also has requests that close their stream after a random number of
 tokens (cancelled, their own count) and requests with a random stop string; after each level the server's /metrics
 are read once it is idle, and the KV slots (and, paged, KV blocks) still held are reported (0 unless one leaked),
-with a paged server's preemptions and prefix-cache hit rate. A server started with
+with a paged server's preemptions and prefix-cache hit rate. --sample-interval S also reads /metrics every S
+seconds while a level runs and reports each gauge's peak (busy_metrics: e.g. the most sequences the server held
+at once). A server started with
 an API key takes it from $FDPP_API_KEY. Writes loadgen.json and loadgen.png (throughput and latency against
-concurrency) in -o. Loopback servers only: this measures the server, not a network.
+concurrency) in -o, after every level (a run cut short keeps the levels it finished). Loopback servers only: this
+measures the server, not a network.
 """
 
 from __future__ import annotations
@@ -60,11 +69,15 @@ MAX_CONCURRENCY = 256
 SHARED_PREFIX = 1024  # the shared-prefix mix's system prompt: 16 whole 64-token KV blocks
 # name -> (prompt lengths, output lengths, shared prefix tokens)
 MIXES = {"today": ((128, 256, 512, 1024), (128,), 0), "decode-heavy": ((128, 256, 512), (512,), 0),
-         "shared-prefix": ((128,), (128,), SHARED_PREFIX)}
+         "shared-prefix": ((128,), (128,), SHARED_PREFIX), "long-prompts": ((1024, 2048, 3072, 4096), (128,), 0),
+         "soak": ((128, 256, 512, 1024, 2048, 4096, 8192), (16, 64, 128, 256), 0),
+         "8k-sequences": ((8192 - 64,), (64,), 0)}
 # the server's gauges read once it is idle (those of a paged server are absent on one with KV slots)
 IDLE_GAUGES = ("kv_slots_in_use", "kv_slots_total", "kv_blocks_used", "kv_blocks_total", "preemptions_total",
                "prefix_cache_hit_rate")
 BUSY_GAUGES = ("running_sequences", "prefilling_sequences", "queue_depth")
+# the gauges --sample-interval follows while a level runs (their peaks are reported)
+SAMPLED_GAUGES = ("kv_slots_in_use", "kv_blocks_used") + BUSY_GAUGES
 
 
 def parse_args(argv=None):
@@ -76,7 +89,8 @@ def parse_args(argv=None):
     parser.add_argument("--mix", choices=["lengths", *MIXES], default="lengths",
                         help="the request mix: lengths (from --prompt-lengths / --output-lengths) or a named one")
     amount = parser.add_mutually_exclusive_group()
-    amount.add_argument("--requests", type=int, help="requests per concurrency (default 100)")
+    amount.add_argument("--requests", type=int, nargs="+",
+                        help="requests per client count: one for every level or one per --clients value (default 100)")
     amount.add_argument("--duration", type=float, help="seconds per concurrency instead of a count")
     parser.add_argument("--seed", type=int, default=0, help="seed of the request mix")
     parser.add_argument("--max-output", type=int, help="cap on the mix's output lengths (default: none)")
@@ -88,12 +102,17 @@ def parse_args(argv=None):
                         help="share of requests that disconnect after a random number of tokens (soak)")
     parser.add_argument("--stop-fraction", type=float, default=0.0,
                         help="share of requests that carry a random stop string (soak)")
+    parser.add_argument("--sample-interval", type=float,
+                        help="read /metrics every this many seconds while a level runs; report each gauge's peak")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     parser.add_argument("-o", "--out", type=Path, default=Path("loadgen"), help="folder for the JSON and PNG")
     parser.add_argument("--force", action="store_true", help="overwrite loadgen.json / loadgen.png there")
     args = parser.parse_args(argv)
     if args.requests is None and args.duration is None:
-        args.requests = 100
+        args.requests = [100]
+    if args.requests is not None and len(args.requests) not in (1, len(args.concurrency)):
+        raise FdppError(f"--requests takes one count or one per --clients value ({len(args.concurrency)}), got "
+                        f"{args.requests}")
     if any(not 1 <= c <= MAX_CONCURRENCY for c in args.concurrency):
         raise FdppError(f"--clients takes values from 1 to {MAX_CONCURRENCY}, got {args.concurrency}")
     if args.mix != "lengths":
@@ -105,8 +124,10 @@ def parse_args(argv=None):
         args.prompt_lengths = args.prompt_lengths or list(PROMPT_LENGTHS)
         args.output_lengths = args.output_lengths or list(OUTPUT_LENGTHS)
         args.shared_prefix = 0
-    if (args.requests is not None and args.requests < 1) or (args.duration is not None and args.duration <= 0):
+    if (args.requests is not None and min(args.requests) < 1) or (args.duration is not None and args.duration <= 0):
         raise FdppError("--requests must be at least 1 and --duration positive")
+    if args.sample_interval is not None and args.sample_interval <= 0:
+        raise FdppError(f"--sample-interval takes a positive number of seconds, got {args.sample_interval}")
     if min(args.prompt_lengths) < 1 or min(args.output_lengths) < 1:
         raise FdppError("--prompt-lengths and --output-lengths take positive token counts")
     if not (0 <= args.cancel_fraction <= 1 and 0 <= args.stop_fraction <= 1):
@@ -184,10 +205,12 @@ async def one_request(client, url: str, model: str, request: dict) -> dict:
 
 
 async def run_level(url: str, model: str, mix: list, concurrency: int, requests: int | None,
-                    duration: float | None, timeout: float) -> dict:
+                    duration: float | None, timeout: float, sample_interval: float | None = None) -> dict:
     import httpx
 
     results, next_index = [], 0
+    done = asyncio.Event()
+    sampler = asyncio.create_task(sample_gauges(url, sample_interval, done)) if sample_interval else None
     started = time.perf_counter()
     deadline = started + duration if duration else None
 
@@ -206,8 +229,33 @@ async def run_level(url: str, model: str, mix: list, concurrency: int, requests:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     wall = time.perf_counter() - started
     point = summarize(concurrency, results, wall)
+    if sampler is not None:
+        done.set()
+        point["busy_metrics"] = {"interval_s": sample_interval, **await sampler}
     point["idle_metrics"] = await idle_metrics(url)
     return point
+
+
+async def sample_gauges(url: str, interval: float, done: asyncio.Event) -> dict:
+    """Reads /metrics every `interval` seconds until `done`: {"samples": count, "peak": {gauge: highest value}}."""
+    import httpx
+
+    peak, count = {}, 0
+    async with httpx.AsyncClient(timeout=10) as client:
+        while not done.is_set():
+            try:
+                samples = metrics.parse((await client.get(f"{url}/metrics")).text)
+            except httpx.HTTPError:  # a read the busy server did not answer in time: the next one counts
+                samples = {}
+            count += bool(samples)
+            for key in SAMPLED_GAUGES:
+                if f"fdpp_{key}" in samples:
+                    peak[key] = max(peak.get(key, 0.0), samples[f"fdpp_{key}"])
+            try:
+                await asyncio.wait_for(done.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+    return {"samples": count, "peak": peak}
 
 
 async def idle_metrics(url: str) -> dict:
@@ -326,6 +374,10 @@ def print_table(points: list) -> None:
               f"{cell(p['itl_p50_ms'])} {cell(p['itl_p99_ms'])} {p['answered']:>8} {p['cancelled']:>9} "
               f"{p['refused']:>7} {p['failed']:>6} {held:>20} {'-' if preempted is None else f'{preempted:.0f}':>9} "
               f"{'-' if hits is None else f'{hits:.1%}':>11}")
+        if "busy_metrics" in p:
+            busy = p["busy_metrics"]
+            print(f"{'':>7} peaks over {busy['samples']} reads of /metrics: "
+                  + ", ".join(f"{key} {value:.0f}" for key, value in busy["peak"].items()))
 
 
 def main(argv=None) -> int:
@@ -336,19 +388,27 @@ def main(argv=None) -> int:
         outputs = AtomicOutputs([png_path, json_path], force=args.force, option="-o", example="loadgen/")
         outputs.check()
         model, max_len = server_model(url, args.model)
-        mix = request_mix(args.seed, args.requests or 1000, max_len, args.max_output, args.prompt_lengths,
-                          args.output_lengths, args.cancel_fraction, args.stop_fraction, args.shared_prefix)
-        points = [asyncio.run(run_level(url, model, mix, c, args.requests, args.duration, args.timeout))
-                  for c in args.concurrency]
-        print_table(points)
-        report = {"url": url, "model": model, "seed": args.seed, "requests": args.requests,
+        counts = (args.requests * len(args.concurrency) if len(args.requests) == 1 else args.requests) \
+            if args.requests else [None] * len(args.concurrency)
+        # one mix for every level: its first n requests are those of a mix of n (request_mix draws in order)
+        mix = request_mix(args.seed, max(counts) if args.requests else 1000, max_len, args.max_output,
+                          args.prompt_lengths, args.output_lengths, args.cancel_fraction, args.stop_fraction,
+                          args.shared_prefix)
+        report = {"url": url, "model": model, "seed": args.seed,
+                  "requests": args.requests[0] if args.requests and len(args.requests) == 1 else args.requests,
                   "duration_s": args.duration, "mix": args.mix, "shared_prefix": args.shared_prefix,
                   "prompt_lengths": args.prompt_lengths,
                   "output_lengths": args.output_lengths, "max_output": args.max_output,
                   "cancel_fraction": args.cancel_fraction, "stop_fraction": args.stop_fraction,
                   "command": "python scripts/loadgen.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  "points": points}
-        write_report(outputs, points, report, json_path, png_path)
+                  "points": []}
+        for concurrency, count in zip(args.concurrency, counts):
+            report["points"].append(asyncio.run(run_level(url, model, mix, concurrency, count, args.duration,
+                                                          args.timeout, args.sample_interval)))
+            # after every level, so a run cut short keeps what it measured (the first write checked --force)
+            outputs = AtomicOutputs([png_path, json_path], force=True)
+            write_report(outputs, report["points"], report, json_path, png_path)
+        print_table(report["points"])
         return 0
     except FdppError as exc:
         print(f"error: {exc}", file=sys.stderr)

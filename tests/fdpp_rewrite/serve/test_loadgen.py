@@ -91,6 +91,8 @@ def test_loadgen_shared_prefix_mix_records_it(server, loadgen, tmp_path):
     (["--concurrency", "0"], "from 1 to 256"),
     (["--mix", "today", "--prompt-lengths", "5"], "--mix today fixes the lengths"),
     (["--requests", "0"], "at least 1"),
+    (["--clients", "16", "64", "--requests", "1", "2", "3"], "one count or one per --clients value (2)"),
+    (["--sample-interval", "0"], "--sample-interval takes a positive number of seconds"),
 ])
 def test_loadgen_refusals(loadgen, capsys, argv, message):
     assert loadgen.main(argv) == 2
@@ -98,89 +100,46 @@ def test_loadgen_refusals(loadgen, capsys, argv, message):
     assert err.count("\n") == 1 and message in err
 
 
-def test_report_serve_computes_the_bars(loadgen, tmp_path, capsys):
-    """scripts/report_serve.py on synthetic levels: the one-client prediction comes from bench's bs1 figures for
-    the very requests the level sent."""
-    spec = importlib.util.spec_from_file_location("report_serve", SCRIPT.parent / "report_serve.py")
-    report_serve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report_serve)
-    idle = {"drained": True, "kv_slots_in_use": 0.0}
-    levels = ((1, 190.0, 4.0), (16, 2500.0, 9.0), (64, 2400.0, 12.0), (65, 2000.0, 10.0), (17, 2300.0, 11.0))
-    for concurrency, tps, itl in levels:  # 65: the soak at 64; 17: a sustained run at 16
-        folder = tmp_path / f"c{concurrency}"
-        folder.mkdir()
-        point = {"concurrency": {65: 64, 17: 16}.get(concurrency, concurrency), "tokens_per_s": tps,
-                 "itl_p99_ms": itl, "requests": 10,
-                 "answered": 8, "cancelled": 2, "refused": 0, "failed": 0, "idle_metrics": idle,
-                 "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0, "itl_p50_ms": 1.0}
-        (folder / "loadgen.json").write_text(json.dumps({
-            "seed": 0, "requests": 4, "max_output": None, "prompt_lengths": [128, 256], "output_lengths": [100],
-            "command": "loadgen", "points": [point]}))
-    bench = tmp_path / "bench.json"
-    def bench_point(batch, context, first_ms, step_ms, tps):
-        return {"kernels": "fdpp", "batch": batch, "context": context, "first_token_ms": first_ms,
-                "ms_per_step": step_ms, "tokens_per_s": tps}
-    points = [bench_point(1, 128, 10.0, 4.0, 250.0), bench_point(1, 256, 10.0, 4.0, 250.0),
-              bench_point(16, 256, 90.0, 5.0, 3000.0)]
-    bench.write_text(json.dumps({"points": points}))
-    out = tmp_path / "serve.json"
-    argv = ["--levels", *(str(tmp_path / f"c{c}") for c in (1, 16, 64)), "--soak", str(tmp_path / "c65"),
-            "--bench-bs1", str(bench), "--bench-bs16", str(bench), "--memory-mib", "1000", "1010", "-o", str(out)]
-    assert report_serve.main(argv) == 0
-    bars = json.loads(out.read_text())["bars"]
-    predicted = 100 / (0.010 + 99 * 0.004)  # every request: 100 tokens, a 10 ms first token, 99 steps of 4 ms
-    assert abs(bars["one_client_tokens_per_s"]["bench_bs1_predicted"] - predicted) < 1e-6
-    assert not bars["one_client_tokens_per_s"]["met"]  # 190 < 0.95 x 246
-    assert bars["sixteen_clients_tokens_per_s"]["met"] and bars["sixteen_clients_itl_p99_ms"]["met"]  # 2500 >= 2400
-    assert bars["soak"]["met"] and abs(bars["soak"]["gpu_memory_growth_pct"] - 1.0) < 1e-9
-    assert (out.with_suffix(".png")).read_bytes()[:4] == b"\x89PNG"
-    assert report_serve.main(argv[:-2] + ["-o", str(tmp_path / "x.json"), "--bench-bs16", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
-    # --sustained: the 16-client bars come from the longer run, the short one is kept beside them
-    assert report_serve.main(argv + ["--sustained", str(tmp_path / "c17")]) == 0
-    sixteen = json.loads(out.read_text())["bars"]["sixteen_clients_tokens_per_s"]
-    assert (sixteen["server"], sixteen["short_run_server"], sixteen["met"]) == (2300.0, 2500.0, False)
-    assert report_serve.main(argv + ["--sustained", str(tmp_path / "c64")]) == 2  # not a 16-client run
+def test_requests_per_level_and_busy_peaks(server, loadgen, tmp_path, capsys):
+    """--requests per client count, and --sample-interval: the peaks of the server's gauges while a level ran."""
+    out = tmp_path / "levels"
+    argv = ["--url", server.url, "--clients", "1", "3", "--requests", "2", "5", "--max-output", "8",
+            "--sample-interval", "0.02", "-o", str(out)]
+    assert loadgen.main(argv) == 0
+    report = json.loads((out / "loadgen.json").read_text())
+    assert report["requests"] == [2, 5] and [p["requests"] for p in report["points"]] == [2, 5]
+    for point, clients in zip(report["points"], (1, 3)):
+        busy = point["busy_metrics"]
+        assert busy["interval_s"] == 0.02 and busy["samples"] >= 1
+        assert 1 <= busy["peak"]["kv_slots_in_use"] <= clients  # never more sequences than clients
+    assert capsys.readouterr().out.count("peaks over") == 2
 
 
-def test_report_serve_scale_computes_the_paged_bars(tmp_path, capsys):
-    """scripts/report_serve.py scale on synthetic loadgen runs: each paged bar from the runs given, and the plot."""
-    spec = importlib.util.spec_from_file_location("report_serve", SCRIPT.parent / "report_serve.py")
-    report_serve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report_serve)
+def test_the_report_is_written_after_every_level(loadgen, tmp_path, monkeypatch, capsys):
+    """A run cut short (here the second level fails) keeps the levels it finished in loadgen.json."""
+    async def level(url, model, mix, concurrency, requests, *rest):
+        if concurrency == 8:
+            raise loadgen.FdppError("the server went away")
+        return {"concurrency": concurrency, "requests": requests, "tokens_per_s": 1.0, "ttft_p50_ms": 1.0,
+                "ttft_p99_ms": 1.0, "itl_p50_ms": 1.0, "itl_p99_ms": 1.0}
 
-    def run(name, prompts, outputs, levels):
-        folder = tmp_path / name
-        folder.mkdir()
-        points = [{"concurrency": c, "tokens_per_s": tps, "ttft_p50_ms": ttft, "ttft_p99_ms": 2 * ttft,
-                   "itl_p99_ms": itl, "requests": 64, "answered": 64, "outputs_sha256": digest}
-                  for c, tps, ttft, itl, digest in levels]
-        (folder / "loadgen.json").write_text(json.dumps({"command": f"loadgen {name}", "prompt_lengths": prompts,
-                                                         "output_lengths": outputs, "points": points}))
-        return str(folder)
+    monkeypatch.setattr(loadgen, "server_model", lambda url, model: ("m", 2048))
+    monkeypatch.setattr(loadgen, "run_level", level)
+    out = tmp_path / "cut"
+    assert loadgen.main(["--clients", "2", "8", "--requests", "3", "-o", str(out)]) == 2
+    assert "the server went away" in capsys.readouterr().err
+    report = json.loads((out / "loadgen.json").read_text())
+    assert [(p["concurrency"], p["requests"]) for p in report["points"]] == [(2, 3)]
 
-    today = run("today", [128, 1024], [128], [(16, 2500.0, 80.0, 9.0, "a"), (64, 4100.0, 90.0, 12.0, "a"),
-                                              (256, 4900.0, 200.0, 20.0, "a")])
-    heavy = run("heavy", [128, 512], [512], [(16, 2400.0, 50.0, 7.0, "a"), (256, 6500.0, 300.0, 30.0, "a")])
-    on = run("on", [128], [128], [(64, 5000.0, 20.0, 10.0, "x")])
-    off = run("off", [128], [128], [(64, 4900.0, 100.0, 10.0, "x")])
-    bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"points": [
-        {"kernels": "fdpp", "batch": 256, "context": c, "tokens_per_s": tps, "ms_per_step": ms}
-        for c, tps, ms in ((256, 12000.0, 10.0), (512, 8000.0, 16.0), (1024, 6000.0, 20.0))]}))
-    out = tmp_path / "scale.json"
-    argv = ["scale", "--today", today, "--decode-heavy", heavy, "--prefix-on", on, "--prefix-off", off,
-            "--bench", str(bench), "-o", str(out)]
-    assert report_serve.main(argv) == 0
-    bars = json.loads(out.read_text())["bars"]
-    assert bars["today_16_clients_tokens_per_s"]["met"] and bars["today_64_vs_16_clients"]["met"]  # 4100 >= 4000
-    assert not bars["today_256_vs_16_clients"]["met"]  # 4900 < 2 x 2500
-    assert bars["today_ttft_ms"]["256"] == {"p50": 200.0, "p99": 400.0}
-    assert bars["decode_heavy_256_vs_16_clients"]["met"]  # 6500 >= 2.5 x 2400
-    assert bars["decode_heavy_256_vs_bench"]["bench_context"] == 512  # mean prompt 320 + 512 / 2 = 576
-    assert bars["decode_heavy_256_vs_bench"]["met"] and bars["decode_heavy_256_itl_p99_ms"]["met"]  # 30 <= 40
-    assert bars["prefix_cache_ttft_p50"]["met"] and bars["prefix_cache_ttft_p50"]["ratio"] == 5.0
-    assert bars["prefix_cache_tokens_per_s"]["met"] and bars["prefix_cache_identical_outputs"]["met"]
-    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
-    assert report_serve.main(["scale", "--today", heavy, "-o", str(out)]) == 2  # no 64-client level
-    assert "no 64-client level" in capsys.readouterr().err
+
+def test_long_mixes(loadgen):
+    """The capacity mix ends every request at 8,192 tokens; the soak spans 128-8K prompts; llama3's 1K-4K."""
+    capacity = loadgen.request_mix(1, 20, 16448, None, *loadgen.MIXES["8k-sequences"][:2])
+    assert {len(r["prompt"]) + r["max_tokens"] for r in capacity} == {8192}
+    soak = loadgen.request_mix(1, 300, 16448, None, *loadgen.MIXES["soak"][:2], cancel_fraction=0.2)
+    assert {len(r["prompt"]) for r in soak} == {128, 256, 512, 1024, 2048, 4096, 8192}
+    assert all(len(r["prompt"]) + r["max_tokens"] <= 16448 for r in soak)
+    long = loadgen.request_mix(1, 100, 8320, None, *loadgen.MIXES["long-prompts"][:2])
+    assert {len(r["prompt"]) for r in long} == {1024, 2048, 3072, 4096}
+    short = loadgen.request_mix(1, 20, 8320, None, *loadgen.MIXES["8k-sequences"][:2])  # half of 8320: capped
+    assert {len(r["prompt"]) for r in short} == {4160}
