@@ -2,6 +2,7 @@
 // and the epilogue math. Included only by gemm_*.cu.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -301,6 +302,13 @@ cudaError_t launch_kernel(void (*kernel)(Params), unsigned grid, unsigned block,
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, params);
 }
+
+// A tensor map over 16-bit elements of dtype (rank 2 or 3; dims, strides and box as cuTensorMapEncodeTiled takes
+// them) with the 128-byte swizzle, zero fill out of bounds and 256-byte L2 promotion. Host only, no GPU work;
+// cudaErrorNotSupported (with a detail message) when the driver lacks the function, cudaErrorInvalidValue when it
+// refuses the map (the caller names what it was). Defined in gemm_implb_bulk.cu.
+cudaError_t encode_tile_map(CUtensorMap* map, Dtype dtype, int rank, const void* base, const cuuint64_t* dims,
+                            const cuuint64_t* strides, const cuuint32_t* box);
 
 }  // namespace detail
 }  // namespace gemm
