@@ -73,12 +73,12 @@ void set_detail(const char* msg);
 // ImplA: M <= 8. split_k from impla_split_k() unless split_k > 0 is given.
 cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream);
 
-// ImplB: M <= 64 (a wgmma config, loader 4: M <= 256, pad_m 8, launch_implb_wgmma). pad_m is 8 (the paper's choice); 16 and 64 run the same kernel on more zero rows, the padding
-// ablation, in FDPP_BENCH_ABLATIONS builds only (elsewhere cudaErrorNotSupported). When M's batch rows make the
-// warp-tiled kernel's config.stages too deep for shared memory, fewer stages (at least 2) are used. A k_tile 1024
-// config (implb_is_bulk) runs gemm_implb_bulk.cu (loader TMA: sm_90, K % 64 == 0), gemm_implb_stream.cu (loaders
-// rows and rows1) or gemm_implb_pair.cu (loader pair: sm_90), all M <= 16; where it cannot run, the launch fails
-// with cudaErrorInvalidValue and the reason in last_detail().
+// ImplB: M <= 64 (a wgmma config, loader 4: M <= 256, pad_m 8, launch_implb_wgmma). pad_m is 8 (the paper's choice); 16
+// and 64 run the same kernel on more zero rows, the padding ablation, in FDPP_BENCH_ABLATIONS builds only (elsewhere
+// cudaErrorNotSupported). When M's batch rows make the warp-tiled kernel's config.stages too deep for shared memory,
+// fewer stages (at least 2) are used. A k_tile 1024 config (implb_is_bulk) runs gemm_implb_bulk.cu (loader TMA: sm_90,
+// K % 64 == 0), gemm_implb_stream.cu (loaders rows and rows1) or gemm_implb_pair.cu (loader pair: sm_90), all M <= 16;
+// where it cannot run, the launch fails with cudaErrorInvalidValue and the reason in last_detail().
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& config, int pad_m, cudaStream_t stream);
 // Raises a kernel's dynamic shared memory limit to `bytes` (never lowers it), once per (kernel, device) and size;
 // thread-safe. A no-op up to 48 KB.

@@ -235,9 +235,9 @@ inline int64_t wgmma_tiles(int64_t n, bool silu_mul) {
   return silu_mul ? (n / 2 + kWgmmaRows - 1) / kWgmmaRows : (n + kWgmmaTileRows - 1) / kWgmmaTileRows;
 }
 
-// Split-K of the wgmma kernel when no profile says: its registers leave room for one CTA per SM and the grid is not
-// persistent, so take the smallest cluster size along K (1..8) whose tiles * split fill the last wave best (within
-// 2 %), keeping at least 8 steps of 64 columns per CTA.
+// Split-K of the wgmma kernel when no profile says: the grid is not persistent and, from M = 65 (and with 8 stages
+// below), one CTA fits an SM, so take the smallest cluster size along K (1..8) whose tiles * split fill the last wave
+// of one CTA per SM best (within 2 %), keeping at least 8 steps of 64 columns per CTA.
 //   132 SMs: o (32 tiles, 64 steps) -> 4 (128 CTAs, one wave 97 % full); qkv (96) -> 4 (384 CTAs, 3 waves, 97 %)
 //   gate_up (172) -> 3 (516 CTAs, 4 waves, 98 %); down [4096, 11008] (32 tiles, 172 steps) -> 4
 inline int wgmma_split_k(int64_t n, int64_t k, bool silu_mul, int num_sms) {
@@ -462,8 +462,9 @@ inline int implb_candidates(int64_t n, int64_t k, bool silu_mul, int batch_block
 }
 
 // The wgmma configs the profiler sweeps for a shape (M from kImplBWgmmaMinM; the same list for every M, as the
-// launcher fits the stages to M), written to out[0..cap); returns how many there are. 4 or 8 stages times every
-// split_k whose last wave is at least 85 % full (with 8 steps of 64 columns per CTA), and wgmma_split_k's.
+// launcher fits the stages to M), written to out[0..cap); returns how many there are. 4 stages (two CTAs per SM up
+// to M = 64) or 8 (one, the deepest ring that fits) times every split_k whose last wave is at least 85 % full (with
+// 8 steps of 64 columns per CTA), and wgmma_split_k's.
 //   o [4096, 4096], 132 SMs: splits 4 (97 %) and 8 (97 %) -> 4 configs
 inline int wgmma_candidates(int64_t n, int64_t k, bool silu_mul, int num_sms, int64_t max_smem, int cc_major,
                             ImplBConfig* out, int cap) {

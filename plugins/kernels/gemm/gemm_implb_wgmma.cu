@@ -17,7 +17,8 @@
 //
 // Warps: warpgroup 0 is the producer (one thread issues the copies into a `stages`-deep ring with a full and an
 // empty mbarrier per stage; it lowers its register budget with setmaxnreg), warpgroups 1 and 2 the consumers (64 rows
-// each, accumulators in registers, raised budget). A consumer keeps one stage's wgmma group in flight: it releases a
+// each, accumulators in registers, raised budget). One CTA per SM, or two up to bn 64 where the stages fit twice
+// (launch_typed). A consumer keeps one stage's wgmma group in flight: it releases a
 // stage once the group after it has been issued and the stage's own group has completed.
 //
 // Programmatic dependent launch: the producer issues the weights of the first `stages` stages, then waits for the
@@ -45,12 +46,10 @@ using attn::mbar_init;
 using attn::mbar_wait;
 using attn::sw128_desc;
 
-constexpr int kThreads = 3 * 128;                           // the producer warpgroup and two consumers
+constexpr int kThreads = 3 * 128;  // the producer warpgroup and two consumers
 [[maybe_unused]] constexpr int kConsumerThreads = 2 * 128;
 [[maybe_unused]] constexpr int kWeightBytes = kWgmmaTileRows * 128;          // one stage's weight rows: 16 KB
 [[maybe_unused]] constexpr int kStageRow = kWgmmaTileRows + kWgmmaStagePad;  // floats per staged batch row
-[[maybe_unused]] constexpr int kProducerRegs = 40;                          // setmaxnreg budgets: 128 * 40 + 256 * 232 <= 64 K
-[[maybe_unused]] constexpr int kConsumerRegs = 232;
 
 struct WgmmaParams {
   const void* x;
@@ -66,6 +65,19 @@ struct WgmmaParams {
 };
 
 #if FDPP_WGMMA
+// setmaxnreg budgets by CTAs per SM: the CTA's registers (kThreads times the launch-bound cap ptxas gives the kernel,
+// 168 for one CTA per SM, 80 for two) split between the producer warpgroup and the two consumers.
+template <int kCtas>
+struct Regs;
+template <>
+struct Regs<1> {
+  static constexpr int kProducer = 40, kConsumer = 232;  // 128 * 40 + 256 * 232 = 64512 = 384 * 168
+};
+template <>
+struct Regs<2> {
+  static constexpr int kProducer = 24, kConsumer = 104;  // 128 * 24 + 256 * 104 = 29696 <= 384 * 80
+};
+
 // wgmma.mma_async m64nBNk16, both operands K-major from shared memory (descriptors), fp32 accumulate (scale-d 1).
 // d[i / 4][i % 4] is accumulator register i: per warp the m16n8 fragment layout repeated along N.
 template <typename T, int BN>
@@ -213,8 +225,8 @@ __device__ __forceinline__ uint64_t l2_evict_last_policy() {
 }
 #endif
 
-template <typename T, int BN>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int BN, int kCtas>
+__global__ void __launch_bounds__(kThreads, kCtas)
     flat_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
                            const WgmmaParams p) {
 #if FDPP_WGMMA
@@ -243,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   detail::pdl_launch_dependents();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<kCtas>::kProducer));
     if (threadIdx.x != 0) return;
     // The weight rows of the tile: 128 from tile * 128, or 64 gate rows from tile * 64 and their up rows.
     const int row_a = p.silu ? tile * kWgmmaRows : tile * kWgmmaTileRows;
@@ -275,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<kCtas>::kConsumer));
   detail::pdl_wait_for_previous_grid();  // bias, residual and Y belong to the kernels around this one
   const int cw = wg - 1;                 // consumer warpgroup: weight rows [64 cw, 64 cw + 64) of the tile
   const int ctid = threadIdx.x - 128;
@@ -357,13 +369,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <typename T, int BN>
-cudaError_t launch_typed(const CUtensorMap& wmap, const CUtensorMap& xmap, const WgmmaParams& params, int64_t tiles,
-                         const DeviceInfo& dev, const detail::Launch& launch) {
-  auto kernel = flat_gemm_wgmma_kernel<T, BN>;
-  const int64_t smem = wgmma_smem_bytes(params.stages, BN);
-  const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), dev.device, smem);
-  if (err != cudaSuccess) return err;
+template <typename Kernel>
+cudaError_t launch_grid(Kernel kernel, int64_t smem, const CUtensorMap& wmap, const CUtensorMap& xmap,
+                        const WgmmaParams& params, int64_t tiles, const detail::Launch& launch) {
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
   if (params.split_k > 1) {
@@ -386,6 +394,27 @@ cudaError_t launch_typed(const CUtensorMap& wmap, const CUtensorMap& xmap, const
   cfg.attrs = n ? attrs : nullptr;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, wmap, xmap, params);
+}
+
+// Two CTAs per SM where the stages let two share one, up to bn 64 (whose accumulators fit the 80 registers a thread
+// has then; bn 128 needs more): a shallower ring each, but one CTA streams while the other fills its pipeline or runs
+// its epilogue, which a grid of several waves otherwise pays for every wave. Else one CTA with the deeper ring. So a
+// profile chooses by the config's stages: 4 (two CTAs at M <= 64) against 8 (one).
+template <typename T, int BN>
+cudaError_t launch_typed(const CUtensorMap& wmap, const CUtensorMap& xmap, const WgmmaParams& params, int64_t tiles,
+                         const DeviceInfo& dev, const detail::Launch& launch) {
+  const int64_t smem = wgmma_smem_bytes(params.stages, BN);
+  if constexpr (BN <= 64) {
+    auto two = flat_gemm_wgmma_kernel<T, BN, 2>;
+    const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(two), dev.device, smem);
+    if (err != cudaSuccess) return err;
+    if (resident_ctas_per_sm(reinterpret_cast<const void*>(two), dev.device, smem, kThreads) >= 2)
+      return launch_grid(two, smem, wmap, xmap, params, tiles, launch);
+  }
+  auto one = flat_gemm_wgmma_kernel<T, BN, 1>;
+  const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(one), dev.device, smem);
+  if (err != cudaSuccess) return err;
+  return launch_grid(one, smem, wmap, xmap, params, tiles, launch);
 }
 
 template <typename T>
