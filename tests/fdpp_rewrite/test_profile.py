@@ -350,3 +350,13 @@ def test_measure_wgmma_keeps_the_fastest_config_beside_cublaslt(monkeypatch):
     assert len(record["candidates"]) == 4 and record["candidates"][-1]["us"][-1] is None
     assert profile_measure.measure_wgmma(bench, None, dict(h200, cc_major=8)) is None
     assert profile_measure.measure_wgmma(bench, None, {}) is None
+
+
+def test_wgmma_summary_reports_time_and_read_rate_beside_cublaslt():
+    entry = {"n": 4096, "k": 4096, "implb_wgmma": {
+        "m": [32, 64], "config": {"n_tile": 64, "k_tile": 64, "stages": 4, "split_k": 4, "loader": "wgmma"},
+        "implb_wgmma_us": [10.0, None], "cublaslt_us": [12.5, 12.0]}}
+    line = profile.wgmma_summary(entry)
+    assert line.startswith("[4096, 4096] wgmma n64 k64 s4 x4 wgmma: ")
+    assert "M=32 10.0 us 3.36 TB/s (cuBLASLt 12.5 us 2.68 TB/s)" in line
+    assert "M=64 n/a (cuBLASLt 12.0 us 2.80 TB/s)" in line
