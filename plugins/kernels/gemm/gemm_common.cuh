@@ -274,11 +274,11 @@ struct Launch {
   bool pdl;
 };
 
-// Launches kernel<<<grid, block, smem, stream>>>(params) as a cluster of cluster_x CTAs along x (when > 1) and,
+// Launches kernel<<<grid, block, smem, stream>>>(params...) as a cluster of cluster_x CTAs along x (when > 1) and,
 // when launch.pdl, with programmatic stream serialization (see pdl_* above).
-template <typename Params>
-cudaError_t launch_kernel(void (*kernel)(Params), unsigned grid, unsigned block, size_t smem, const Launch& launch,
-                          int cluster_x, const Params& params) {
+template <typename... Declared, typename... Params>
+cudaError_t launch_kernel(void (*kernel)(Declared...), unsigned grid, unsigned block, size_t smem, const Launch& launch,
+                          int cluster_x, const Params&... params) {
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
   if (cluster_x > 1) {
@@ -300,7 +300,7 @@ cudaError_t launch_kernel(void (*kernel)(Params), unsigned grid, unsigned block,
   cfg.stream = launch.stream;
   cfg.attrs = n ? attrs : nullptr;
   cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, params);
+  return cudaLaunchKernelEx(&cfg, kernel, params...);
 }
 
 // A tensor map over 16-bit elements of dtype (rank 2 or 3; dims, strides and box as cuTensorMapEncodeTiled takes

@@ -85,122 +85,80 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[BN / 8][4], uint64_t a, uint
 
 // The PTX strings and operand lists below are laid out by hand:
 // clang-format off
-template <>
-__device__ __forceinline__ void wgmma_ss<__half, 32>(float (&d)[4][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-               : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3)
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 32>(float (&d)[4][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-               : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3)
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss<__half, 64>(float (&d)[8][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-               : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),
-                 FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7)
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 64>(float (&d)[8][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-               : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),
-                 FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7)
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss<__half, 128>(float (&d)[16][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-               : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),
-                 FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7),
-                 FDPP_WGMMA_ROW(d, 8), FDPP_WGMMA_ROW(d, 9), FDPP_WGMMA_ROW(d, 10), FDPP_WGMMA_ROW(d, 11),
-                 FDPP_WGMMA_ROW(d, 12), FDPP_WGMMA_ROW(d, 13), FDPP_WGMMA_ROW(d, 14), FDPP_WGMMA_ROW(d, 15)
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 128>(float (&d)[16][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-               : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),
-                 FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7),
-                 FDPP_WGMMA_ROW(d, 8), FDPP_WGMMA_ROW(d, 9), FDPP_WGMMA_ROW(d, 10), FDPP_WGMMA_ROW(d, 11),
-                 FDPP_WGMMA_ROW(d, 12), FDPP_WGMMA_ROW(d, 13), FDPP_WGMMA_ROW(d, 14), FDPP_WGMMA_ROW(d, 15)
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss<__half, 256>(float (&d)[32][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-               : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),
-                 FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7),
-                 FDPP_WGMMA_ROW(d, 8), FDPP_WGMMA_ROW(d, 9), FDPP_WGMMA_ROW(d, 10), FDPP_WGMMA_ROW(d, 11),
-                 FDPP_WGMMA_ROW(d, 12), FDPP_WGMMA_ROW(d, 13), FDPP_WGMMA_ROW(d, 14), FDPP_WGMMA_ROW(d, 15),
-                 FDPP_WGMMA_ROW(d, 16), FDPP_WGMMA_ROW(d, 17), FDPP_WGMMA_ROW(d, 18), FDPP_WGMMA_ROW(d, 19),
-                 FDPP_WGMMA_ROW(d, 20), FDPP_WGMMA_ROW(d, 21), FDPP_WGMMA_ROW(d, 22), FDPP_WGMMA_ROW(d, 23),
-                 FDPP_WGMMA_ROW(d, 24), FDPP_WGMMA_ROW(d, 25), FDPP_WGMMA_ROW(d, 26), FDPP_WGMMA_ROW(d, 27),
-                 FDPP_WGMMA_ROW(d, 28), FDPP_WGMMA_ROW(d, 29), FDPP_WGMMA_ROW(d, 30), FDPP_WGMMA_ROW(d, 31)
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 256>(float (&d)[32][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-               : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),
-                 FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7),
-                 FDPP_WGMMA_ROW(d, 8), FDPP_WGMMA_ROW(d, 9), FDPP_WGMMA_ROW(d, 10), FDPP_WGMMA_ROW(d, 11),
-                 FDPP_WGMMA_ROW(d, 12), FDPP_WGMMA_ROW(d, 13), FDPP_WGMMA_ROW(d, 14), FDPP_WGMMA_ROW(d, 15),
-                 FDPP_WGMMA_ROW(d, 16), FDPP_WGMMA_ROW(d, 17), FDPP_WGMMA_ROW(d, 18), FDPP_WGMMA_ROW(d, 19),
-                 FDPP_WGMMA_ROW(d, 20), FDPP_WGMMA_ROW(d, 21), FDPP_WGMMA_ROW(d, 22), FDPP_WGMMA_ROW(d, 23),
-                 FDPP_WGMMA_ROW(d, 24), FDPP_WGMMA_ROW(d, 25), FDPP_WGMMA_ROW(d, 26), FDPP_WGMMA_ROW(d, 27),
-                 FDPP_WGMMA_ROW(d, 28), FDPP_WGMMA_ROW(d, 29), FDPP_WGMMA_ROW(d, 30), FDPP_WGMMA_ROW(d, 31)
-               : "l"(a), "l"(b));
-}
+#define FDPP_GEMM_WGMMA_SS_N32(CTY, TY)                                                                                \
+  template <>                                                                                                          \
+  __device__ __forceinline__ void wgmma_ss<CTY, 32>(float (&d)[4][4], uint64_t a, uint64_t b) {                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                            \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." #TY "." #TY " {"                                        \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                \
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                                                    \
+                 : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3)              \
+                 : "l"(a), "l"(b));                                                                                    \
+  }
+
+#define FDPP_GEMM_WGMMA_SS_N64(CTY, TY)                                                                                \
+  template <>                                                                                                          \
+  __device__ __forceinline__ void wgmma_ss<CTY, 64>(float (&d)[8][4], uint64_t a, uint64_t b) {                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                            \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." #TY "." #TY " {"                                        \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                               \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                      \
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                                    \
+                 : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),             \
+                   FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7)              \
+                 : "l"(a), "l"(b));                                                                                    \
+  }
+
+#define FDPP_GEMM_WGMMA_SS_N128(CTY, TY)                                                                               \
+  template <>                                                                                                          \
+  __device__ __forceinline__ void wgmma_ss<CTY, 128>(float (&d)[16][4], uint64_t a, uint64_t b) {                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                            \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." #TY "." #TY " {"                                       \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                               \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                     \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                     \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                      \
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                                    \
+                 : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),             \
+                   FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7),             \
+                   FDPP_WGMMA_ROW(d, 8), FDPP_WGMMA_ROW(d, 9), FDPP_WGMMA_ROW(d, 10), FDPP_WGMMA_ROW(d, 11),           \
+                   FDPP_WGMMA_ROW(d, 12), FDPP_WGMMA_ROW(d, 13), FDPP_WGMMA_ROW(d, 14), FDPP_WGMMA_ROW(d, 15)          \
+                 : "l"(a), "l"(b));                                                                                    \
+  }
+
+#define FDPP_GEMM_WGMMA_SS_N256(CTY, TY)                                                                               \
+  template <>                                                                                                          \
+  __device__ __forceinline__ void wgmma_ss<CTY, 256>(float (&d)[32][4], uint64_t a, uint64_t b) {                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                            \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." #TY "." #TY " {"                                       \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                               \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                     \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                     \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"                     \
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"                     \
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"                     \
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"         \
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"      \
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"                                                                  \
+                 : FDPP_WGMMA_ROW(d, 0), FDPP_WGMMA_ROW(d, 1), FDPP_WGMMA_ROW(d, 2), FDPP_WGMMA_ROW(d, 3),             \
+                   FDPP_WGMMA_ROW(d, 4), FDPP_WGMMA_ROW(d, 5), FDPP_WGMMA_ROW(d, 6), FDPP_WGMMA_ROW(d, 7),             \
+                   FDPP_WGMMA_ROW(d, 8), FDPP_WGMMA_ROW(d, 9), FDPP_WGMMA_ROW(d, 10), FDPP_WGMMA_ROW(d, 11),           \
+                   FDPP_WGMMA_ROW(d, 12), FDPP_WGMMA_ROW(d, 13), FDPP_WGMMA_ROW(d, 14), FDPP_WGMMA_ROW(d, 15),         \
+                   FDPP_WGMMA_ROW(d, 16), FDPP_WGMMA_ROW(d, 17), FDPP_WGMMA_ROW(d, 18), FDPP_WGMMA_ROW(d, 19),         \
+                   FDPP_WGMMA_ROW(d, 20), FDPP_WGMMA_ROW(d, 21), FDPP_WGMMA_ROW(d, 22), FDPP_WGMMA_ROW(d, 23),         \
+                   FDPP_WGMMA_ROW(d, 24), FDPP_WGMMA_ROW(d, 25), FDPP_WGMMA_ROW(d, 26), FDPP_WGMMA_ROW(d, 27),         \
+                   FDPP_WGMMA_ROW(d, 28), FDPP_WGMMA_ROW(d, 29), FDPP_WGMMA_ROW(d, 30), FDPP_WGMMA_ROW(d, 31)          \
+                 : "l"(a), "l"(b));                                                                                    \
+  }
+
+FDPP_GEMM_WGMMA_SS_N32(__half, f16)
+FDPP_GEMM_WGMMA_SS_N32(__nv_bfloat16, bf16)
+FDPP_GEMM_WGMMA_SS_N64(__half, f16)
+FDPP_GEMM_WGMMA_SS_N64(__nv_bfloat16, bf16)
+FDPP_GEMM_WGMMA_SS_N128(__half, f16)
+FDPP_GEMM_WGMMA_SS_N128(__nv_bfloat16, bf16)
+FDPP_GEMM_WGMMA_SS_N256(__half, f16)
+FDPP_GEMM_WGMMA_SS_N256(__nv_bfloat16, bf16)
 // clang-format on
 
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
@@ -369,33 +327,6 @@ __global__ void __launch_bounds__(kThreads, kCtas)
 #endif
 }
 
-template <typename Kernel>
-cudaError_t launch_grid(Kernel kernel, int64_t smem, const CUtensorMap& wmap, const CUtensorMap& xmap,
-                        const WgmmaParams& params, int64_t tiles, const detail::Launch& launch) {
-  cudaLaunchAttribute attrs[2];
-  unsigned n = 0;
-  if (params.split_k > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = unsigned(params.split_k);
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (launch.pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(tiles * params.split_k));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = launch.stream;
-  cfg.attrs = n ? attrs : nullptr;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, wmap, xmap, params);
-}
-
 // Two CTAs per SM where the stages let two share one, up to bn 64 (whose accumulators fit the 80 registers a thread
 // has then; bn 128 needs more): a shallower ring each, but one CTA streams while the other fills its pipeline or runs
 // its epilogue, which a grid of several waves otherwise pays for every wave. Else one CTA with the deeper ring. So a
@@ -404,17 +335,18 @@ template <typename T, int BN>
 cudaError_t launch_typed(const CUtensorMap& wmap, const CUtensorMap& xmap, const WgmmaParams& params, int64_t tiles,
                          const DeviceInfo& dev, const detail::Launch& launch) {
   const int64_t smem = wgmma_smem_bytes(params.stages, BN);
+  const unsigned grid = unsigned(tiles * params.split_k);
   if constexpr (BN <= 64) {
     auto two = flat_gemm_wgmma_kernel<T, BN, 2>;
     const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(two), dev.device, smem);
     if (err != cudaSuccess) return err;
     if (resident_ctas_per_sm(reinterpret_cast<const void*>(two), dev.device, smem, kThreads) >= 2)
-      return launch_grid(two, smem, wmap, xmap, params, tiles, launch);
+      return detail::launch_kernel(two, grid, kThreads, size_t(smem), launch, params.split_k, wmap, xmap, params);
   }
   auto one = flat_gemm_wgmma_kernel<T, BN, 1>;
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(one), dev.device, smem);
   if (err != cudaSuccess) return err;
-  return launch_grid(one, smem, wmap, xmap, params, tiles, launch);
+  return detail::launch_kernel(one, grid, kThreads, size_t(smem), launch, params.split_k, wmap, xmap, params);
 }
 
 template <typename T>
