@@ -28,12 +28,11 @@ PDL = {True: 0, False: 1}  # fdpp_pdl: AUTO (on where the GPU runs the sm_90a co
 # (sm_90); "rows", row-streaming cp.async with two CTAs per SM, every stage's weights issued before the PDL wait;
 # "rows1", the same kernel issuing only the first unit's before it (two in the second half of its grid); "pair"
 # (M <= 16, sm_90), clusters of two CTAs per 32 weight rows, one K half each. Smaller k_tiles have no loader choice,
-# except "wgmma" (sm_90a, M <= WGMMA_MAX_M): its own kernel on warpgroup MMAs with the batch on their N side,
+# except "wgmma" (sm_90a, M <= 256): its own kernel on warpgroup MMAs with the batch on their N side,
 # n_tile 64 and k_tile 64 (gemm_heuristics.h, kLoaderWgmma).
 LOADERS = {"tma": 0, "rows": 1, "rows1": 2, "pair": 3, "wgmma": 4}
 LOADER_NAMES = {v: k for k, v in LOADERS.items()}
 BULK_MIN_K_TILE = 1024
-WGMMA_MAX_M = 256  # = gemm_heuristics.h kImplBWgmmaMaxM (the C ABI refuses larger M for this loader)
 
 
 class ImplBConfig(ctypes.Structure):

@@ -253,6 +253,17 @@ __device__ __forceinline__ void finish_block(float (&acc)[NB][4], float (&part)[
   for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
 }
 
+// The problem as a kernel sees it: a kernel parameter struct may derive from it (fill_problem fills it).
+struct KernelProblem {
+  const void* x;
+  const void* w;
+  const void* bias;
+  const void* residual;
+  void* y;
+  int m, n, k;
+  int silu;  // rows come in (gate, up) pairs and the output is n / 2 wide
+};
+
 // The problem's pointers, sizes and epilogue into a kernel parameter struct that has these fields (host code).
 template <typename Params>
 void fill_problem(Params& params, const Problem& p) {

@@ -67,8 +67,8 @@ struct ImplBConfig {
 };
 
 // What the profile says about one (N, K, dtype): ImplA for M <= m1, ImplB for m1 < M <= m2, ImplC above
-// (ImplA only up to M = 8 and ImplB only up to M = 64 whatever m1 and m2 say). m1 = 0 means ImplA is never used;
-// m2 = m1 means ImplB is never used.
+// (ImplA only up to M = 8 and ImplB only up to M = 64, 256 with a wgmma config, whatever m1 and m2 say). m1 = 0 means
+// ImplA is never used; m2 = m1 means ImplB is never used.
 struct Plan {
   int32_t m1;
   int32_t m2;
@@ -400,7 +400,8 @@ inline int64_t implb_plan_max_m(const Plan& p) {
 
 // Plan sanity, or nullptr: thresholds ordered, implc known, and a 1024-column ImplB config only where ImplB sees
 // at most 16 rows. Thresholds above what an implementation can do are allowed (the FlatGemm contract accepts any
-// M): select_impl caps ImplA at M <= 8 and ImplB at M <= 64. (The rest of the ImplB config is checked at launch,
+// M): select_impl caps ImplA at M <= 8 and ImplB at M <= 64 (256 with a wgmma config). (The rest of the ImplB config
+// is checked at launch,
 // where M and the device are known.)
 //   {m1 0, m2 16, k_tile 1024} -> ok; {m1 0, m2 32, k_tile 1024} -> refused (M = 17..32 would reach it)
 inline const char* plan_problem(const Plan& p) {

@@ -45,16 +45,7 @@ using detail::cp_async16;
 using detail::Elem;
 using detail::lds16;
 
-struct FlatGemmParams {
-  const void* x;
-  const void* w;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m;
-  int n;
-  int k;
-  int silu;     // rows come in (gate, up) pairs and the output is n / 2 wide
+struct FlatGemmParams : detail::KernelProblem {
   int warps_n;  // 16-row blocks per CTA
   int kw;       // K elements per warp per stage (multiple of 32)
   int stages;

@@ -38,14 +38,7 @@ constexpr int kBulkWarps = 8;                        // consumer warps
 constexpr int kBulkThreads = (kBulkWarps + 1) * 32;  // and one producer warp
 static_assert(kBulkRows == 16 && kBulkMaxStages == 4, "one m16 block per unit; the configs allow 2 to 4 stages");
 
-struct BulkGemmParams {
-  const void* x;
-  const void* w;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m, n, k;
-  int silu;
+struct BulkGemmParams : detail::KernelProblem {
   int k_tile;  // columns per unit
   int stages;
   int steps;       // units per block: ceil(k / k_tile)

@@ -51,14 +51,7 @@ constexpr int kThreads = 3 * 128;  // the producer warpgroup and two consumers
 [[maybe_unused]] constexpr int kWeightBytes = kWgmmaTileRows * 128;          // one stage's weight rows: 16 KB
 [[maybe_unused]] constexpr int kStageRow = kWgmmaTileRows + kWgmmaStagePad;  // floats per staged batch row
 
-struct WgmmaParams {
-  const void* x;
-  const void* w;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m, n, k;
-  int silu;
+struct WgmmaParams : detail::KernelProblem {
   int stages;
   int steps;    // 64-column steps along K
   int split_k;  // CTAs of a cluster along K

@@ -412,7 +412,9 @@ def test_cuda_graph_capture_and_replay():
                                               ("rows", "impla", 1), ("cublaslt", "rows", 8), ("rows1", "rows1", 4),
                                               ("rows", "rows1", 8), ("rows1", "impla", 1), ("cublaslt", "rows1", 8),
                                               ("pair", "pair", 1), ("pair", "pair", 8), ("rows1", "pair", 4),
-                                              ("pair", "rows", 8), ("cublaslt", "pair", 8), ("pair", "impla", 1)])
+                                              ("pair", "rows", 8), ("cublaslt", "pair", 8), ("pair", "impla", 1),
+                                              ("wgmma", "wgmma", 24), ("wgmma", "wgmma", 200), ("implb", "wgmma", 24),
+                                              ("cublaslt", "wgmma", 128), ("wgmma", "impla", 1)])
 def test_programmatic_dependent_launch_chain(first, second, m):
     """GEMM 2 reads GEMM 1's output. With programmatic dependent launch GEMM 2 starts streaming its weight
     early but must not read X before GEMM 1 is done: X is poisoned with NaN before every chain, and the result
@@ -434,8 +436,10 @@ def test_programmatic_dependent_launch_chain(first, second, m):
     bulk = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}  # "bulk": ImplB's TMA pipeline
     rows = dict(bulk, loader="rows")  # the row-streaming cp.async pipeline
     lean = {"rows": rows, "rows1": dict(bulk, loader="rows1"), "bulk": bulk,  # rows1: one unit before the PDL wait
-            "pair": dict(bulk, loader="pair")}  # clusters of two CTAs, one K half each
-    if {"bulk", "pair"} & {first, second} and gemm.device_info()["cc_major"] != 9:
+            "pair": dict(bulk, loader="pair"),  # clusters of two CTAs, one K half each
+            # warpgroup MMAs, split-K over clusters of two
+            "wgmma": {"n_tile": 64, "k_tile": 64, "stages": 4, "split_k": 2, "loader": "wgmma"}}
+    if {"bulk", "pair", "wgmma"} & {first, second} and gemm.device_info()["cc_major"] != 9:
         pytest.skip("the TMA, cluster-pair and wgmma pipelines run on compute capability 9.x (the sm_90a code)")
     if {"bulk", "rows", "rows1", "pair"} & {first, second}:
         k, n1 = 2048, 2048  # K a multiple of 64 for the TMA pipeline
