@@ -248,6 +248,8 @@ def test_every_loader_the_contract_allows_serves_exactly_the_1024_limit():
     contract = load_contract("FlatGemm")
     limit = contract.raw["limits"]["implb_1024_max_m"]
     for loader in contract.attributes["implb_loader"]["choices"]:
+        if loader == "wgmma":  # not a 1024-column pipeline: test_a_wgmma_plan_serves_up_to_256_rows
+            continue
         config = {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1, "loader": loader}
         gemm().check_implb_config(config, m=limit, k=4096, max_smem=H200["max_smem"], cc_major=9)
         with pytest.raises(FdppError, match=f"M <= {limit}"):
