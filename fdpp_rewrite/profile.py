@@ -137,6 +137,25 @@ def run(args) -> int:
         cfg = gemm.config_label(e["implb"])
         print(f"{'[' + str(e['n']) + ', ' + str(e['k']) + ']':>16} {e['m1']:>3} {e['m2']:>3} {e['implc']:>8}  "
               f"{cfg:<22} {e['worst_ratio_vs_best_impl']:>9.3f}  {', '.join(e['used_by'])}")
+    for e in entries:
+        if e.get("implb_wgmma"):
+            print(wgmma_summary(e))
     return 0
+
+
+def wgmma_summary(entry: dict) -> str:
+    """One line per profile entry for its wgmma ImplB record (profile_measure.measure_wgmma): microseconds and the
+    weight read rate at each M, cuBLASLt's beside them.
+        [4096, 4096] wgmma n64 k64 s4 x4 wgmma: M=64 10.0 us 3.36 TB/s (cuBLASLt 12.0 us 2.80 TB/s) ..."""
+    from fdpp_rewrite.gpu.gemm import config_label
+
+    record = entry["implb_wgmma"]
+    weight = 2 * int(entry["n"]) * int(entry["k"])
+
+    def point(us):
+        return f"{us:.1f} us {weight / us / 1e6:.2f} TB/s" if us else "n/a"
+    points = [f"M={m} {point(ours)} (cuBLASLt {point(theirs)})"
+              for m, ours, theirs in zip(record["m"], record["implb_wgmma_us"], record["cublaslt_us"])]
+    return f"[{entry['n']}, {entry['k']}] wgmma {config_label(record['config'])}: " + "; ".join(points)
 
 

@@ -20,6 +20,8 @@ TIMINGS = {
     "flushed": "CUDA events around one launch after an L2 flush (reading 4x the L2), median of repetitions",
 }
 GRAPH_ITERS = 60  # launches per graph replay
+# Where the wgmma ImplB loader (sm_90a) is measured against cuBLASLt: the batches past mma.sync's ImplB.
+WGMMA_MS = (32, 64, 128, 256)
 IMPLB_ALTERNATIVES = 4  # the search's runners-up whose whole curve is timed when the winner's plan misses
 
 class ShapeBench:
@@ -143,6 +145,34 @@ def search_implb(bench: ShapeBench, timer, device: dict, search_ms=SEARCH_MS, se
     return results[0][0], [(cfg, times, score(times)) for cfg, times in results]
 
 
+def measure_wgmma(bench: ShapeBench, timer, device: dict, timing: str = "graph", ms=WGMMA_MS) -> dict | None:
+    """The wgmma ImplB loader against cuBLASLt at ms: each of its candidate configs timed at every M, the one with
+    the lowest geometric-mean time kept with its curve and cuBLASLt's beside it; None on a GPU without it (compute
+    capability other than 9)."""
+    from fdpp_rewrite.gpu import gemm
+
+    if device.get("cc_major") != 9:
+        return None
+    candidates = [c for c in gemm.implb_candidates(bench.n, bench.k, ms[0], device["num_sms"], device["max_smem"],
+                                                   device["cc_major"]) if c.get("loader") == "wgmma"]
+    if not candidates:
+        return None
+    cublaslt = [time_impl(bench, timer, timing, "cublaslt", m) for m in ms]
+    timed = [(config, [time_impl(bench, timer, timing, "implb", m, config) for m in ms]) for config in candidates]
+
+    def score(times):
+        valid = [t for t in times if _valid(t)]
+        return math.exp(sum(math.log(t) for t in valid) / len(valid)) if len(valid) == len(times) else math.inf
+
+    timed.sort(key=lambda item: score(item[1]))
+    config, best = timed[0]
+
+    def rounded(times):
+        return [None if t is None else round(t, 3) for t in times]
+    return {"m": list(ms), "config": config, "implb_wgmma_us": rounded(best), "cublaslt_us": rounded(cublaslt),
+            "candidates": [{"config": c, "us": rounded(t)} for c, t in timed]}
+
+
 def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, progress=None, timing: str = "graph",
                   quick: bool = False) -> dict:
     """One profile entry (schema in engines/profiles/README.md) with the raw curves, timed by `timing`, and its
@@ -200,6 +230,8 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
         "curves": curves,
         "retimed": retimed,
         "implb_alternatives": alternatives,
+        # Recorded beside the plan, which does not use it yet: the FlatGemm contract still caps ImplB at M = 64.
+        "implb_wgmma": measure_wgmma(bench, timer, device, timing=timing),
     })
 
 

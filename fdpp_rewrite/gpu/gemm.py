@@ -27,8 +27,10 @@ PDL = {True: 0, False: 1}  # fdpp_pdl: AUTO (on where the GPU runs the sm_90a co
 # How a k_tile 1024 config streams the weight (the C ABI's loader codes): "tma", the tensor memory accelerator
 # (sm_90); "rows", row-streaming cp.async with two CTAs per SM, every stage's weights issued before the PDL wait;
 # "rows1", the same kernel issuing only the first unit's before it (two in the second half of its grid); "pair"
-# (M <= 16, sm_90), clusters of two CTAs per 32 weight rows, one K half each. Smaller k_tiles have no loader choice.
-LOADERS = {"tma": 0, "rows": 1, "rows1": 2, "pair": 3}
+# (M <= 16, sm_90), clusters of two CTAs per 32 weight rows, one K half each. Smaller k_tiles have no loader choice,
+# except "wgmma" (sm_90a, M <= 256): its own kernel on warpgroup MMAs with the batch on their N side,
+# n_tile 64 and k_tile 64 (gemm_heuristics.h, kLoaderWgmma).
+LOADERS = {"tma": 0, "rows": 1, "rows1": 2, "pair": 3, "wgmma": 4}
 LOADER_NAMES = {v: k for k, v in LOADERS.items()}
 BULK_MIN_K_TILE = 1024
 
@@ -42,7 +44,7 @@ class ImplBConfig(ctypes.Structure):
 
     def as_dict(self) -> dict:
         d = {"n_tile": self.n_tile, "k_tile": self.k_tile, "stages": self.stages, "split_k": self.split_k}
-        if self.k_tile >= BULK_MIN_K_TILE:
+        if self.k_tile >= BULK_MIN_K_TILE or self.loader == LOADERS["wgmma"]:
             d["loader"] = LOADER_NAMES.get(self.loader, str(self.loader))
         if self.row_blocks:
             d["row_blocks"] = self.row_blocks

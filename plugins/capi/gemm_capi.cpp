@@ -114,8 +114,10 @@ fdpp_status fdpp_gemm_check_implb_config(const fdpp_gemm_implb_config* config, i
                                          int32_t cc_major) {
   return fdpp::guarded("fdpp_gemm_check_implb_config", [&] {
     if (config == nullptr) return invalid("fdpp_gemm_check_implb_config", "config is NULL");
-    if (m < 1 || m > g::kImplBMaxM) return invalid("fdpp_gemm_check_implb_config", "ImplB handles 1 <= M <= 64");
-    const char* why = g::implb_config_problem(to_config(*config), k, g::implb_batch_blocks(m, 8), max_smem, cc_major);
+    const g::ImplBConfig c = to_config(*config);
+    if (m < 1 || m > g::implb_max_m(c))
+      return invalid("fdpp_gemm_check_implb_config", "ImplB handles 1 <= M <= 64 (256 with the wgmma loader, 4)");
+    const char* why = g::implb_config_problem(c, k, g::implb_batch_blocks(m, 8), max_smem, cc_major);
     return why ? invalid("fdpp_gemm_check_implb_config", why) : FDPP_OK;
   });
 }
@@ -126,7 +128,8 @@ fdpp_status fdpp_gemm_implb_candidates(int64_t n, int64_t k, int32_t epilogue, i
   return fdpp::guarded("fdpp_gemm_implb_candidates", [&] {
     if (count == nullptr || (cap > 0 && out == nullptr))
       return invalid("fdpp_gemm_implb_candidates", "out (when cap > 0) and count must not be NULL");
-    if (m < 1 || m > g::kImplBMaxM) return invalid("fdpp_gemm_implb_candidates", "ImplB handles 1 <= M <= 64");
+    if (m < 1 || m > g::kImplBWgmmaMaxM)
+      return invalid("fdpp_gemm_implb_candidates", "ImplB handles 1 <= M <= 256 (above 64 only the wgmma loader)");
     if (n < 1 || k < 8 || k % 8 != 0)
       return invalid("fdpp_gemm_implb_candidates", "N must be >= 1 and K a positive multiple of 8");
     if (const char* why = codes_problem(epilogue, FDPP_FLOAT16)) return invalid("fdpp_gemm_implb_candidates", why);
@@ -134,8 +137,15 @@ fdpp_status fdpp_gemm_implb_candidates(int64_t n, int64_t k, int32_t epilogue, i
       return invalid("fdpp_gemm_implb_candidates", "num_sms, max_smem and cc_major must be positive");
     constexpr int kMax = 512;
     g::ImplBConfig tmp[kMax];
-    const int total = g::implb_candidates(n, k, epilogue == FDPP_GEMM_EPILOGUE_SILU_MUL, g::implb_batch_blocks(m, 8),
-                                          num_sms, max_smem, cc_major, tmp, kMax);
+    const bool silu = epilogue == FDPP_GEMM_EPILOGUE_SILU_MUL;
+    // mma.sync configs up to M = 64, then the wgmma ones from M = 17 (above 64 only those).
+    int total = m <= g::kImplBMaxM ? g::implb_candidates(n, k, silu, g::implb_batch_blocks(m, 8), num_sms, max_smem,
+                                                         cc_major, tmp, kMax)
+                                   : 0;
+    if (m >= g::kImplBWgmmaMinM) {
+      const int at = total < kMax ? total : kMax;
+      total += g::wgmma_candidates(n, k, silu, num_sms, max_smem, cc_major, tmp + at, kMax - at);
+    }
     for (int i = 0; i < total && i < cap && i < kMax; ++i) out[i] = from_config(tmp[i]);
     *count = total;
     return FDPP_OK;

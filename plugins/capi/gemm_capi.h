@@ -12,7 +12,7 @@ extern "C" {
 typedef enum fdpp_gemm_impl {
   FDPP_GEMM_AUTO = 0,            // by the plan: ImplA if M <= m1, ImplB if M <= m2, else plan.implc
   FDPP_GEMM_IMPLA = 1,           // GEMV on CUDA cores, M <= 8
-  FDPP_GEMM_IMPLB = 2,           // flat GEMM on tensor cores (batch padded to 8), M <= 64
+  FDPP_GEMM_IMPLB = 2,           // flat GEMM on tensor cores (batch padded to 8), M <= 64 (256: loader 4)
   FDPP_GEMM_IMPLC_CUBLASLT = 3,  // cuBLASLt (dlopen'ed: a path given to fdpp_gemm_load_cublaslt, or by soname)
   FDPP_GEMM_IMPLC_CUTLASS = 4    // CUTLASS 2.x tensor-op GEMM, 64x128 tiles
 } fdpp_gemm_impl;
@@ -28,7 +28,8 @@ typedef struct fdpp_gemm_implb_config {
   int32_t k_tile;      // k_tile / (4 / (n_tile / 16)) in {32, 64, 128, 256}, or 1024 (16-row x 1024 pipelines)
   int32_t stages;      // 1..8 (1 = no overlap of loads and math)
   int32_t split_k;     // 1..8 CTAs of a cluster along K (> 1 needs sm_90)
-  int32_t loader;      // k_tile 1024 configs: 0 = TMA (sm_90), 1 = rows, 2 = rows1, 3 = pair (sm_90); ignored below
+  int32_t loader;      // k_tile 1024 configs: 0 = TMA (sm_90), 1 = rows, 2 = rows1, 3 = pair (sm_90); ignored below,
+                       // except 4 = wgmma (sm_90a, n_tile 64, k_tile 64, stages 2..8, M <= 256)
   int32_t row_blocks;  // 16-row weight blocks per warp below k_tile 1024: 0 = the rule (2 from M = 9 where it
                        // fits), 1 = one
 } fdpp_gemm_implb_config;
@@ -36,7 +37,7 @@ typedef struct fdpp_gemm_implb_config {
 // One (N, K, dtype)'s dispatch table, as profiled.
 typedef struct fdpp_gemm_plan {
   int32_t m1;  // ImplA for M <= m1 (0: never); ImplA itself stops at M = 8
-  int32_t m2;  // ImplB for m1 < M <= m2 (>= m1); ImplB itself stops at M = 64
+  int32_t m2;  // ImplB for m1 < M <= m2 (>= m1); ImplB itself stops at M = 64 (256 with loader 4)
   fdpp_gemm_implb_config implb;
   int32_t implc;  // FDPP_GEMM_IMPLC_CUBLASLT or FDPP_GEMM_IMPLC_CUTLASS
 } fdpp_gemm_plan;
@@ -68,7 +69,8 @@ FDPP_API fdpp_status fdpp_gemm_select(int64_t m, const fdpp_gemm_plan* plan, int
 FDPP_API fdpp_status fdpp_gemm_check_implb_config(const fdpp_gemm_implb_config* config, int64_t m, int64_t k,
                                                   int64_t max_smem, int32_t cc_major);
 
-// ImplB configs the profiler sweeps for a shape and batch size; writes up to cap, *count gets the total.
+// ImplB configs the profiler sweeps for a shape and batch size (1..256): the mma.sync ones up to M = 64, then
+// the wgmma ones (loader 4) from M = 17; writes up to cap, *count gets the total.
 FDPP_API fdpp_status fdpp_gemm_implb_candidates(int64_t n, int64_t k, int32_t epilogue, int64_t m, int32_t num_sms,
                                                 int64_t max_smem, int32_t cc_major, fdpp_gemm_implb_config* out,
                                                 int32_t cap, int32_t* count);

@@ -320,3 +320,43 @@ def test_fused_decode_plan_leaves_impla_its_batches():
 
     entry = _fused_entry(m1=1, pair_us=(60.0, 45.5, 45.6, 46.0, 49.1))  # slow at M = 1, which ImplA serves
     assert fused_decode_plan(entry)["m1"] == 1
+
+
+def test_measure_wgmma_keeps_the_fastest_config_beside_cublaslt(monkeypatch):
+    """The wgmma loader's record in a profile entry: every candidate timed at WGMMA_MS, the lowest geometric mean
+    kept (a config that cannot run at some M never wins), cuBLASLt's curve beside it; nothing off Hopper."""
+    from types import SimpleNamespace
+
+    from fdpp_rewrite.gpu import lib as fdpp_lib
+
+    if not fdpp_lib.library_path().exists():
+        pytest.skip("plugin library not built (make lib)")
+    h200 = {"num_sms": 132, "cc_major": 9, "max_smem": 232448}
+    bench = SimpleNamespace(n=4096, k=4096)
+
+    def fake_time(bench, timer, timing, name, m, config=None, plan=None, replays=10):
+        if name == "cublaslt":
+            return 20.0 + m / 10
+        if config["split_k"] == 8:  # fastest where it runs, but refused at one M
+            return None if m == 256 else 5.0
+        return 10.0 + config["split_k"] + config["stages"] / 10
+
+    monkeypatch.setattr(profile_measure, "time_impl", fake_time)
+    record = profile_measure.measure_wgmma(bench, None, h200)
+    assert record["m"] == list(profile_measure.WGMMA_MS) == [32, 64, 128, 256]
+    assert record["config"] == {"n_tile": 64, "k_tile": 64, "stages": 4, "split_k": 4, "loader": "wgmma"}
+    assert record["implb_wgmma_us"] == [14.4] * 4
+    assert record["cublaslt_us"] == [23.2, 26.4, 32.8, 45.6]
+    assert len(record["candidates"]) == 4 and record["candidates"][-1]["us"][-1] is None
+    assert profile_measure.measure_wgmma(bench, None, dict(h200, cc_major=8)) is None
+    assert profile_measure.measure_wgmma(bench, None, {}) is None
+
+
+def test_wgmma_summary_reports_time_and_read_rate_beside_cublaslt():
+    entry = {"n": 4096, "k": 4096, "implb_wgmma": {
+        "m": [32, 64], "config": {"n_tile": 64, "k_tile": 64, "stages": 4, "split_k": 4, "loader": "wgmma"},
+        "implb_wgmma_us": [10.0, None], "cublaslt_us": [12.5, 12.0]}}
+    line = profile.wgmma_summary(entry)
+    assert line.startswith("[4096, 4096] wgmma n64 k64 s4 x4 wgmma: ")
+    assert "M=32 10.0 us 3.36 TB/s (cuBLASLt 12.5 us 2.68 TB/s)" in line
+    assert "M=64 n/a (cuBLASLt 12.0 us 2.80 TB/s)" in line

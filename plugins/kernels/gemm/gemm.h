@@ -6,7 +6,8 @@
 //   ImplA  GEMV on CUDA cores (gemm_impla.cu), M <= 8
 //   ImplB  flat GEMM on tensor cores, batch padded to 8 on the MMA's N side, M <= 64: a cp.async pipeline
 //          (gemm_implb.cu) or, for k_tile 1024 configs at M <= 16, a TMA one (gemm_implb_bulk.cu, sm_90) or a
-//          row-streaming cp.async one (gemm_implb_stream.cu), by the config's loader
+//          row-streaming cp.async one (gemm_implb_stream.cu), by the config's loader; with the wgmma loader,
+//          M <= 256 on warpgroup MMAs, the batch on their N side (gemm_implb_wgmma.cu, sm_90a)
 //   ImplC  cuBLASLt, loaded at run time (gemm_implc_cublaslt.cu), or CUTLASS 2.x (gemm_implc_cutlass.cu)
 // run_gemm() (gemm_dispatch.cu) picks one by the plan in gemm_heuristics.h.
 //
@@ -72,12 +73,12 @@ void set_detail(const char* msg);
 // ImplA: M <= 8. split_k from impla_split_k() unless split_k > 0 is given.
 cudaError_t launch_impla(const Problem& p, int split_k, cudaStream_t stream);
 
-// ImplB: M <= 64. pad_m is 8 (the paper's choice); 16 and 64 run the same kernel on more zero rows, the padding
-// ablation, in FDPP_BENCH_ABLATIONS builds only (elsewhere cudaErrorNotSupported). When M's batch rows make the
-// warp-tiled kernel's config.stages too deep for shared memory, fewer stages (at least 2) are used. A k_tile 1024
-// config (implb_is_bulk) runs gemm_implb_bulk.cu (loader TMA: sm_90, K % 64 == 0), gemm_implb_stream.cu (loaders
-// rows and rows1) or gemm_implb_pair.cu (loader pair: sm_90), all M <= 16; where it cannot run, the launch fails
-// with cudaErrorInvalidValue and the reason in last_detail().
+// ImplB: M <= 64 (a wgmma config, loader 4: M <= 256, pad_m 8, launch_implb_wgmma). pad_m is 8 (the paper's choice); 16
+// and 64 run the same kernel on more zero rows, the padding ablation, in FDPP_BENCH_ABLATIONS builds only (elsewhere
+// cudaErrorNotSupported). When M's batch rows make the warp-tiled kernel's config.stages too deep for shared memory,
+// fewer stages (at least 2) are used. A k_tile 1024 config (implb_is_bulk) runs gemm_implb_bulk.cu (loader TMA: sm_90,
+// K % 64 == 0), gemm_implb_stream.cu (loaders rows and rows1) or gemm_implb_pair.cu (loader pair: sm_90), all M <= 16;
+// where it cannot run, the launch fails with cudaErrorInvalidValue and the reason in last_detail().
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& config, int pad_m, cudaStream_t stream);
 // Raises a kernel's dynamic shared memory limit to `bytes` (never lowers it), once per (kernel, device) and size;
 // thread-safe. A no-op up to 48 KB.
@@ -90,6 +91,9 @@ cudaError_t launch_implb_stream(const Problem& p, int stages, int lead_first, in
                                 cudaStream_t stream);
 // The cluster-pair kernel (gemm_implb_pair.cu, loader pair): M <= 16, clusters of two CTAs on one 32-row block.
 cudaError_t launch_implb_pair(const Problem& p, int stages, cudaStream_t stream);
+// The warpgroup-MMA kernel (gemm_implb_wgmma.cu, loader wgmma): M <= 256, sm_90a, the config's stages (fewer where
+// M's batch tile leaves no room) and split_k (a cluster along K, reduced in distributed shared memory).
+cudaError_t launch_implb_wgmma(const Problem& p, const ImplBConfig& config, cudaStream_t stream);
 // CTAs of a kernel of `threads` threads resident per SM with this dynamic shared memory (host query, cached per
 // kernel and size; at least 1).
 int resident_ctas_per_sm(const void* kernel, int device, int64_t smem, int threads = 128);

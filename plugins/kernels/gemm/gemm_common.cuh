@@ -2,6 +2,7 @@
 // and the epilogue math. Included only by gemm_*.cu.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -252,6 +253,17 @@ __device__ __forceinline__ void finish_block(float (&acc)[NB][4], float (&part)[
   for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
 }
 
+// The problem as a kernel sees it: a kernel parameter struct may derive from it (fill_problem fills it).
+struct KernelProblem {
+  const void* x;
+  const void* w;
+  const void* bias;
+  const void* residual;
+  void* y;
+  int m, n, k;
+  int silu;  // rows come in (gate, up) pairs and the output is n / 2 wide
+};
+
 // The problem's pointers, sizes and epilogue into a kernel parameter struct that has these fields (host code).
 template <typename Params>
 void fill_problem(Params& params, const Problem& p) {
@@ -273,11 +285,11 @@ struct Launch {
   bool pdl;
 };
 
-// Launches kernel<<<grid, block, smem, stream>>>(params) as a cluster of cluster_x CTAs along x (when > 1) and,
+// Launches kernel<<<grid, block, smem, stream>>>(params...) as a cluster of cluster_x CTAs along x (when > 1) and,
 // when launch.pdl, with programmatic stream serialization (see pdl_* above).
-template <typename Params>
-cudaError_t launch_kernel(void (*kernel)(Params), unsigned grid, unsigned block, size_t smem, const Launch& launch,
-                          int cluster_x, const Params& params) {
+template <typename... Declared, typename... Params>
+cudaError_t launch_kernel(void (*kernel)(Declared...), unsigned grid, unsigned block, size_t smem, const Launch& launch,
+                          int cluster_x, const Params&... params) {
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
   if (cluster_x > 1) {
@@ -299,8 +311,15 @@ cudaError_t launch_kernel(void (*kernel)(Params), unsigned grid, unsigned block,
   cfg.stream = launch.stream;
   cfg.attrs = n ? attrs : nullptr;
   cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, params);
+  return cudaLaunchKernelEx(&cfg, kernel, params...);
 }
+
+// A tensor map over 16-bit elements of dtype (rank 2 or 3; dims, strides and box as cuTensorMapEncodeTiled takes
+// them) with the 128-byte swizzle, zero fill out of bounds and 256-byte L2 promotion. Host only, no GPU work;
+// cudaErrorNotSupported (with a detail message) when the driver lacks the function, cudaErrorInvalidValue when it
+// refuses the map (the caller names what it was). Defined in gemm_implb_bulk.cu.
+cudaError_t encode_tile_map(CUtensorMap* map, Dtype dtype, int rank, const void* base, const cuuint64_t* dims,
+                            const cuuint64_t* strides, const cuuint32_t* box);
 
 }  // namespace detail
 }  // namespace gemm

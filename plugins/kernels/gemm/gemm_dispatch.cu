@@ -76,8 +76,9 @@ const char* problem_problem(const Problem& p) {
 }
 
 size_t workspace_bytes(int64_t max_m, int64_t n, Epilogue epilogue, Dtype dtype, const Plan& plan) {
-  const int64_t last_non_c = plan.m2 < kImplBMaxM ? plan.m2 : kImplBMaxM;
-  if (max_m <= last_non_c && max_m <= kImplBMaxM) return 0;
+  const int64_t cap = implb_max_m(plan.implb);
+  const int64_t last_non_c = plan.m2 < cap ? plan.m2 : cap;
+  if (max_m <= last_non_c) return 0;
   return implc_workspace_bytes(max_m, n, epilogue, dtype);
 }
 

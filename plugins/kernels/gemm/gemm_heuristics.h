@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "fdpp_contract_constants.h"
 
@@ -50,6 +51,12 @@ constexpr int32_t kLoaderTma = 0;
 constexpr int32_t kLoaderRows = 1;
 constexpr int32_t kLoaderRows1 = 2;
 constexpr int32_t kLoaderPair = 3;
+// kLoaderWgmma (sm_90a, M <= kImplBWgmmaMaxM): not a 1024-column pipeline but its own kernel
+// (gemm_implb_wgmma.cu) for the batches above what mma.sync keeps up with: warpgroup MMAs with 64 weight rows on
+// their M side and the batch, padded to 32, 64, 128 or 256, on their N side; n_tile 64 (the weight rows of one
+// warpgroup), k_tile 64 (one 128-byte swizzle row per stage), stages 2..8 (fewer where they do not fit), split_k
+// 1..8 CTAs of a cluster along K, reduced through distributed shared memory.
+constexpr int32_t kLoaderWgmma = 4;
 struct ImplBConfig {
   int32_t n_tile;
   int32_t k_tile;
@@ -60,8 +67,8 @@ struct ImplBConfig {
 };
 
 // What the profile says about one (N, K, dtype): ImplA for M <= m1, ImplB for m1 < M <= m2, ImplC above
-// (ImplA only up to M = 8 and ImplB only up to M = 64 whatever m1 and m2 say). m1 = 0 means ImplA is never used;
-// m2 = m1 means ImplB is never used.
+// (ImplA only up to M = 8 and ImplB only up to M = 64, 256 with a wgmma config, whatever m1 and m2 say). m1 = 0 means
+// ImplA is never used; m2 = m1 means ImplB is never used.
 struct Plan {
   int32_t m1;
   int32_t m2;
@@ -76,6 +83,10 @@ constexpr int kImplBMaxM = contract::kImplBMaxM;
 constexpr int kImplB1024MaxM = contract::kImplB1024MaxM;
 static_assert(kImplAMaxM == 8 && kImplBMaxM == 64 && kImplB1024MaxM == 16,
               "the kernels are instantiated for these limits (and the messages below name them)");
+// The wgmma loader's rows: the widest wgmma N is 256. It is meant for M from 17 (where the profiles hand mma.sync's
+// ImplB over to cuBLASLt) up; it runs any M from 1, padded to at least 32.
+constexpr int kImplBWgmmaMinM = 17;
+constexpr int kImplBWgmmaMaxM = 256;
 constexpr int kImplBWarps = 4;
 constexpr int kMaxSplitK = 8;  // portable thread-block cluster size
 constexpr int kMaxStages = 8;
@@ -95,9 +106,15 @@ inline bool hopper_paths(int cc_major) { return cc_major == 9; }
 //   M = 33  -> ImplC (cuBLASLt)
 // With m1 = 0 (ImplB already wins at M = 1), M = 1 -> ImplB. M <= 0 is the caller's error (checked in the ABI).
 // ---------------------------------------------------------------------------------------------------------
+inline bool implb_is_wgmma(const ImplBConfig& c) { return c.loader == kLoaderWgmma; }
+
+// The most rows an ImplB config takes: 256 for the wgmma loader, 64 for every other.
+inline int implb_max_m(const ImplBConfig& c) { return implb_is_wgmma(c) ? kImplBWgmmaMaxM : kImplBMaxM; }
+
+// With a wgmma ImplB config (loader 4) ImplB serves up to M = 256: m1 = 0, m2 = 256 -> M = 200 -> ImplB.
 inline Impl select_impl(int64_t m, const Plan& plan) {
   if (m <= plan.m1 && m <= kImplAMaxM) return Impl::kA;
-  if (m <= plan.m2 && m <= kImplBMaxM) return Impl::kB;
+  if (m <= plan.m2 && m <= implb_max_m(plan.implb)) return Impl::kB;
   return plan.implc == static_cast<int32_t>(Impl::kCutlass) ? Impl::kCutlass : Impl::kCublasLt;
 }
 
@@ -184,13 +201,90 @@ inline int64_t implb_grid(int64_t n, bool silu_mul, const ImplBConfig& c) {
   return tiles * c.split_k;
 }
 
+// ---- the wgmma loader (gemm_implb_wgmma.cu) ---------------------------------------------------------------
+constexpr int kWgmmaRows = 64;                  // weight rows per consumer warpgroup: wgmma's M
+constexpr int kWgmmaTileRows = 2 * kWgmmaRows;  // two consumer warpgroups per CTA
+constexpr int kWgmmaKStep = 64;                 // K per stage: one 128-byte swizzle row
+constexpr int kWgmmaMaxStages = 8;
+constexpr int kWgmmaStagePad = 4;  // floats after each staged batch row, so the accumulator stores spread over banks
+
+// The batch columns (wgmma's N) the kernel computes for M rows.
+//   M = 1..32 -> 32; M = 33 -> 64; M = 100 -> 128; M = 256 -> 256
+inline int wgmma_batch_cols(int64_t m) { return m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 ? 128 : 256; }
+
+// Dynamic shared memory: the ring (per stage 128 weight rows and bn batch rows of 128 bytes) or, where larger,
+// the fp32 tile the epilogue stages in its place ([bn][128 + 4]), plus 1024 bytes to align it for the swizzle.
+//   bn 256, 4 stages: 4 * (128 + 256) * 128 + 1024 = 197632; bn 32, 8 stages: 8 * 160 * 128 + 1024 = 164864
+//   bn 256, 2 stages: the staged tile, 256 * 132 * 4 + 1024 = 136192
+inline int64_t wgmma_smem_bytes(int stages, int bn) {
+  const int64_t ring = int64_t(stages) * (kWgmmaTileRows + bn) * 128;
+  const int64_t staged = int64_t(bn) * (kWgmmaTileRows + kWgmmaStagePad) * 4;
+  return (ring > staged ? ring : staged) + 1024;
+}
+
+// The config's stages, fewer (never below 2) where they do not fit in max_smem with bn batch columns.
+//   8 stages, bn 256, 227 KB -> 4; 8 stages, bn 32 -> 8
+inline int wgmma_fit_stages(int stages, int bn, int64_t max_smem) {
+  while (stages > 2 && wgmma_smem_bytes(stages, bn) > max_smem) --stages;
+  return stages;
+}
+
+// CTA tiles of 128 weight rows (silu_mul: 64 gate rows and their 64 up rows, 64 outputs).
+//   o [4096, 4096] -> 32; qkv [12288, 4096] -> 96; gate_up [22016, 4096] silu_mul -> 172
+inline int64_t wgmma_tiles(int64_t n, bool silu_mul) {
+  return silu_mul ? (n / 2 + kWgmmaRows - 1) / kWgmmaRows : (n + kWgmmaTileRows - 1) / kWgmmaTileRows;
+}
+
+// Split-K of the wgmma kernel when no profile says: the grid is not persistent and, from M = 65 (and with 8 stages
+// below), one CTA fits an SM, so take the smallest cluster size along K (1..8) whose tiles * split fill the last wave
+// of one CTA per SM best (within 2 %), keeping at least 8 steps of 64 columns per CTA.
+//   132 SMs: o (32 tiles, 64 steps) -> 4 (128 CTAs, one wave 97 % full); qkv (96) -> 4 (384 CTAs, 3 waves, 97 %)
+//   gate_up (172) -> 3 (516 CTAs, 4 waves, 98 %); down [4096, 11008] (32 tiles, 172 steps) -> 4
+inline int wgmma_split_k(int64_t n, int64_t k, bool silu_mul, int num_sms) {
+  const int64_t tiles = wgmma_tiles(n, silu_mul);
+  const int64_t steps = (k + kWgmmaKStep - 1) / kWgmmaKStep;
+  const int64_t sms = num_sms > 0 ? num_sms : 1;
+  int best = 1;
+  double best_fill = 0.0;
+  for (int split = 1; split <= kMaxSplitK && (split == 1 || steps / split >= 8); ++split) {
+    const int64_t ctas = tiles * split;
+    const double fill = double(ctas) / double((ctas + sms - 1) / sms * sms);
+    if (fill > best_fill + 0.02) {
+      best = split;
+      best_fill = fill;
+    }
+  }
+  return best;
+}
+
+// The wgmma config where no profile says: 8 stages (the launcher keeps what fits) and wgmma_split_k.
+inline ImplBConfig default_wgmma_config(int64_t n, int64_t k, bool silu_mul, int num_sms) {
+  return ImplBConfig{kWgmmaRows, kWgmmaKStep, kWgmmaMaxStages, wgmma_split_k(n, k, silu_mul, num_sms), kLoaderWgmma};
+}
+
+// Why a wgmma config cannot run on a device (every M up to 256 is checked: two stages fit for all of them).
+inline const char* wgmma_config_problem(const ImplBConfig& c, int64_t k, int64_t max_smem, int cc_major) {
+  if (c.n_tile != kWgmmaRows || c.k_tile != kWgmmaKStep)
+    return "a wgmma ImplB config (loader 4) needs n_tile 64 and k_tile 64 (its tiling is fixed)";
+  if (c.stages < 2 || c.stages > kWgmmaMaxStages) return "a wgmma ImplB config needs 2 to 8 stages";
+  if (c.split_k < 1 || c.split_k > kMaxSplitK) return "split_k must be in 1..8";
+  if (!hopper_paths(cc_major)) return "a wgmma ImplB config needs a compute capability 9.x GPU (sm_90a code)";
+  if ((k + kWgmmaKStep - 1) / kWgmmaKStep < c.split_k)
+    return "split_k is larger than the number of 64-column steps along K";
+  if (wgmma_smem_bytes(2, kImplBWgmmaMaxM) > max_smem)
+    return "two stages of the wgmma ImplB need more shared memory than the GPU has";
+  return nullptr;
+}
+
 // Why a config cannot run, or nullptr if it can. max_smem is the device's opt-in shared memory per block,
 // cc_major its compute capability (clusters need 9).
 inline const char* implb_config_problem(const ImplBConfig& c, int64_t k, int batch_blocks, int64_t max_smem,
                                         int cc_major) {
-  if (c.loader != kLoaderTma && c.loader != kLoaderRows && c.loader != kLoaderRows1 && c.loader != kLoaderPair)
-    return "loader must be 0 (TMA), 1 (rows), 2 (rows1) or 3 (pair)";
+  if (c.loader != kLoaderTma && c.loader != kLoaderRows && c.loader != kLoaderRows1 && c.loader != kLoaderPair &&
+      c.loader != kLoaderWgmma)
+    return "loader must be 0 (TMA), 1 (rows), 2 (rows1), 3 (pair) or 4 (wgmma)";
   if (c.row_blocks != 0 && c.row_blocks != 1) return "row_blocks must be 0 (the rule) or 1";
+  if (implb_is_wgmma(c)) return wgmma_config_problem(c, k, max_smem, cc_major);
   if (implb_is_pair(c)) {
     if (c.n_tile != 16 || c.k_tile != 1024 || c.split_k != 1)
       return "a pair ImplB config needs n_tile 16, k_tile 1024 and split_k 1 (its tiling is fixed)";
@@ -293,17 +387,21 @@ inline Plan default_plan(int64_t n, int64_t k, bool silu_mul, int num_sms, int c
   return p;
 }
 
-// The most rows the plan sends to ImplB (0 when it never does): select_impl's range (min(m1, 8), min(m2, 64)].
+// The most rows the plan sends to ImplB (0 when it never does): select_impl's range (min(m1, 8), min(m2, 64)]
+// (min(m2, 256) for a wgmma config).
 //   m1 = 0, m2 = 16 -> 16; m1 = 100, m2 = 200 -> 64 (ImplA up to 8, ImplB 9..64); m1 = m2 = 4 -> 0
+//   wgmma config, m1 = 0, m2 = 300 -> 256
 inline int64_t implb_plan_max_m(const Plan& p) {
   const int64_t lo = p.m1 < kImplAMaxM ? p.m1 : kImplAMaxM;
-  const int64_t hi = p.m2 < kImplBMaxM ? p.m2 : kImplBMaxM;
+  const int64_t cap = implb_max_m(p.implb);
+  const int64_t hi = p.m2 < cap ? p.m2 : cap;
   return hi > lo ? hi : 0;
 }
 
 // Plan sanity, or nullptr: thresholds ordered, implc known, and a 1024-column ImplB config only where ImplB sees
 // at most 16 rows. Thresholds above what an implementation can do are allowed (the FlatGemm contract accepts any
-// M): select_impl caps ImplA at M <= 8 and ImplB at M <= 64. (The rest of the ImplB config is checked at launch,
+// M): select_impl caps ImplA at M <= 8 and ImplB at M <= 64 (256 with a wgmma config). (The rest of the ImplB config
+// is checked at launch,
 // where M and the device are known.)
 //   {m1 0, m2 16, k_tile 1024} -> ok; {m1 0, m2 32, k_tile 1024} -> refused (M = 17..32 would reach it)
 inline const char* plan_problem(const Plan& p) {
@@ -361,6 +459,32 @@ inline int implb_candidates(int64_t n, int64_t k, bool silu_mul, int batch_block
       if (count < cap) out[count] = c;
       ++count;
     }
+  return count;
+}
+
+// The wgmma configs the profiler sweeps for a shape (M from kImplBWgmmaMinM; the same list for every M, as the
+// launcher fits the stages to M), written to out[0..cap); returns how many there are. 4 stages (two CTAs per SM up
+// to M = 64) or 8 (one, the deepest ring that fits) times every split_k whose last wave is at least 85 % full (with
+// 8 steps of 64 columns per CTA), and wgmma_split_k's.
+//   o [4096, 4096], 132 SMs: splits 4 (97 %) and 8 (97 %) -> 4 configs
+inline int wgmma_candidates(int64_t n, int64_t k, bool silu_mul, int num_sms, int64_t max_smem, int cc_major,
+                            ImplBConfig* out, int cap) {
+  int count = 0;
+  const int64_t tiles = wgmma_tiles(n, silu_mul);
+  const int64_t steps = (k + kWgmmaKStep - 1) / kWgmmaKStep;
+  const int64_t sms = num_sms > 0 ? num_sms : 1;
+  const int chosen = wgmma_split_k(n, k, silu_mul, num_sms);
+  for (int stages : {4, kWgmmaMaxStages}) {
+    for (int split = 1; split <= kMaxSplitK; ++split) {
+      const ImplBConfig c{kWgmmaRows, kWgmmaKStep, stages, split, kLoaderWgmma};
+      if (wgmma_config_problem(c, k, max_smem, cc_major) != nullptr) continue;
+      const int64_t ctas = tiles * split;
+      const bool full = ctas * 100 >= 85 * ((ctas + sms - 1) / sms * sms) && (split == 1 || steps / split >= 8);
+      if (!full && split != chosen) continue;
+      if (count < cap) out[count] = c;
+      ++count;
+    }
+  }
   return count;
 }
 

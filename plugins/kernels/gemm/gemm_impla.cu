@@ -23,16 +23,7 @@ using detail::Elem;
 
 constexpr int kWarps = 4;
 
-struct GemvParams {
-  const void* x;
-  const void* w;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m;
-  int n;
-  int k;
-  int silu;
+struct GemvParams : detail::KernelProblem {
   int split_k;
   int pairs;  // row pairs (warps) in the whole matrix
 };

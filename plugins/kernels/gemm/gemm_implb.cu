@@ -45,16 +45,7 @@ using detail::cp_async16;
 using detail::Elem;
 using detail::lds16;
 
-struct FlatGemmParams {
-  const void* x;
-  const void* w;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m;
-  int n;
-  int k;
-  int silu;     // rows come in (gate, up) pairs and the output is n / 2 wide
+struct FlatGemmParams : detail::KernelProblem {
   int warps_n;  // 16-row blocks per CTA
   int kw;       // K elements per warp per stage (multiple of 32)
   int stages;
@@ -313,8 +304,15 @@ int resident_ctas_per_sm(const void* kernel, int device, int64_t smem, int threa
 }
 
 cudaError_t launch_implb(const Problem& p, const ImplBConfig& requested, int pad_m, cudaStream_t stream) {
+  if (implb_is_wgmma(requested)) {  // its own batch padding (to 32 .. 256): no padding ablation
+    if (pad_m != 8) {
+      set_detail("ImplB wgmma (loader 4) pads M itself: pad_m must be 8");
+      return cudaErrorInvalidValue;
+    }
+    return launch_implb_wgmma(p, requested, stream);
+  }
   if (p.m < 1 || p.m > kImplBMaxM) {
-    set_detail("ImplB handles 1 <= M <= 64");
+    set_detail("ImplB handles 1 <= M <= 64 (up to 256 with the wgmma loader, 4)");
     return cudaErrorInvalidValue;
   }
   if (pad_m != 8) {

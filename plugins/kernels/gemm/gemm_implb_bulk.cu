@@ -38,14 +38,7 @@ constexpr int kBulkWarps = 8;                        // consumer warps
 constexpr int kBulkThreads = (kBulkWarps + 1) * 32;  // and one producer warp
 static_assert(kBulkRows == 16 && kBulkMaxStages == 4, "one m16 block per unit; the configs allow 2 to 4 stages");
 
-struct BulkGemmParams {
-  const void* x;
-  const void* w;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m, n, k;
-  int silu;
+struct BulkGemmParams : detail::KernelProblem {
   int k_tile;  // columns per unit
   int stages;
   int steps;       // units per block: ceil(k / k_tile)
@@ -232,31 +225,11 @@ cudaError_t launch_typed(const CUtensorMap& wmap, const BulkGemmParams& params, 
 }
 
 // W [n][k] as the TMA sees it: [rows][k / 64][64] with boxes of 8 rows x KT / 64 chunks, 128-byte swizzle.
-// The driver function is looked up once; encoding is host work only (no launch, no synchronization).
 cudaError_t encode_weight_map(const Problem& p, int k_tile, CUtensorMap* map) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) {
-    set_detail("ImplB TMA: the driver has no cuTensorMapEncodeTiled");
-    return cudaErrorNotSupported;
-  }
   const cuuint64_t dims[3] = {64, cuuint64_t(p.k / 64), cuuint64_t(p.n)};
   const cuuint64_t strides[2] = {128, cuuint64_t(p.k) * 2};
   const cuuint32_t box[3] = {64, cuuint32_t(k_tile / 64), 8};
-  const cuuint32_t steps[3] = {1, 1, 1};
-  const CUtensorMapDataType type =
-      p.dtype == Dtype::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult res =
-      encode(map, type, 3, const_cast<void*>(p.w), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (res != CUDA_SUCCESS) {
+  if (detail::encode_tile_map(map, p.dtype, 3, p.w, dims, strides, box) != cudaSuccess) {
     set_detail("ImplB TMA: cuTensorMapEncodeTiled refused the weight (it must be 16-byte aligned)");
     return cudaErrorInvalidValue;
   }
@@ -271,6 +244,35 @@ cudaError_t launch_dtype(const CUtensorMap& wmap, const BulkGemmParams& params, 
 }
 
 }  // namespace
+
+namespace detail {
+
+// The driver function is looked up once (cudaGetDriverEntryPointByVersion); encoding is host work only.
+cudaError_t encode_tile_map(CUtensorMap* map, Dtype dtype, int rank, const void* base, const cuuint64_t* dims,
+                            const cuuint64_t* strides, const cuuint32_t* box) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) {
+    set_detail("ImplB TMA: the driver has no cuTensorMapEncodeTiled");
+    return cudaErrorNotSupported;
+  }
+  const cuuint32_t steps[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      dtype == Dtype::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult res = encode(map, type, cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, steps,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace detail
 
 cudaError_t launch_implb_bulk(const Problem& p, const ImplBConfig& config, int batch_blocks, cudaStream_t stream) {
   DeviceInfo dev;

@@ -47,14 +47,7 @@ constexpr int kPieces = kRowBytes / 16;                      // 8
   return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4);
 }
 
-struct PairGemmParams {
-  const void* x;
-  const void* w;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m, n, k;
-  int silu;
+struct PairGemmParams : detail::KernelProblem {
   int stages;
 };
 

@@ -51,14 +51,7 @@ static_assert(kRowsPerCopy * kPieces == 32 && 16 % kRowsPerCopy == 0, "whole row
 // q ^ (4 * (r & 1)), so the MMA reads (rows g and g + 1 of a quarter-warp, pieces 4j .. 4j + 3) hit all 32 banks.
 __device__ __forceinline__ uint32_t piece_offset(int r, int q) { return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4); }
 
-struct StreamGemmParams {
-  const void* x;
-  const void* w;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m, n, k;
-  int silu;
+struct StreamGemmParams : detail::KernelProblem {
   int stages;
   int lead;        // units whose weights the first half of the grid issues before the PDL wait
   int lead_late;   // the same for the second half (implb_rows_lead_units)

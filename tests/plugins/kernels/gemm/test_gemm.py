@@ -176,7 +176,7 @@ BULK_CONFIGS = ([{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1} for s
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows"} for s in (2, 3, 4)]
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "rows1"} for s in (2, 3)]
                 + [{"n_tile": 16, "k_tile": 1024, "stages": s, "split_k": 1, "loader": "pair"} for s in (2, 3)])
-SM90_LOADERS = ("tma", "pair")  # the library's sm_90a code; rows and rows1 run anywhere
+SM90_LOADERS = ("tma", "pair", "wgmma")  # the library's sm_90a code; rows and rows1 run anywhere
 
 
 def _loader(config):
@@ -200,7 +200,7 @@ def _skip_off_hopper(loader):
     from fdpp_rewrite.gpu import gemm
 
     if loader in SM90_LOADERS and gemm.device_info()["cc_major"] != 9:
-        pytest.skip("the TMA and cluster-pair pipelines run on compute capability 9.x (the library's sm_90a code)")
+        pytest.skip("the TMA, cluster-pair and wgmma pipelines run on compute capability 9.x (the sm_90a code)")
 
 
 @pytest.mark.parametrize("config,m,epilogue,dtype,shape", pairwise_params(
@@ -237,6 +237,46 @@ def test_implb_pair_whole_units(nk, stages, m, epilogue, dtype):
     x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 11)
     out = _run("implb", x, w, bias, residual, epilogue, config=config)
     ref, peer = _reference(x, w, bias, residual, epilogue.startswith("silu"), dtype)
+    _check(out, ref, peer)
+
+
+# The wgmma loader (sm_90a, M <= 256): every batch width (32, 64, 128, 256: M = 17 and 24 pad to 32, 100 to 128),
+# 2 stages (the ring wraps every other step) and 8 (fewer where they do not fit, at M > 64), split_k 1 and 3, 4
+# (clusters along K reduced in distributed shared memory; 3 splits 17 steps unevenly). Shapes: N not a multiple of
+# the 128-row tile and K not of 64 (the copy engine zero-fills rows past N and columns past K; silu_mul's N / 2 = 500
+# is not a multiple of 64, so the last gate box runs into the up rows, whose outputs are never stored), and
+# llama2-7b's o_proj.
+WGMMA_MS = [17, 24, 32, 64, 100, 128, 256]
+WGMMA_CONFIGS = [{"n_tile": 64, "k_tile": 64, "stages": s, "split_k": x, "loader": "wgmma"}
+                 for s, x in ((2, 1), (8, 1), (4, 3), (8, 4))]
+
+
+@pytest.mark.parametrize("config,m,epilogue,dtype,nk", pairwise_params(
+    {"config": WGMMA_CONFIGS, "m": WGMMA_MS, "epilogue": EPILOGUES, "dtype": DTYPES,
+     "nk": [(1000, 1096), (4096, 4096)]}, ids={"config": _config_id, "nk": lambda s: f"{s[0]}x{s[1]}"}))
+def test_implb_wgmma(config, m, epilogue, dtype, nk):
+    _skip_off_hopper("wgmma")
+    n, k = nk
+    x, w, bias, residual = _inputs(m, n, k, dtype, epilogue, seed=m + 13)
+    out = _run("implb", x, w, bias, residual, epilogue, config=config)
+    ref, peer = _reference(x, w, bias, residual, epilogue.startswith("silu"), dtype)
+    _check(out, ref, peer)
+
+
+@pytest.mark.parametrize("m", [40, 200, 256])
+def test_dispatch_through_a_wgmma_plan(m):
+    """A plan whose ImplB config is the wgmma loader serves M up to its m2 (here 256, past mma.sync's 64) with
+    ImplB and no workspace, its split-K and the fused silu_mul epilogue included."""
+    from fdpp_rewrite.gpu import gemm
+
+    _skip_off_hopper("wgmma")
+    plan = {"m1": 0, "m2": 256, "implb": {"n_tile": 64, "k_tile": 64, "stages": 8, "split_k": 2, "loader": "wgmma"},
+            "implc": "cublaslt"}
+    assert gemm.select(m, plan) == "implb"
+    assert gemm.workspace_bytes(m, 688, "float16", "silu_mul", plan) == 0
+    x, w, bias, residual = _inputs(m, 688, 1032, "float16", "silu_mul+bias+residual")
+    out = _run("auto", x, w, bias, residual, "silu_mul+bias+residual", plan=plan)
+    ref, peer = _reference(x, w, bias, residual, True, "float16")
     _check(out, ref, peer)
 
 
@@ -372,7 +412,9 @@ def test_cuda_graph_capture_and_replay():
                                               ("rows", "impla", 1), ("cublaslt", "rows", 8), ("rows1", "rows1", 4),
                                               ("rows", "rows1", 8), ("rows1", "impla", 1), ("cublaslt", "rows1", 8),
                                               ("pair", "pair", 1), ("pair", "pair", 8), ("rows1", "pair", 4),
-                                              ("pair", "rows", 8), ("cublaslt", "pair", 8), ("pair", "impla", 1)])
+                                              ("pair", "rows", 8), ("cublaslt", "pair", 8), ("pair", "impla", 1),
+                                              ("wgmma", "wgmma", 24), ("wgmma", "wgmma", 200), ("implb", "wgmma", 24),
+                                              ("cublaslt", "wgmma", 128), ("wgmma", "impla", 1)])
 def test_programmatic_dependent_launch_chain(first, second, m):
     """GEMM 2 reads GEMM 1's output. With programmatic dependent launch GEMM 2 starts streaming its weight
     early but must not read X before GEMM 1 is done: X is poisoned with NaN before every chain, and the result
@@ -394,9 +436,11 @@ def test_programmatic_dependent_launch_chain(first, second, m):
     bulk = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1}  # "bulk": ImplB's TMA pipeline
     rows = dict(bulk, loader="rows")  # the row-streaming cp.async pipeline
     lean = {"rows": rows, "rows1": dict(bulk, loader="rows1"), "bulk": bulk,  # rows1: one unit before the PDL wait
-            "pair": dict(bulk, loader="pair")}  # clusters of two CTAs, one K half each
-    if {"bulk", "pair"} & {first, second} and gemm.device_info()["cc_major"] != 9:
-        pytest.skip("the TMA and cluster-pair pipelines run on compute capability 9.x (the library's sm_90a code)")
+            "pair": dict(bulk, loader="pair"),  # clusters of two CTAs, one K half each
+            # warpgroup MMAs, split-K over clusters of two
+            "wgmma": {"n_tile": 64, "k_tile": 64, "stages": 4, "split_k": 2, "loader": "wgmma"}}
+    if {"bulk", "pair", "wgmma"} & {first, second} and gemm.device_info()["cc_major"] != 9:
+        pytest.skip("the TMA, cluster-pair and wgmma pipelines run on compute capability 9.x (the sm_90a code)")
     if {"bulk", "rows", "rows1", "pair"} & {first, second}:
         k, n1 = 2048, 2048  # K a multiple of 64 for the TMA pipeline
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -484,6 +528,9 @@ def _refusal_case(reason):
         return lambda: gemm.linear(torch.randn(9, 64, **half), w, impl="impla"), "M <= 8"
     if reason == "implb-m-65":
         return lambda: gemm.linear(torch.randn(65, 64, **half), w, impl="implb"), "M <= 64"
+    if reason == "wgmma-m-257":
+        config = {"n_tile": 64, "k_tile": 64, "stages": 4, "split_k": 1, "loader": "wgmma"}
+        return lambda: gemm.linear(torch.randn(257, 64, **half), w, impl="implb", implb_config=config), "M <= 256"
     if reason == "n_tile-48":
         config = {"n_tile": 48, "k_tile": 64, "stages": 2, "split_k": 1}
         return lambda: gemm.linear(torch.randn(2, 64, **half), w, impl="implb", implb_config=config), "n_tile"
@@ -499,7 +546,7 @@ def _refusal_case(reason):
 
 # One case per distinct reason (a launcher that cannot run what it was given says so in one line).
 REFUSALS = ["k-not-multiple-of-8", "misaligned-x", "float32", "impla-m-9", "implb-m-65", "n_tile-48",
-            "tma-k-not-64", "tma-m-17", "rows-m-17", "pair-m-17"]
+            "tma-k-not-64", "tma-m-17", "rows-m-17", "pair-m-17", "wgmma-m-257"]
 
 
 @pytest.mark.parametrize("reason", REFUSALS)

@@ -248,6 +248,8 @@ def test_every_loader_the_contract_allows_serves_exactly_the_1024_limit():
     contract = load_contract("FlatGemm")
     limit = contract.raw["limits"]["implb_1024_max_m"]
     for loader in contract.attributes["implb_loader"]["choices"]:
+        if loader == "wgmma":  # not a 1024-column pipeline: test_a_wgmma_plan_serves_up_to_256_rows
+            continue
         config = {"n_tile": 16, "k_tile": 1024, "stages": 2, "split_k": 1, "loader": loader}
         gemm().check_implb_config(config, m=limit, k=4096, max_smem=H200["max_smem"], cc_major=9)
         with pytest.raises(FdppError, match=f"M <= {limit}"):
@@ -262,3 +264,77 @@ def test_row_blocks_is_the_rule_or_one():
         gemm().check_implb_config({**config, "row_blocks": 2}, 9, 4096, H200["max_smem"], 9)
     assert "row_blocks" not in gemm().ImplBConfig.from_dict(config).as_dict()  # the rule: not written to profiles
     assert gemm().ImplBConfig.from_dict({**config, "row_blocks": 1}).as_dict()["row_blocks"] == 1
+
+
+WGMMA = {"n_tile": 64, "k_tile": 64, "stages": 8, "split_k": 4, "loader": "wgmma"}
+
+
+def test_a_wgmma_plan_serves_up_to_256_rows():
+    """The wgmma loader (kImplBWgmmaMaxM): ImplB up to min(m2, 256); every other config stops at 64."""
+    g = gemm()
+    wide = {"m1": 0, "m2": 1000, "implb": WGMMA, "implc": "cublaslt"}
+    assert [g.select(m, wide) for m in (1, 64, 65, 256, 257)] == ["implb"] * 4 + ["cublaslt"]
+    assert g.select(200, dict(wide, m2=128)) == "cublaslt"
+    assert g.select(65, plan(0, 1000)) == "cublaslt"
+    # No ImplC workspace while ImplB takes every M up to max_m.
+    assert g.workspace_bytes(256, 4096, "float16", plan=wide) == 0
+    assert g.workspace_bytes(257, 4096, "float16", plan=wide) >= 8 << 20
+    assert g.workspace_bytes(65, 4096, "float16", plan=plan(0, 1000)) >= 8 << 20
+
+
+@pytest.mark.parametrize("change, m, device, message", [
+    ({}, 257, H200, "M <= 64 \\(256 with the wgmma loader"),
+    ({"n_tile": 16}, 32, H200, "n_tile 64 and k_tile 64"),
+    ({"k_tile": 128}, 32, H200, "n_tile 64 and k_tile 64"),
+    ({"stages": 1}, 32, H200, "2 to 8 stages"),
+    ({"stages": 9}, 32, H200, "2 to 8 stages"),
+    ({"split_k": 9}, 32, H200, "split_k must be in 1..8"),
+    ({}, 32, A100, "compute capability 9.x"),
+    ({}, 32, dict(H200, max_smem=100 * 1024), "shared memory"),
+])
+def test_wgmma_config_problems(change, m, device, message):
+    with pytest.raises(FdppError, match=message):
+        gemm().check_implb_config({**WGMMA, **change}, m=m, k=4096, max_smem=device["max_smem"],
+                                  cc_major=device["cc_major"])
+
+
+def test_wgmma_config_limits():
+    g = gemm()
+    for m in (1, 17, 64, 100, 256):  # any M up to 256, any K that is a multiple of 8, every split up to the steps
+        g.check_implb_config(WGMMA, m=m, k=1000, max_smem=H200["max_smem"], cc_major=9)
+    g.check_implb_config(dict(WGMMA, split_k=7), m=32, k=448, max_smem=H200["max_smem"], cc_major=9)
+    with pytest.raises(FdppError, match="split_k is larger than the number of 64-column steps"):
+        g.check_implb_config(dict(WGMMA, split_k=8), m=32, k=448, max_smem=H200["max_smem"], cc_major=9)
+    assert gemm().ImplBConfig.from_dict(WGMMA).as_dict() == WGMMA
+    with pytest.raises(FdppError, match="loader must be one of"):
+        gemm().ImplBConfig.from_dict(dict(WGMMA, loader="hgmma"))
+
+
+def _loaders(m, device=H200, n=4096, k=4096):
+    return [c.get("loader") for c in gemm().implb_candidates(n, k, m, device["num_sms"], device["max_smem"],
+                                                             device["cc_major"])]
+
+
+def test_wgmma_candidates_from_m_17_and_alone_above_64():
+    assert "wgmma" not in _loaders(1) and "wgmma" not in _loaders(16)
+    at_17, at_64 = _loaders(17), _loaders(64)
+    assert "wgmma" in at_17 and None in at_17 and "wgmma" in at_64 and None in at_64
+    for m in (65, 128, 256):
+        assert set(_loaders(m)) == {"wgmma"}
+    assert _loaders(128, A100) == []  # off Hopper nothing runs above 64
+    with pytest.raises(FdppError, match="1 <= M <= 256"):
+        _loaders(257)
+
+
+@pytest.mark.parametrize("n, k, splits", [
+    (4096, 4096, {4, 8}),  # o: 32 tiles; 4 and 8 splits fill the last wave to 97 %
+    (12288, 4096, {4, 5, 6, 8}),  # qkv: 96 tiles
+    (4096, 11008, {4, 8}),  # down
+])
+def test_wgmma_candidates_worked_examples(n, k, splits):
+    """gemm_heuristics.h wgmma_candidates: 4 and 8 stages times the splits that fill the last wave to 85 %."""
+    configs = gemm().implb_candidates(n, k, 128, H200["num_sms"], H200["max_smem"], 9)
+    assert {c["split_k"] for c in configs} == splits
+    assert {c["stages"] for c in configs} == {4, 8} and len(configs) == 2 * len(splits)
+    for c in configs:
+        gemm().check_implb_config(c, m=256, k=k, max_smem=H200["max_smem"], cc_major=9)

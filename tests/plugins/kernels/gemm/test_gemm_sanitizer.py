@@ -1,6 +1,6 @@
 """compute-sanitizer over small GEMMs of every implementation: memcheck (out-of-bounds and misaligned accesses,
 including the tails of N and K), racecheck and synccheck (the shared-memory pipeline, the warps' K-split
-reduction and the cluster's distributed-shared-memory split-K reduction, the TMA pipeline's mbarriers).
+reduction and the cluster's distributed-shared-memory split-K reduction, the TMA and wgmma pipelines' mbarriers).
 
 Slow (torch starts under the sanitizer), so marked slow as well as gpu."""
 
@@ -80,6 +80,17 @@ for ep in ("none", "silu_mul"):
     out = torch.empty(2, n_out, device="cuda", dtype=torch.float16)
     cfg = {"n_tile": 16, "k_tile": 1024, "stages": 3, "split_k": 1, "loader": "rows"}
     gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
+# The wgmma pipeline (sm_90a): every batch width (M 17 -> 32, 64, 100 -> 128, 256), one and two CTAs per SM (8 and
+# 4 stages), split-K over clusters reduced in distributed shared memory, rows past N and columns past K zero-filled.
+if cc == 9:
+    for (n, k) in [(200, 264), (1000, 1096)]:
+        for m in (17, 64, 100, 256):
+            for ep in ("none", "silu_mul"):
+                x, w, b, r, n_out = inputs(m, n, k, ep)
+                for stages, split in ((8, 1), (4, 3)):
+                    out = torch.empty(m, n_out, device="cuda", dtype=torch.float16)
+                    cfg = {"n_tile": 64, "k_tile": 64, "stages": stages, "split_k": split, "loader": "wgmma"}
+                    gemm.run_impl(gemm.make_args(x, w, b, r, out, ep), "implb", cfg)
 torch.cuda.synchronize()
 print("CASE DONE")
 """
