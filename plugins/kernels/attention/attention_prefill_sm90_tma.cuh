@@ -37,6 +37,7 @@
 #include "kernels/attention/attention_launch.h"
 #include "kernels/attention/attention_prefill_sm90.cuh"
 #include "kernels/attention/attention_prefill_sm90_tma.h"
+#include "kernels/common/tensor_map.h"
 
 namespace fdpp {
 namespace attn {
@@ -318,20 +319,6 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
 }
 
 // --- host side ---------------------------------------------------------------------------------------------------
-
-// cuTensorMapEncodeTiled from the driver, looked up once (a host call; null where the driver lacks it).
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
 
 // The tensor map of a K or V cache: dims (head_dim, rows, KV heads, outer), boxes of 64 dims x 64 rows, the
 // 128-byte swizzle the kernel's descriptors read. Contiguous caches: rows = kv_capacity, outer = batch. Paged

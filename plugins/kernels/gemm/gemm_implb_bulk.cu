@@ -24,6 +24,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "kernels/common/tensor_map.h"
 #include "kernels/gemm/gemm_common.cuh"
 
 namespace fdpp {
@@ -247,18 +248,10 @@ cudaError_t launch_dtype(const CUtensorMap& wmap, const BulkGemmParams& params, 
 
 namespace detail {
 
-// The driver function is looked up once (cudaGetDriverEntryPointByVersion); encoding is host work only.
+// Encoding is host work only (the driver function: kernels/common/tensor_map.h).
 cudaError_t encode_tile_map(CUtensorMap* map, Dtype dtype, int rank, const void* base, const cuuint64_t* dims,
                             const cuuint64_t* strides, const cuuint32_t* box) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) {
     set_detail("ImplB TMA: the driver has no cuTensorMapEncodeTiled");
     return cudaErrorNotSupported;
