@@ -11,6 +11,11 @@ capturable (pass `workspace=` to reuse one buffer; past_len and bias must alread
 A decode whose splits cannot combine in a thread block cluster takes one kernel instead of two when it gets
 `combine_counters=`: a zeroed int32 tensor of combine_counters_size(query, key) entries, which every call leaves
 zeroed (one buffer serves any number of calls in order on one stream).
+
+A paged call (`block_table=`, int32 [batch, W]) reads K/V from pools [blocks, kv_heads, KV_BLOCK_SIZE, head_dim].
+Every table entry must name a pool block at all times (0, the null block, for unused ones), also while the kernel
+before the attention rewrites the table: the decode kernel starts its first loads from ids read before that kernel
+completes, and re-issues them if an id changed.
 """
 
 from __future__ import annotations
@@ -348,7 +353,8 @@ def rope_append(query, k_new, v_new, k_cache, v_cache, past_len, *, rope_theta: 
         raise FdppError("rope_append: q_out must have the query's strides")
     batch, heads, seq, dim = query.shape
     if dim not in SUPPORTED_HEAD_DIMS:
-        raise FdppError(f"rope_append: head_dim {dim} is not supported (64 or 128)")
+        raise FdppError(f"rope_append: head_dim {dim} is not supported "
+                        f"({', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
     if k_new.shape != v_new.shape or k_new.shape[0] != batch or k_new.shape[2] != seq or k_new.shape[3] != dim:
         raise FdppError(f"rope_append: k_new/v_new must be [{batch}, kv_heads, {seq}, {dim}]")
     table = (None, 0, 0)

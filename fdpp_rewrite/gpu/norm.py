@@ -52,7 +52,9 @@ def library() -> ctypes.CDLL:
 def rms_norm(x, weight, eps: float, out=None, stream=None):
     """fdpp::RMSNorm: y = to_dtype(to_dtype(x / sqrt(mean(x^2, -1) + eps)) * weight) for x [..., H] (float16,
     bfloat16 or float32, contiguous, on the GPU), weight [H] of x's dtype; H a multiple of 8 up to 16384.
-    Writes `out` (x's shape, dtype and device, contiguous; may be x itself) or a new tensor; returns it."""
+    Writes `out` (x's shape, dtype and device, contiguous; may be x itself) or a new tensor; returns it.
+    The kernel loads `weight` before it waits for the kernel before it in the stream (programmatic dependent
+    launch): that kernel must not write the weight (cast a weight into its own buffer one launch earlier)."""
     import torch
 
     name = str(x.dtype).replace("torch.", "")

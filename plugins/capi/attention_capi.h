@@ -65,7 +65,9 @@ typedef struct fdpp_attention_args {
   // Paged KV cache (mask_mode past_len only): key and value are the pools [blocks, Hkv, kv_block_size, D] (stride_b
   // between blocks, stride_s between rows of a block), key j of sequence b is row j % kv_block_size of block
   // block_table[b * block_table_stride + j / kv_block_size], and kv_capacity = W x kv_block_size for W table
-  // columns. NULL: contiguous caches (every field above as documented).
+  // columns. NULL: contiguous caches (every field above as documented). Every table entry must name a block of the
+  // pool at all times, also while the kernel before this one in the stream rewrites the table: the decode kernel
+  // starts its first loads from ids read before that kernel completes (and re-issues them if an id changed).
   const int32_t* block_table;  // device int32 [batch][W] block ids (0: the pool's null block, for unused entries)
   int64_t block_table_stride;  // elements between table rows, >= W
   int32_t kv_block_size;       // with a table: the contract's kv_block_size (64)

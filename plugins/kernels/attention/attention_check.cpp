@@ -126,9 +126,11 @@ ParamsCheck check_attention_params(const AttentionParams& p, bool with_tensors) 
   if (!(std::isfinite(p.guard_lo) && std::isfinite(p.guard_hi) && p.guard_lo < p.guard_hi))
     return invalid("guard_lo < guard_hi must hold, both finite (got " + std::to_string(p.guard_lo) + ", " +
                    std::to_string(p.guard_hi) + ")");
-  if (!(std::isfinite(p.softcap) && p.softcap >= 0.f && p.softcap <= contract::kAttentionSoftcapMax))
-    return invalid("softcap " + std::to_string(p.softcap) + " must be in [0, " +
-                   std::to_string(contract::kAttentionSoftcapMax) + "] (0: no soft-capping)");
+  // 0.001 floor: the kernels scale by 2 / softcap, which a tinier cap overflows (0 * inf = NaN at a zero score)
+  if (!(std::isfinite(p.softcap) && (p.softcap == 0.f || p.softcap >= 1e-3f) &&
+        p.softcap <= contract::kAttentionSoftcapMax))
+    return invalid("softcap " + std::to_string(p.softcap) + " must be 0 (no soft-capping) or in [0.001, " +
+                   std::to_string(contract::kAttentionSoftcapMax) + "]");
   if (p.window < 0) return invalid("window " + str(p.window) + " must be >= 0 (0: no sliding window)");
   if (p.window > 0 && p.mask_mode != MaskMode::kPastLen)
     return invalid("window " + str(p.window) +

@@ -60,9 +60,10 @@ cudaError_t launch_split(const AttnArgs& a, bool pdl, cudaStream_t stream) {
 template <typename T, int D, bool kUnified>
 cudaError_t launch_decode_impl(const AttnArgs& a, bool pdl, cudaStream_t stream) {
   cudaError_t err;
-  if constexpr (D == 256) {  // 4 stages of 64 KB do not fit an SM: 3 carry the same bytes in flight at one CTA per SM
-    err = a.decode_stages == 2 ? launch_split<T, D, kUnified, 2>(a, pdl, stream)
-                               : launch_split<T, D, kUnified, 3>(a, pdl, stream);
+  if constexpr (D == 256) {
+    // Always 3 stages: 4 do not fit an SM, and 2 (136 KB) still leave no room for a second CTA, so the 2-stage rule's
+    // occupancy gain never comes and a third of the bytes in flight would be lost.
+    err = launch_split<T, D, kUnified, 3>(a, pdl, stream);
   } else {
     err = a.decode_stages == 2   ? launch_split<T, D, kUnified, 2>(a, pdl, stream)
           : a.decode_stages == 4 ? launch_split<T, D, kUnified, 4>(a, pdl, stream)

@@ -63,9 +63,10 @@ def test_new_head_sizes_with_a_cap_and_a_window_are_accepted(dim):
 @pytest.mark.parametrize("dim,changes,code,message", [
     (48, {}, FDPP_ERR_UNSUPPORTED, "head_dim 48 is not supported; the kernels are built for head_dim 64, 80, 96, "
                                    "128 and 256"),
-    (128, {"softcap": -1.0}, FDPP_ERR_INVALID_ARGUMENT, "softcap -1.000000 must be in [0,"),
-    (128, {"softcap": math.nan}, FDPP_ERR_INVALID_ARGUMENT, "softcap nan must be in [0,"),
-    (128, {"softcap": 20000.0}, FDPP_ERR_INVALID_ARGUMENT, "softcap 20000.000000 must be in [0,"),
+    (128, {"softcap": -1.0}, FDPP_ERR_INVALID_ARGUMENT, "softcap -1.000000 must be 0 (no soft-capping) or in"),
+    (128, {"softcap": math.nan}, FDPP_ERR_INVALID_ARGUMENT, "softcap nan must be 0"),
+    (128, {"softcap": 2000.0}, FDPP_ERR_INVALID_ARGUMENT, "softcap 2000.000000 must be 0"),
+    (128, {"softcap": 1e-30}, FDPP_ERR_INVALID_ARGUMENT, "or in [0.001, 1000"),  # 2 / cap would overflow
     (128, {"window": -3}, FDPP_ERR_INVALID_ARGUMENT, "window -3 must be >= 0"),
     (128, {"window": 8, "mask_mode": 2}, FDPP_ERR_INVALID_ARGUMENT, "window 8 needs mask_mode past_len"),
     (256, {"prefill_config": 1}, FDPP_ERR_UNSUPPORTED, "prefill_config 1 is not built for head_dim 256"),
