@@ -89,13 +89,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
-// The phase also waits for this thread's earlier cp.async copies (no .noinc: the pending count grows by one and
-// the copies' landing takes it back, so the barrier's arrival count stays the producer's one).
-__device__ __forceinline__ void mbar_track_copies(uint32_t bar) {
-#if FDPP_WGMMA
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
 // Box (col, row, head, outer) of a 4-D tensor map into shared memory (1024-byte aligned); its bytes complete on bar.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int col, int row, int head, int outer,
                                             uint32_t bar) {
@@ -166,8 +159,10 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
       } else {  // the block's last visible key inside the tile: zero-fill the rest (shape 4's copies)
         sm90_copy_rows<T, D, Tr::kBlockN, 2, true>(a, key_end - key0, lane, k_row<T>(a, at, hkv), a.k_ss, kdst,
                                                    v_row<T>(a, at, hkv), a.v_ss, vdst);
-        mbar_track_copies(full(stage));
-        __syncwarp();  // every lane's copies are tracked before the phase's one arrival
+        // Each lane waits for its own copies, then one arrival: correct without relying on how the hardware orders
+        // another lane's cp.async.mbarrier.arrive against lane 0's arrival (a stall once per CTA, at its last tile).
+        cp_async_wait<0>();
+        __syncwarp();
         if (lane == 0) mbar_arrive(full(stage));
       }
     }
