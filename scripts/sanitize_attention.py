@@ -6,11 +6,18 @@
 
 Decode (both softmax variants, every combine, GQA, odd lengths, several tokens, the fallback), prefill (both, causal
 with a past, bias), rowwise float32 and rope_append, each once on small shapes; then the same paths on paged caches
-(pools exactly as large as the tables need, so a read past a block or past the table lands outside them)."""
+(pools exactly as large as the tables need, so a read past a block or past the table lands outside them); then head
+dims 80, 96 and 256 with a soft cap and a window, each tensor contiguous at its head_dim with the last row ending its
+allocation (a read past head_dim 80/96, which run in the 128-wide kernels, leaves it).
 
+torch's caching allocator is off here (PYTORCH_NO_CUDA_MEMORY_CACHING=1, set before torch starts): each tensor is its
+own cudaMalloc, whose end memcheck knows, instead of a slice of a larger cached segment."""
+
+import os
 
 
 def main() -> int:
+    os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")  # read at torch's first CUDA allocation
     import torch
 
     from fdpp_rewrite.errors import require_gpu
@@ -70,6 +77,7 @@ def main() -> int:
     v_cache = torch.zeros_like(k_cache)
     att.rope_append(q, k_new, v_new, k_cache, v_cache, torch.tensor([10, 63], device="cuda"), counters=counters)
     paged_cases(att, counters, combine_counters, configs)
+    head_dim_cases(att, counters, combine_counters, configs)
     torch.cuda.synchronize()
     assert not combine_counters.any().item(), "a decode call left its combine counters non-zero"
     print(f"sanitize_attention: ran; fallback rows {counters.fallback_rows}, dropped/clamped {counters.clamped_rows}")
@@ -137,6 +145,42 @@ def paged_cases(att, counters, combine_counters, configs):
     # lands in the null block, as a padding row's write does in an engine.
     att.rope_append(q, k_new, v_new, k, v, torch.tensor([126, 62], device="cuda"), block_table=table,
                     counters=counters)
+
+
+def head_dim_cases(att, counters, combine_counters, configs):
+    """Head dims 80 and 96 (inside the 128 kernels: chunks past head_dim must be zero-filled, never read) and 256,
+    with softcap 30 and window 100: decode in every combine and with every row recomputed (phi far off), prefill in
+    every tile shape built for the size and with the in-kernel fallback, rowwise. q, k, v and the output are each
+    their own allocation, contiguous at head_dim, and the last sequence fills its cache: the last row of each tensor
+    is read (or written) and ends its allocation."""
+    import torch
+
+    cap = dict(softcap=30.0, window=100, counters=counters)
+    for dim in (80, 96, 256):
+        dtype = torch.bfloat16 if dim == 96 else torch.float16
+        q = torch.randn(3, 6, 2, dim, device="cuda").to(dtype)
+        k = torch.randn(3, 2, 300, dim, device="cuda").to(dtype)
+        v = torch.randn_like(k)
+        past = torch.tensor([150, 40, 298], device="cuda")  # sequence 2 reads key 299, the caches' last row
+        for combine in ("auto", "kernel", "last_block"):
+            for phi in (0.0, -1000.0):
+                att.attention(q, k, v, past, kernel="decode", num_splits=4, decode_combine=combine, phi=phi,
+                              combine_counters=combine_counters, **cap)
+        att.attention(q, k, v, past, kernel="rowwise", **cap)
+        q = torch.randn(2, 4, 300, dim, device="cuda").to(dtype)
+        k = torch.randn(2, 2, 333, dim, device="cuda").to(dtype)
+        v = torch.randn_like(k)
+        past = torch.tensor([10, 33], device="cuda")  # sequence 1: keys 0..332, the whole cache
+        # shape 1 takes no cap, window or zero-filled dims; head_dim 256 runs shape 2 only
+        built = [c for c in configs if c != 1 and (dim != 256 or c == 2)]
+        for config in built:
+            for softmax in ("unified", "synchronized"):
+                att.attention(q, k, v, past, kernel="prefill", prefill_config=config, softmax=softmax, **cap)
+        # Key 100 of head 0 scaled up: capped near 30, far above the anchor of the last rows, whose anchor tiles
+        # (tile 0 and the last three) leave it out under a window of 320: the in-kernel fallback.
+        k[:, 0, 100] *= 40
+        for config in built:
+            att.attention(q, k, v, past, kernel="prefill", prefill_config=config, **{**cap, "window": 320})
 
 
 if __name__ == "__main__":

@@ -100,6 +100,18 @@ def make_inputs(batch, heads, kv_heads, seq, kv_len, dim, dtype, *, capacity=Non
     return q, k, v, past.cuda()
 
 
+def in_wide_buffers(*tensors, width=128):
+    """Each tensor [..., D] copied into a NaN-filled [..., width] buffer, returned as the view [..., :D] (rows `width`
+    elements apart: a multiple of 16 bytes, as the kernels require). A kernel reading a row past head_dim then
+    fetches NaN; in a contiguous tensor it would fetch the next row's finite values and go unseen."""
+    views = []
+    for t in tensors:
+        buffer = torch.full((*t.shape[:-1], width), float("nan"), dtype=t.dtype, device=t.device)
+        buffer[..., :t.shape[-1]] = t
+        views.append(buffer[..., :t.shape[-1]])
+    return views
+
+
 def reference_view(k, v, past, seq):
     """The caches cut to the longest sequence with NaN rows zeroed (the reference masks them anyway)."""
     n = int(past.max()) + seq
