@@ -35,8 +35,8 @@ SANITIZE="compute-sanitizer --error-exitcode 7 --tool"
 stage_wgmma_probe()       { timeout 60 $PYTEST_GPU tests/plugins/kernels/attention/test_attention.py -k wgmma_smoke; }
 stage_attention_tests()   { timeout 240 $PYTEST_GPU tests/plugins/kernels/attention/test_attention.py; }
 stage_attention_sanitize() {
-  timeout 60 $SANITIZE memcheck python3 scripts/sanitize_attention.py \
-    && timeout 60 $SANITIZE racecheck python3 scripts/sanitize_attention.py
+  timeout 180 $SANITIZE memcheck python3 scripts/sanitize_attention.py \
+    && timeout 180 $SANITIZE racecheck python3 scripts/sanitize_attention.py
 }
 stage_attention_bench()   { timeout 180 python3 scripts/bench_attention.py --out "$RESULTS/attention"; }
 stage_calibration_check() {
