@@ -62,13 +62,14 @@ class RopeMatch:
 
 # --- proving the positions: evaluate indices and tables for a few past_len values ----------------------------
 
-def _evaluate(graph: gs.Graph, targets: list, past_values: list, with_past: bool = True) -> list | None:
-    """[values of targets] for each past_len value in past_values (arrays [B]), or None where the subgraph
-    cannot be evaluated from past_len (without it: from nothing) and the shapes of other inputs alone."""
+def evaluate(graph: gs.Graph, targets: list, values: list[dict], symbols: dict | None = None) -> list | None:
+    """[values of targets] for each {input name: array} in `values`, or None where the subgraph cannot be evaluated
+    from those inputs' values and the shapes of the others alone (symbolic dims: batch = the first array's length,
+    then `symbols`, then 3, 4, ...)."""
     import onnxruntime as ort
 
-    past = next((t for t in graph.inputs if t.name == PAST_LEN_INPUT), None)
-    if with_past and past is None:
+    fed = set(values[0])
+    if not fed <= {t.name for t in graph.inputs}:
         return None
     graph_inputs = {t.name for t in graph.inputs}
     shape_fed, value_fed = set(), set()
@@ -76,10 +77,10 @@ def _evaluate(graph: gs.Graph, targets: list, past_values: list, with_past: bool
         nodes, sources = ancestors(target, stop_ops=SHAPE_ONLY_OPS)
         value_fed |= {t.name for t in sources if t.name in graph_inputs}
         shape_fed |= {n.inputs[0].name for n in nodes if n.op in SHAPE_ONLY_OPS and not is_constant(n.inputs[0])}
-    fed = {PAST_LEN_INPUT} if with_past else set()
     if not value_fed <= fed:
         return None
-    symbols = {"batch": len(past_values[0])}
+    first = next(iter(values[0].values()), np.zeros(PREFILL_BATCH))
+    symbols = {"batch": len(first), **(symbols or {})}
     sub = graph.copy()
     tensors = sub.tensors()
     feeds = {}
@@ -106,8 +107,7 @@ def _evaluate(graph: gs.Graph, targets: list, past_values: list, with_past: bool
         options.log_severity_level = 4  # a subgraph that cannot be evaluated is an answer here, not an error
         session = ort.InferenceSession(gs.export_onnx(sub, do_type_check=False).SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
-        return [session.run(None, {**feeds, **({PAST_LEN_INPUT: np.asarray(v, np.int64)} if with_past else {})})
-                for v in past_values]
+        return [session.run(None, {**feeds, **value}) for value in values]
     except Exception:  # noqa: BLE001 - any failure to evaluate means "not proven": the layer is left alone
         return None
 
@@ -210,7 +210,7 @@ def _proven(graph: gs.Graph, match: RopeMatch, inv_freq, cache: dict) -> str | N
         key = (rotation.cos.name, rotation.sin.name)
         if key not in cache:
             zeros = [np.zeros(PREFILL_BATCH, np.int64)]
-            results = _evaluate(graph, [rotation.cos, rotation.sin], zeros, with_past=False)
+            results = evaluate(graph, [rotation.cos, rotation.sin], [{}])
             if results is None:
                 cache[key] = "the rotary tables cannot be evaluated from the input shapes alone (positions from " \
                              "an input's values)"
@@ -226,7 +226,7 @@ def _proven(graph: gs.Graph, match: RopeMatch, inv_freq, cache: dict) -> str | N
     if key not in cache:
         past_values = _past_values(graph)
         targets = [indices] + ([rotation.cos, rotation.sin] if rotation else [])
-        results = _evaluate(graph, targets, past_values)
+        results = evaluate(graph, targets, [{PAST_LEN_INPUT: np.asarray(v, np.int64)} for v in past_values])
         kv_heads = match.attention.attrs["num_kv_heads"]
         if results is None:
             cache[key] = "the scatter indices or rotary tables cannot be evaluated from past_len"
