@@ -202,6 +202,18 @@ def match_layer(graph: gs.Graph, attention: gs.Node) -> RopeMatch | str | None:
     return RopeMatch(attention, query, None, k_side, v_new, key_scatter, value_scatter, None)
 
 
+def _proven_cache_free(graph: gs.Graph, rotation: Rotation, inv_freq) -> str | None:
+    """None when the tables, evaluated from the input shapes alone, are cos/sin(s * inv_freq); else why not."""
+    results = evaluate(graph, [rotation.cos, rotation.sin], [{}])
+    if results is None:
+        return "the rotary tables cannot be evaluated from the input shapes alone (positions from an input's values)"
+    cos, sin = (np.asarray(table) for table in results[0])
+    if cos.ndim < 3 or cos.shape[2] < 2 or not _tables_follow_positions(
+            cos, sin, np.zeros(PREFILL_BATCH, np.int64), inv_freq, rotation.interleaved):
+        return "the cos/sin tables are not cos/sin(s * inv_freq) over the sequence"
+    return None
+
+
 def _proven(graph: gs.Graph, match: RopeMatch, inv_freq, cache: dict) -> str | None:
     """None when the indices (and tables) follow past_len + s (without caches: the tables follow s); else why
     not."""
@@ -209,17 +221,7 @@ def _proven(graph: gs.Graph, match: RopeMatch, inv_freq, cache: dict) -> str | N
     if not match.cached:
         key = (rotation.cos.name, rotation.sin.name)
         if key not in cache:
-            zeros = [np.zeros(PREFILL_BATCH, np.int64)]
-            results = evaluate(graph, [rotation.cos, rotation.sin], [{}])
-            if results is None:
-                cache[key] = "the rotary tables cannot be evaluated from the input shapes alone (positions from " \
-                             "an input's values)"
-            elif np.asarray(results[0][0]).ndim < 3 or np.asarray(results[0][0]).shape[2] < 2 or \
-                    not _tables_follow_positions(results[0][0], results[0][1], zeros[0], inv_freq,
-                                                 rotation.interleaved):
-                cache[key] = "the cos/sin tables are not cos/sin(s * inv_freq) over the sequence"
-            else:
-                cache[key] = None
+            cache[key] = _proven_cache_free(graph, rotation, inv_freq)
         return cache[key]
     indices = match.key_scatter.inputs[1]
     key = (indices.name,) + ((rotation.cos.name, rotation.sin.name) if rotation else ())

@@ -47,6 +47,8 @@ def test_each_layer_becomes_one_rope_append_on_the_buffers(graphs):
     assert ops.count("RopeAppend") == layers and not {"Sin", "Cos", "Neg", "Slice"} & set(ops)
     inputs = {i.name for i in model.graph.input}
     assert {WRITE_POS, buffer_name("past_key_values.0.key"), buffer_name("past_key_values.1.value")} <= inputs
+    # the kernels of our own export's rewrite, layer by layer
+    assert [n.op_type for n in model.graph.node if n.domain == "fdpp"] == hf_exports.model_kernels(layers)
     rope = [n for n in model.graph.node if n.op_type == "RopeAppend"]
     assert [list(n.output)[1:] for n in rope] == [[f"present.{i}.key", f"present.{i}.value"] for i in range(layers)]
 
