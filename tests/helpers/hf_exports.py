@@ -160,11 +160,12 @@ def export_hf(family: str, dynamo: bool, cache: bool, folder, dtype: str = "floa
     if cache:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        past = [torch.randn(BATCH, kv_heads, PAST, head_dim, dtype=getattr(torch, dtype)) for _ in range(2 * LAYERS)]
+        layers = config.num_hidden_layers  # LAYERS unless `overrides` set it (real shapes for the GPU engine)
+        past = [torch.randn(BATCH, kv_heads, PAST, head_dim, dtype=getattr(torch, dtype)) for _ in range(2 * layers)]
         args = (ids, torch.ones(BATCH, PAST + SEQ, dtype=torch.int64),
                 torch.arange(PAST, PAST + SEQ).expand(BATCH, SEQ).contiguous(), *past)
-        names += ["position_ids"] + [f"past_key_values.{i}.{kind}" for i in range(LAYERS) for kind in ("key", "value")]
-        outputs += [f"present.{i}.{kind}" for i in range(LAYERS) for kind in ("key", "value")]
+        names += ["position_ids"] + [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+        outputs += [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
         module = decode(model)
     else:
         args = (ids, torch.ones_like(ids))
