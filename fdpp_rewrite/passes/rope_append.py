@@ -1,22 +1,24 @@
 """RoPE of q and k and the two KV-cache writes of a layer -> one fdpp::RopeAppend (runs after the attention pass).
 
-Pattern, from each fdpp::AsyncSoftmaxAttention whose key and value are ScatterND writes into cache inputs, as
-`fdpp_rewrite export` writes it (fdpp_rewrite/onnx_builder.py rotate() and attention()):
+Two forms, from each fdpp::AsyncSoftmaxAttention, with rotate() the rotary chains of passes/rope_match.py:
 
-    key   = ScatterND(key_cache.i,   indices, rotate(k))      value = ScatterND(value_cache.i, indices, v)
-    query = rotate(q)
-    rotate(x), pairs (j, j + R/2):  Add(Mul(x, cos), Mul(Concat(Neg(x1), x0), sin)), x0, x1 = Split(x, [R/2, R/2])
-    rotate(x), pairs (2j, 2j + 1):  Reshape(Concat(Sub(Mul(x0, cos), Mul(x1, sin)), Add(Mul(x1, cos), Mul(x0, sin))))
-                                    with x0, x1 = Split(Reshape(x, [.., R/2, 2]), [1, 1])
-    partial rotary (R < D):         Concat(rotate(Slice(x, 0, R)), Slice(x, R, D))
-    cos / sin = Unsqueeze(Cast?(Cos / Sin(angles))), angles = Concat?(Mul(float(positions), inv_freq))
+  * with caches, as `fdpp_rewrite export` writes it (fdpp_rewrite/onnx_builder.py rotate() and attention()):
+        key = ScatterND(key_cache.i, indices, rotate(k)), value = ScatterND(value_cache.i, indices, v),
+        query = rotate(q)
     ==> query_out, key_cache_out.i, value_cache_out.i = RopeAppend(q, k, v, key_cache.i, value_cache.i, past_len,
                                                                   inv_freq)
+    The rope-free form (OPT: the two ScatterNDs only) becomes RopeAppend with rope_dim 0.
+  * without caches, as torch.onnx.export writes a transformers prefill (use_cache=False; positions 0..S-1 from the
+    graph's own cache_position Range):
+        key = rotate(k), value = v, query = rotate(q)
+    ==> query_out, key, value_out = RopeAppend(q, k, v, k, v, past_len = 0, inv_freq): the "caches" are k and v
+    themselves, every row of which the op writes, so its outputs are rotate(q), rotate(k) and v.
 
 inv_freq is read from the graph's own rotary table constant, so any rope scaling the exporter baked in is kept.
-The rope-free form (OPT: the two ScatterNDs only) becomes RopeAppend with rope_dim 0. Structure finds the
-candidates; evaluating the scatter indices and the cos/sin tables for a few past_len values proves that they
-are the contract's positions past_len[b] + s before anything is replaced.
+Structure finds the candidates; evaluating the scatter indices and the cos/sin tables (for a few past_len values,
+or from the input shapes alone without caches) proves that they are the contract's positions past_len[b] + s before
+anything is replaced. A transformers decode-with-cache graph (key = Concat(past_key_values.i.key, rotate(k))) is
+left as is with the reason (HF_CACHE_CONCAT).
 """
 
 from __future__ import annotations
@@ -27,23 +29,19 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract
-from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, ancestors, constant_value, is_constant,
-                                        is_standard, producer, rank, static_dim)
+from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, ancestors, is_constant, producer_op,
+                                        rank, static_dim)
+from fdpp_rewrite.passes.rope_match import Rotation, inv_freq_of, match_rotation, same_rotation
 from fdpp_rewrite.passes.support import dtypes_of, unsupported
 
 OP = "RopeAppend"
 LEFT = "RoPE and cache writes of attention"  # what a report line names when a layer's are left as is
 SHAPE_ONLY_OPS = ("Shape", "Size")
 TABLE_ATOL = 2e-3  # cos/sin tables may be rounded to float16 by the export (half an ulp at 1.0 is 4.9e-4)
-
-
-@dataclass
-class Rotation:
-    source: gs.Tensor  # x before RoPE
-    cos: gs.Tensor
-    sin: gs.Tensor
-    rope_dim: int
-    interleaved: bool
+PREFILL_BATCH = 2  # the batch the tables of a cache-free graph are evaluated at
+HF_CACHE_CONCAT = ("the cache is Concat(past, rotated k): its rows are past + s in every sequence, while the rotary "
+                   "positions come from the graph's own inputs (position_ids), per sequence; RopeAppend writes "
+                   "each token at its position past_len[b] + s, so it cannot express both")
 
 
 @dataclass
@@ -53,159 +51,25 @@ class RopeMatch:
     query_out: gs.Tensor | None  # the rotated q the attention reads (None: rope-free, a new tensor is made)
     k_new: gs.Tensor
     v_new: gs.Tensor
-    key_scatter: gs.Node
-    value_scatter: gs.Node
+    key_scatter: gs.Node | None    # None: no caches (the op writes k and v themselves)
+    value_scatter: gs.Node | None
     rotation: Rotation | None
 
-
-def _op(tensor: gs.Tensor, *ops: str) -> gs.Node | None:
-    node = producer(tensor)
-    return node if node is not None and node.op in ops and is_standard(node) else None
-
-
-def _ints(tensor: gs.Tensor) -> list | None:
-    value = constant_value(tensor)
-    return None if value is None else [int(v) for v in value.reshape(-1)]
-
-
-def _last_axis(node: gs.Node, tensor_rank: int | None) -> bool:
-    axis = node.attrs.get("axis", 0)
-    return axis == -1 or (tensor_rank is not None and axis == tensor_rank - 1)
-
-
-def _mul_by(tensor: gs.Tensor, data: gs.Tensor) -> gs.Tensor | None:
-    """If tensor = Mul(data, t) or Mul(t, data): t, else None."""
-    node = _op(tensor, "Mul")
-    if node is None:
-        return None
-    a, b = node.inputs
-    return b if a is data else a if b is data else None
-
-
-def _split_halves(tensor: gs.Tensor, outputs: int = 2) -> gs.Node | None:
-    split = _op(tensor, "Split")
-    if split is None or len(split.outputs) != outputs or not _last_axis(split, rank(split.inputs[0])):
-        return None
-    return split
-
-
-def _rotate_half(rotated: gs.Tensor):
-    """Pairs (j, j + R/2): (x_rot, cos, sin, R) or None."""
-    add = _op(rotated, "Add")
-    if add is None:
-        return None
-    for cos_side, sin_side in (add.inputs, add.inputs[::-1]):
-        cos_mul, sin_mul = _op(cos_side, "Mul"), _op(sin_side, "Mul")
-        if cos_mul is None or sin_mul is None:
-            continue
-        for turned, sin in (sin_mul.inputs, sin_mul.inputs[::-1]):
-            concat = _op(turned, "Concat")
-            if concat is None or len(concat.inputs) != 2 or not _last_axis(concat, rank(turned)):
-                continue
-            neg = _op(concat.inputs[0], "Neg")
-            split = None if neg is None else _split_halves(neg.inputs[0])
-            if split is None or neg.inputs[0] is not split.outputs[1] or concat.inputs[1] is not split.outputs[0]:
-                continue
-            x_rot = split.inputs[0]
-            cos = _mul_by(cos_side, x_rot)
-            sizes = _ints(split.inputs[1]) if len(split.inputs) > 1 else None
-            if cos is None or sizes is None or len(sizes) != 2 or sizes[0] != sizes[1]:
-                continue
-            return x_rot, cos, sin, 2 * sizes[0]
-    return None
-
-
-def _rotate_pairs(rotated: gs.Tensor):
-    """Pairs (2j, 2j + 1): (x_rot, cos, sin, R) or None."""
-    reshape = _op(rotated, "Reshape")
-    concat = None if reshape is None else _op(reshape.inputs[0], "Concat")
-    if concat is None or len(concat.inputs) != 2:
-        return None
-    sub, add = _op(concat.inputs[0], "Sub"), _op(concat.inputs[1], "Add")
-    first = None if sub is None else _op(sub.inputs[0], "Mul")
-    if add is None or first is None:
-        return None
-    for x0 in first.inputs:
-        split = _split_halves(x0)
-        if split is None or x0 is not split.outputs[0]:
-            continue
-        x1 = split.outputs[1]
-        cos, sin = _mul_by(sub.inputs[0], x0), _mul_by(sub.inputs[1], x1)
-        if cos is None or sin is None:
-            continue
-        a, b = add.inputs
-        if not any(_mul_by(t1, x1) is cos and _mul_by(t0, x0) is sin for t1, t0 in ((a, b), (b, a))):
-            continue
-        pairs = _op(split.inputs[0], "Reshape")
-        target = None if pairs is None else _ints(pairs.inputs[1])
-        if target is None or len(target) != 5 or target[-1] != 2:
-            continue
-        return pairs.inputs[0], cos, sin, 2 * target[3]
-    return None
-
-
-def match_rotation(tensor: gs.Tensor) -> Rotation | None:
-    """The RoPE chain that produces `tensor`, or None."""
-    head_dim = static_dim(tensor, -1)
-    concat = _op(tensor, "Concat")
-    candidates = [(tensor, None)]
-    if concat is not None and len(concat.inputs) == 2 and _last_axis(concat, rank(tensor)):
-        candidates.insert(0, (concat.inputs[0], concat.inputs[1]))  # partial rotary: (rotated, passed through)
-    for rotated, passed in candidates:
-        for interleaved, core in ((False, _rotate_half), (True, _rotate_pairs)):
-            found = core(rotated)
-            if found is None:
-                continue
-            x_rot, cos, sin, rope_dim = found
-            if passed is None:
-                if head_dim is not None and rope_dim != head_dim:
-                    continue
-                return Rotation(x_rot, cos, sin, rope_dim, interleaved)
-            rot_slice, pass_slice = _op(x_rot, "Slice"), _op(passed, "Slice")
-            if rot_slice is None or pass_slice is None or rot_slice.inputs[0] is not pass_slice.inputs[0]:
-                continue
-            source = rot_slice.inputs[0]
-            bounds = [_ints(t) for t in rot_slice.inputs[1:4] + pass_slice.inputs[1:4]]
-            dim = static_dim(source, -1)
-            if len(bounds) != 6 or any(b is None for b in bounds) or bounds[:3] != [[0], [rope_dim], [-1]] \
-                    or bounds[3] != [rope_dim] or bounds[5] != [-1] or (dim is not None and bounds[4] != [dim]):
-                continue
-            return Rotation(source, cos, sin, rope_dim, interleaved)
-    return None
-
-
-def inv_freq_of(rotation: Rotation) -> np.ndarray | None:
-    """The rotary table constant behind cos: Unsqueeze(Cast?(Cos(Concat?(Mul(positions, inv_freq)))))."""
-    tensor = rotation.cos
-    while _op(tensor, "Unsqueeze", "Cast") is not None:
-        tensor = producer(tensor).inputs[0]
-    cos = _op(tensor, "Cos")
-    if cos is None:
-        return None
-    angles = cos.inputs[0]
-    concat = _op(angles, "Concat")
-    if concat is not None and len(concat.inputs) == 2 and concat.inputs[0] is concat.inputs[1]:
-        angles = concat.inputs[0]
-    mul = _op(angles, "Mul")
-    if mul is None:
-        return None
-    for operand in mul.inputs:
-        if is_constant(operand):
-            value = constant_value(operand)
-            if value is not None and value.dtype == np.float32 and value.size == rotation.rope_dim // 2:
-                return value.reshape(-1).copy()
-    return None
+    @property
+    def cached(self) -> bool:
+        return self.key_scatter is not None
 
 
 # --- proving the positions: evaluate indices and tables for a few past_len values ----------------------------
 
-def _evaluate(graph: gs.Graph, targets: list, past_values: list) -> list | None:
-    """[values of targets] for each past_len value in past_values (arrays [B]), or None where the subgraph
-    cannot be evaluated from past_len and the shapes of other inputs alone."""
+def evaluate(graph: gs.Graph, targets: list, values: list[dict], symbols: dict | None = None) -> list | None:
+    """[values of targets] for each {input name: array} in `values`, or None where the subgraph cannot be evaluated
+    from those inputs' values and the shapes of the others alone (symbolic dims: batch = the first array's length,
+    then `symbols`, then 3, 4, ...)."""
     import onnxruntime as ort
 
-    past = next((t for t in graph.inputs if t.name == PAST_LEN_INPUT), None)
-    if past is None:
+    fed = set(values[0])
+    if not fed <= {t.name for t in graph.inputs}:
         return None
     graph_inputs = {t.name for t in graph.inputs}
     shape_fed, value_fed = set(), set()
@@ -213,13 +77,14 @@ def _evaluate(graph: gs.Graph, targets: list, past_values: list) -> list | None:
         nodes, sources = ancestors(target, stop_ops=SHAPE_ONLY_OPS)
         value_fed |= {t.name for t in sources if t.name in graph_inputs}
         shape_fed |= {n.inputs[0].name for n in nodes if n.op in SHAPE_ONLY_OPS and not is_constant(n.inputs[0])}
-    if not value_fed <= {PAST_LEN_INPUT}:
+    if not value_fed <= fed:
         return None
-    symbols = {"batch": len(past_values[0])}
+    first = next(iter(values[0].values()), np.zeros(PREFILL_BATCH))
+    symbols = {"batch": len(first), **(symbols or {})}
     sub = graph.copy()
     tensors = sub.tensors()
     feeds = {}
-    for name in sorted(shape_fed - {PAST_LEN_INPUT}):
+    for name in sorted(shape_fed - fed):
         tensor = tensors[name]
         if tensor.shape is None or tensor.dtype is None:
             return None
@@ -234,7 +99,7 @@ def _evaluate(graph: gs.Graph, targets: list, past_values: list) -> list | None:
                 shape.append(int(dim))
         tensor.inputs.clear()
         feeds[name] = np.zeros(shape, dtype=np.dtype(tensor.dtype))
-    sub.inputs = [tensors[PAST_LEN_INPUT]] + [tensors[name] for name in sorted(feeds)]
+    sub.inputs = [tensors[name] for name in sorted(fed)] + [tensors[name] for name in sorted(feeds)]
     sub.outputs = [tensors[t.name] for t in targets]
     sub.cleanup()
     try:
@@ -242,7 +107,7 @@ def _evaluate(graph: gs.Graph, targets: list, past_values: list) -> list | None:
         options.log_severity_level = 4  # a subgraph that cannot be evaluated is an answer here, not an error
         session = ort.InferenceSession(gs.export_onnx(sub, do_type_check=False).SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
-        return [session.run(None, {**feeds, PAST_LEN_INPUT: np.asarray(v, np.int64)}) for v in past_values]
+        return [session.run(None, {**feeds, **value}) for value in values]
     except Exception:  # noqa: BLE001 - any failure to evaluate means "not proven": the layer is left alone
         return None
 
@@ -264,9 +129,14 @@ def _indices_follow_positions(values: np.ndarray, past: np.ndarray, kv_heads: in
 
 def _tables_follow_positions(cos: np.ndarray, sin: np.ndarray, past: np.ndarray, inv_freq: np.ndarray,
                              interleaved: bool) -> bool:
-    """cos/sin broadcast over heads: [B, 1, S, R] (halves repeated) or [B, 1, S, R/2, 1] (interleaved)."""
+    """cos/sin broadcast over heads: [B, 1, S, R] (halves repeated) or [B, 1, S, R/2, 1] (interleaved); a batch of 1
+    (broadcast over the batch) where every sequence has the same past_len."""
     cos, sin = np.asarray(cos, np.float32), np.asarray(sin, np.float32)
-    if cos.shape != sin.shape or cos.ndim != (5 if interleaved else 4) or cos.shape[0] != len(past):
+    if cos.shape != sin.shape or cos.ndim != (5 if interleaved else 4):
+        return False
+    if cos.shape[0] == 1 and len(past) > 1 and np.all(past == past[0]):
+        past = past[:1]
+    if cos.shape[0] != len(past):
         return False
     seq = cos.shape[2]
     angles = (past[:, None] + np.arange(seq)[None, :]).astype(np.float32)[:, :, None] * inv_freq  # [B, S, R/2]
@@ -281,12 +151,36 @@ def _tables_follow_positions(cos: np.ndarray, sin: np.ndarray, past: np.ndarray,
 
 # --- matching a layer ------------------------------------------------------------------------------------------
 
-def match_layer(graph: gs.Graph, attention: gs.Node) -> RopeMatch | str | None:
-    """The RoPE + cache writes feeding this attention node; None when its key/value are not cache writes."""
+def _rotations(query: gs.Tensor, k_side: gs.Tensor) -> tuple[Rotation | None, Rotation | None] | str:
+    k_rotation, q_rotation = match_rotation(k_side), match_rotation(query)
+    if (k_rotation is None) != (q_rotation is None):
+        return "only one of q and k goes through the rotary embedding"
+    if k_rotation is not None and not same_rotation(k_rotation, q_rotation):
+        return "q and k are rotated with different tables"
+    return q_rotation, k_rotation
+
+
+def _cache_free(graph: gs.Graph, attention: gs.Node) -> RopeMatch | str | None:
+    """The cache-free form (a transformers prefill): the attention reads rotate(q) and rotate(k) themselves."""
     query, key, value = attention.inputs[:3]
-    key_scatter, value_scatter = _op(key, "ScatterND"), _op(value, "ScatterND")
-    if key_scatter is None and value_scatter is None:
+    concat = producer_op(key, "Concat")
+    if concat is not None and len(concat.inputs) == 2 and match_rotation(concat.inputs[1]) is not None:
+        return HF_CACHE_CONCAT
+    if rank(key) != 4 or rank(value) != 4 or match_rotation(key) is None:  # k from elsewhere (a cache?) or rope-free
         return None
+    found = _rotations(query, key)
+    if isinstance(found, str):
+        return found
+    q_rotation, k_rotation = found
+    return RopeMatch(attention, q_rotation.source, query, k_rotation.source, value, None, None, k_rotation)
+
+
+def match_layer(graph: gs.Graph, attention: gs.Node) -> RopeMatch | str | None:
+    """The RoPE (+ cache writes) feeding this attention node; None when there is nothing the op would fuse."""
+    query, key, value = attention.inputs[:3]
+    key_scatter, value_scatter = producer_op(key, "ScatterND"), producer_op(value, "ScatterND")
+    if key_scatter is None and value_scatter is None:
+        return _cache_free(graph, attention)
     if key_scatter is None or value_scatter is None:
         return "only one of key and value is a ScatterND cache write"
     graph_inputs = set(id(t) for t in graph.inputs)
@@ -298,27 +192,43 @@ def match_layer(graph: gs.Graph, attention: gs.Node) -> RopeMatch | str | None:
     if key_scatter.inputs[1] is not value_scatter.inputs[1]:
         return "the key and value cache writes use different indices"
     k_side, v_new = key_scatter.inputs[2], value_scatter.inputs[2]
-    k_rotation, q_rotation = match_rotation(k_side), match_rotation(query)
-    if (k_rotation is None) != (q_rotation is None):
-        return "only one of q and k goes through the rotary embedding"
+    found = _rotations(query, k_side)
+    if isinstance(found, str):
+        return found
+    q_rotation, k_rotation = found
     if k_rotation is not None:
-        if (k_rotation.cos is not q_rotation.cos or k_rotation.sin is not q_rotation.sin
-                or (k_rotation.rope_dim, k_rotation.interleaved) != (q_rotation.rope_dim, q_rotation.interleaved)):
-            return "q and k are rotated with different tables"
         return RopeMatch(attention, q_rotation.source, query, k_rotation.source, v_new, key_scatter, value_scatter,
                          k_rotation)
     return RopeMatch(attention, query, None, k_side, v_new, key_scatter, value_scatter, None)
 
 
+def _proven_cache_free(graph: gs.Graph, rotation: Rotation, inv_freq) -> str | None:
+    """None when the tables, evaluated from the input shapes alone, are cos/sin(s * inv_freq); else why not."""
+    results = evaluate(graph, [rotation.cos, rotation.sin], [{}])
+    if results is None:
+        return "the rotary tables cannot be evaluated from the input shapes alone (positions from an input's values)"
+    cos, sin = (np.asarray(table) for table in results[0])
+    if cos.ndim < 3 or cos.shape[2] < 2 or not _tables_follow_positions(
+            cos, sin, np.zeros(PREFILL_BATCH, np.int64), inv_freq, rotation.interleaved):
+        return "the cos/sin tables are not cos/sin(s * inv_freq) over the sequence"
+    return None
+
+
 def _proven(graph: gs.Graph, match: RopeMatch, inv_freq, cache: dict) -> str | None:
-    """None when the indices (and tables) follow past_len + s; else why not."""
-    indices = match.key_scatter.inputs[1]
+    """None when the indices (and tables) follow past_len + s (without caches: the tables follow s); else why
+    not."""
     rotation = match.rotation
+    if not match.cached:
+        key = (rotation.cos.name, rotation.sin.name)
+        if key not in cache:
+            cache[key] = _proven_cache_free(graph, rotation, inv_freq)
+        return cache[key]
+    indices = match.key_scatter.inputs[1]
     key = (indices.name,) + ((rotation.cos.name, rotation.sin.name) if rotation else ())
     if key not in cache:
         past_values = _past_values(graph)
         targets = [indices] + ([rotation.cos, rotation.sin] if rotation else [])
-        results = _evaluate(graph, targets, past_values)
+        results = evaluate(graph, targets, [{PAST_LEN_INPUT: np.asarray(v, np.int64)} for v in past_values])
         kv_heads = match.attention.attrs["num_kv_heads"]
         if results is None:
             cache[key] = "the scatter indices or rotary tables cannot be evaluated from past_len"
@@ -348,10 +258,10 @@ def run(graph: gs.Graph) -> PassReport:
             report.leave(LEFT, node.name, found)
         elif found is not None:
             matches.append(found)
-    if matches and past_len is None:
+    if any(m.cached for m in matches) and past_len is None:
         report.warnings.append(f"the graph has no '{PAST_LEN_INPUT}' input; RoPE and cache writes left as is")
-        return report
-    proofs, tables = {}, {}
+        matches = [m for m in matches if not m.cached]
+    proofs, tables, zeros = {}, {}, {}
     for match in matches:
         rotation = match.rotation
         inv_freq = np.zeros(0, np.float32)
@@ -376,8 +286,13 @@ def run(graph: gs.Graph) -> PassReport:
         table_key = inv_freq.tobytes()
         if table_key not in tables:
             tables[table_key] = gs.Constant(names("inv_freq"), inv_freq)
-        _replace(graph, match, attrs, past_len, tables[table_key], names)
-        report.replaced["rope" if rotation else "append_only"] += 1
+        if match.cached:
+            _replace(graph, match, attrs, past_len, tables[table_key], names)
+            report.replaced["rope" if rotation else "append_only"] += 1
+        else:
+            _replace_cache_free(graph, match, attrs, _zero_past(graph, match.query, zeros, names), tables[table_key],
+                                names)
+            report.replaced["rope_prefill"] += 1
     graph.cleanup().toposort()
     return report
 
@@ -392,5 +307,33 @@ def _replace(graph, match: RopeMatch, attrs, past_len, inv_freq, names: NameMake
         tensor.inputs.clear()  # disconnects the rotation and the ScatterNDs; cleanup() removes them
     inputs = [match.query, match.k_new, match.v_new, match.key_scatter.inputs[0], match.value_scatter.inputs[0],
               past_len, inv_freq]
+    graph.nodes.append(gs.Node(OP, name=names("rope_append"), domain=DOMAIN, attrs=attrs, inputs=inputs,
+                               outputs=outputs))
+
+
+def _zero_past(graph, like: gs.Tensor, cache: dict, names: NameMaker) -> gs.Tensor:
+    """past_len = 0 for every sequence: [B] zeros, B read from `like` [B, ...] (one per graph)."""
+    if "past" not in cache:
+        shape, batch, past = (gs.Variable(names(n), dtype=np.int64) for n in ("shape", "batch", "past_len"))
+        past.shape = [like.shape[0] if like.shape else None]
+        graph.nodes += [
+            gs.Node("Shape", name=names("shape"), inputs=[like], outputs=[shape]),
+            gs.Node("Gather", name=names("batch"), attrs={"axis": 0},
+                    inputs=[shape, gs.Constant(names("batch_axis"), np.array([0], np.int64))], outputs=[batch]),
+            gs.Node("Expand", name=names("zeros"), inputs=[gs.Constant(names("zero"), np.zeros(1, np.int64)), batch],
+                    outputs=[past])]
+        cache["past"] = past
+    return cache["past"]
+
+
+def _replace_cache_free(graph, match: RopeMatch, attrs, past_len, inv_freq, names: NameMaker) -> None:
+    """The op writes every row of k and v (positions 0..S-1): its cache outputs are rotate(k) and v."""
+    key_out = match.attention.inputs[1]
+    value_out = gs.Variable(names("value_out"), dtype=match.v_new.dtype, shape=match.v_new.shape)
+    match.attention.inputs[2] = value_out
+    outputs = [match.query_out, key_out, value_out]
+    for tensor in outputs:
+        tensor.inputs.clear()  # disconnects the rotation; cleanup() removes it
+    inputs = [match.query, match.k_new, match.v_new, match.k_new, match.v_new, past_len, inv_freq]
     graph.nodes.append(gs.Node(OP, name=names("rope_append"), domain=DOMAIN, attrs=attrs, inputs=inputs,
                                outputs=outputs))

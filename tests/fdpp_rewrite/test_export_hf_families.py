@@ -111,12 +111,14 @@ def test_exports_give_transformers_logits_through_prefill_and_decode(exported):
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_rewrite_replaces_every_gemm_and_passes_compare(exported):
-    """What the rewriter cannot serve yet (head_dim 256 or 96, soft caps) is left as is, the rest rewritten."""
+def test_rewrite_replaces_every_attention_and_gemm_and_passes_compare(exported):
+    """Head sizes 256 (gemma), 96 (phi3) and 128 (qwen3), soft caps and sliding windows (a bias mask): the kernels
+    serve them all since contract 4."""
     _, _, result = exported
     stream = io.StringIO()
-    output = rewrite_file(result.onnx_path, stream=stream)
+    output = rewrite_file(result.onnx_path, stream=stream, require=("attention", "gemm"))
     assert re.search(r"^gemm: \d+ replaced, 0 left$", stream.getvalue(), re.M), stream.getvalue()
+    assert re.search(r"^attention: [1-9]\d* replaced, 0 left$", stream.getvalue(), re.M), stream.getvalue()
     report = compare_models(result.onnx_path, output)
     assert report.passed, [(row.output, row.max_abs) for row in report.rows]
 

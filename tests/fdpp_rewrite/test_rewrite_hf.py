@@ -60,6 +60,9 @@ def test_hugging_face_llama(tmp_path, num_kv_heads):
     assert len(gemms) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the lm_head
     assert not any(n.op_type in ("Softmax", "MatMul", "ReduceMean") for n in rewritten.graph.node)
     assert sum(n.op_type == "RMSNorm" for n in rewritten.graph.node) == 2 * 2 + 1  # Hugging Face's Pow(x, 2) form
+    assert "rope_append: replaced 2 (rope_prefill x2)" in text  # its rotary chain, fused from the graph's positions
+    assert sum(n.op_type == "RopeAppend" for n in rewritten.graph.node) == 2
+    assert not any(n.op_type in ("Sin", "Cos", "Neg") for n in rewritten.graph.node)
 
     report = compare_models(path, output)
     assert report.passed, [(r.output, r.max_abs) for r in report.rows]

@@ -11,6 +11,7 @@ import pytest
 from fdpp_rewrite.compare_onnx import compare_models
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.passes import rope_append
 from fdpp_rewrite.rewrite import rewrite_file
 
 pytest.importorskip("torch")
@@ -26,6 +27,8 @@ WEIGHT_MATMULS_PER_LAYER = {"llama": 4, "mistral": 4, "qwen2": 4, "opt": 4, "gpt
 # and the scores are not scaled again (scale 1); the others scale the scores (eager) or q and k^T (sdpa)
 SCALE = {"opt": 1.0}
 RMS_NORM_FAMILIES = ("llama", "mistral", "qwen2")  # opt and gpt2 use LayerNormalization
+ROPE_FAMILIES = RMS_NORM_FAMILIES  # opt and gpt2 learn their positions
+ROPE_OPS = ("Sin", "Cos", "Neg")  # what a rotary chain left as ops keeps (its Slices and Concat are checked apart)
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +64,11 @@ def test_every_attention_and_gemm_replaced_and_compare_passes(exported, family, 
     assert ops.count("FlatGemm") >= WEIGHT_MATMULS_PER_LAYER[family] * layers + 1  # + the lm_head
     if family in RMS_NORM_FAMILIES:  # Hugging Face's Pow(x, 2) RMSNorm: two per layer and the final one
         assert ops.count("RMSNorm") == 2 * layers + 1 and "ReduceMean" not in ops and "Pow" not in ops
+    if family in ROPE_FAMILIES and kind == "prefill":  # RoPE fused from the graph's own positions and inv_freq
+        assert f"rope_append: replaced {layers} (rope_prefill x{layers})" in log
+        assert ops.count("RopeAppend") == layers and not set(ROPE_OPS) & set(ops)
+    elif family in ROPE_FAMILIES:  # Concat(past, rotated k): the op cannot write row past + s at position_ids
+        assert rope_append.HF_CACHE_CONCAT in log and "RopeAppend" not in ops
 
     report = compare_models(path, output)
     assert report.passed, [(r.step, r.output, r.max_abs) for r in report.rows if not r.passed]
@@ -103,3 +111,33 @@ def test_compare_refuses_a_decode_graph_against_a_prefill_rewrite(exported, tmp_
     with pytest.raises(FdppError, match=r"does not belong to .*their inputs differ \(position_ids, "
                                         r"past_key_values.0.key, past_key_values.0.value ... only in"):
         compare_models(decode, prefill_rewrite)
+
+
+def fdpp_kernels(path) -> list:
+    """The fdpp ops of a rewritten graph in graph (topological) order."""
+    return [n.op_type for n in onnx.load(str(path)).graph.node if n.domain == "fdpp"]
+
+
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_a_transformers_llama_runs_our_kernels_per_layer(exported, exporter, tmp_path):
+    """Issue 41's bar on the CPU: transformers' Llama exported by torch.onnx.export (prefill), rewritten, runs the
+    kernels our own export's rewrite runs, layer by layer, and no op of its rotary chain is left."""
+    from fdpp_rewrite import cli
+
+    layers = hf_exports.LAYERS
+    ours = tmp_path / "ours.onnx"
+    assert cli.main(["export", "tiny-llama", "--layers", str(layers), "--max-cache", "16", "--dtype", "float32",
+                     "-o", str(ours)]) == 0
+    ours_rewritten, _ = rewritten(ours, tmp_path)
+    theirs, log = rewritten(exported("llama", exporter, "prefill"), tmp_path)
+    expected = hf_exports.model_kernels(layers)
+    assert fdpp_kernels(ours_rewritten) == expected
+    assert fdpp_kernels(theirs) == expected
+    model = onnx.load(str(theirs))
+    # no Sin/Cos (so no table Concat(freqs, freqs) either) and no Neg or Slice (so no rotate_half Concat of them)
+    assert not [n for n in model.graph.node if n.op_type in ROPE_OPS + ("Slice",)]
+    produced_by = {out: n.op_type for n in model.graph.node for out in n.output}
+    concats = [n for n in model.graph.node if n.op_type == "Concat"]
+    assert not [n for n in concats if {produced_by.get(i) for i in n.input} & {"Neg", "Mul", "Add"}]
+    rope = [node_attributes(n) for n in model.graph.node if n.op_type == "RopeAppend"]
+    assert [(a["rope_dim"], a["interleaved"]) for a in rope] == [(64, 0)] * layers

@@ -15,11 +15,23 @@ import warnings
 from pathlib import Path
 
 FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2")
-# parallel residual (gpt_neox, falcon: attention and MLP outputs added together), logit soft-capping (gemma2)
-MORE_FAMILIES = ("gpt_neox", "falcon", "gemma2")
+# parallel residual (gpt_neox, falcon: attention and MLP outputs added together), logit soft-capping (gemma2), and
+# the families issue 41 adds: gemma (head_dim 256), gemma3 (QK-norm, local layers), phi3 (fused qkv, head_dim from
+# hidden_size: 160 -> 80, 192 -> 96), qwen3 (head_dim 128, QK-norm), stablelm (partial rotary), glm (GLM-4, the
+# chatglm line in transformers: partial interleaved rotary)
+MORE_FAMILIES = ("gpt_neox", "falcon", "gemma2", "gemma", "gemma3", "phi3", "qwen3", "stablelm", "glm")
 VOCAB = 128
 LAYERS = 2
 BATCH, SEQ, PAST = 2, 5, 3  # the sizes traced; every one of them is a dynamic dim of the graph
+# the fdpp kernels of our own export's rewrite per layer, in order (what a rewritten llama export must run too): norm,
+# qkv, rope + cache append, attention, o (+ residual), norm, gate_up (+ silu_mul), down (+ residual)
+LAYER_KERNELS = ["RMSNorm", "FlatGemm", "RopeAppend", "AsyncSoftmaxAttention", "FlatGemm", "RMSNorm", "FlatGemm",
+                 "FlatGemm"]
+
+
+def model_kernels(layers: int) -> list:
+    """LAYER_KERNELS for each layer, then the final norm and the lm_head."""
+    return LAYER_KERNELS * layers + ["RMSNorm", "FlatGemm"]
 
 
 class ExportUnsupported(Exception):
@@ -67,6 +79,20 @@ def _tiny_config(family: str):
         return transformers.Gemma2Config(hidden_size=64, head_dim=64, intermediate_size=96, num_hidden_layers=LAYERS,
                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
                                          **common)
+    small = dict(intermediate_size=96, num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=1,
+                 max_position_embeddings=64, **common)
+    if family == "gemma":
+        return transformers.GemmaConfig(hidden_size=64, head_dim=256, **small)
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(hidden_size=64, head_dim=64, **small)
+    if family == "phi3":  # head_dim = hidden_size / heads
+        return transformers.Phi3Config(hidden_size=160, pad_token_id=0, eos_token_id=1, bos_token_id=2, **small)
+    if family == "qwen3":
+        return transformers.Qwen3Config(hidden_size=64, head_dim=128, **small)
+    if family == "stablelm":  # rotary on a quarter of each head, LayerNorm, q/k/v biases
+        return transformers.StableLmConfig(hidden_size=128, use_qkv_bias=True, **small)
+    if family == "glm":
+        return transformers.GlmConfig(hidden_size=128, head_dim=64, pad_token_id=0, **small)
     raise ValueError(f"unknown family {family}; known: {', '.join(FAMILIES + MORE_FAMILIES)}")
 
 
@@ -134,11 +160,12 @@ def export_hf(family: str, dynamo: bool, cache: bool, folder, dtype: str = "floa
     if cache:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        past = [torch.randn(BATCH, kv_heads, PAST, head_dim, dtype=getattr(torch, dtype)) for _ in range(2 * LAYERS)]
+        layers = config.num_hidden_layers  # LAYERS unless `overrides` set it (real shapes for the GPU engine)
+        past = [torch.randn(BATCH, kv_heads, PAST, head_dim, dtype=getattr(torch, dtype)) for _ in range(2 * layers)]
         args = (ids, torch.ones(BATCH, PAST + SEQ, dtype=torch.int64),
                 torch.arange(PAST, PAST + SEQ).expand(BATCH, SEQ).contiguous(), *past)
-        names += ["position_ids"] + [f"past_key_values.{i}.{kind}" for i in range(LAYERS) for kind in ("key", "value")]
-        outputs += [f"present.{i}.{kind}" for i in range(LAYERS) for kind in ("key", "value")]
+        names += ["position_ids"] + [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+        outputs += [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
         module = decode(model)
     else:
         args = (ids, torch.ones_like(ids))

@@ -16,6 +16,7 @@ from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models import get_config
 from fdpp_rewrite.models.reference import rope_inv_freq
 from fdpp_rewrite.passes import attention, common, rope_append
+from fdpp_rewrite.passes.rope_match import match_rotation
 from fdpp_rewrite.ref_ops import rope_append as reference_rope_append
 from fdpp_rewrite.rewrite import rewrite_model
 
@@ -125,7 +126,7 @@ def test_query_without_rotation_is_left_alone(exported):
     common.sanitize(graph)
     attention.run(graph)
     (attn,) = [n for n in graph.nodes if n.op == "AsyncSoftmaxAttention"]
-    rotation = rope_append.match_rotation(attn.inputs[0])
+    rotation = match_rotation(attn.inputs[0])
     attn.inputs[0] = rotation.source
     report = rope_append.run(graph)
     assert report.total == 0 and len(_scatter_nodes(graph)) == 2
