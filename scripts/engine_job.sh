@@ -23,6 +23,9 @@
 #             exported fp16, rewritten, built, calibrated through the engine (--apply) and built again; compare;
 #             perplexity, top-1 and fallback rows on the held-out KJV New Testament against the fp32 reference;
 #             a chat answer; bench batch 1/16 against --kernels torch (issue 41; est. 5-8 min)
+#   hf_llama  transformers' Llama at llama2-7b's shapes (random weights, TorchScript decode-with-cache export through
+#             tests/helpers/hf_exports.py), rewritten (--require attention,gemm), built and benched at batch 1/16 x
+#             context 128/1K beside the grid stage's engine of our own export: launches/layer and tokens/s (issue 41)
 #   compare   `compare` of the tiny presets' and smollm2's engines (GPU tests of test_compare_engine.py)
 #   serve     the grid engine served (--warmup all, --prefill-chunk SERVE_CHUNK, default 128): loadgen at 1, 16, 64
 #             clients (prompts 128-1024, 128 tokens out; 16 clients twice: 96 requests, and 480 for the bars), a
@@ -101,7 +104,7 @@ declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180
                   [soak_paged]=${SOAK_PAGED_TIMEOUT:-420} [llama3]=${LLAMA3_TIMEOUT:-560}
                   [serve_bars]=${SERVE_BARS_TIMEOUT:-60} [capacity_build]=${CAPACITY_BUILD_TIMEOUT:-200}
                   [llama3_graph]=${LLAMA3_GRAPH_TIMEOUT:-400} [llama3_build]=${LLAMA3_BUILD_TIMEOUT:-520}
-                  [gemma3]=${GEMMA3_TIMEOUT:-560})
+                  [gemma3]=${GEMMA3_TIMEOUT:-560} [hf_llama]=${HF_LLAMA_TIMEOUT:-560})
 export GRID=$WORK/llama2-grid
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
@@ -234,6 +237,22 @@ stage_gemma3() {  # issue 41: Gemma 3 270M's trained weights from its GGUF (GEMM
     && $ENGINE run "$dir/engine" --prompt "What is the capital of France?" --chat --max-new-tokens 32 \
     && $ENGINE bench "$dir/engine" --batch 1 16 --context 128 --new-tokens 128 --kernels fdpp torch \
          --out "$OUT/bench_gemma3.json"
+}
+
+stage_hf_llama() {  # issue 41: transformers' own Llama graph at llama2-7b's shapes against our export's engine
+  local dir=$WORK/hf_llama graph
+  [ -f "$GRID/engine/manifest.json" ] || { echo "run the grid stage first (our export's engine)"; return 1; }
+  graph=$(PYTHONPATH=$PYTHONPATH:tests/helpers $PY -c "
+import sys
+from hf_exports import export_hf
+print(export_hf('llama', False, True, sys.argv[1], dtype='float16', overrides=dict(hidden_size=4096, head_dim=128,
+      intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32,
+      vocab_size=32000, max_position_embeddings=4096)))" "$dir" | tail -1) || return 1
+  $PY -m fdpp_rewrite rewrite "$graph" -o "$dir/hf.fdpp.onnx" --require attention,gemm --force \
+    && $ENGINE build "$dir/hf.fdpp.onnx" -o "$dir/engine" --max-batch 16 --max-seq 1280 --force \
+    && $ENGINE bench "$dir/engine" --batch 1 16 --context 128 1024 --new-tokens 128 --out "$OUT/bench_hf_llama.json" \
+    && $ENGINE bench "$GRID/engine" --batch 1 16 --context 128 1024 --new-tokens 128 \
+         --out "$OUT/bench_hf_llama_ours.json"
 }
 
 stage_compare() {
@@ -540,7 +559,7 @@ stage_serve_bars() {  # every issue-39 bar from what the stages above left in $O
     -o "$OUT/serve_bars.json"
 }
 
-export -f stage_gemma3 stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
+export -f stage_gemma3 stage_hf_llama stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
   stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo \
   need_lib need_disk gpu_mib paged_graph need_graph stage_paged_graph stage_paged_build stage_paged stage_paged_peer \
   server_start server_stop paged_loadgen stage_serve_paged stage_capacity_build stage_capacity stage_soak_paged \

@@ -104,9 +104,12 @@ def read_graph(path: Path):
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises many kinds for a corrupt file
         raise cannot_load(path, exc) from None
-    graph = model.graph
-    if not any(node.domain == "fdpp" for node in graph.node):
+    if not any(node.domain == "fdpp" for node in model.graph.node):
         raise FdppError(f"{path} has no fdpp nodes; rewrite it first (python -m fdpp_rewrite rewrite {path})")
+    initializers = {init.name for init in model.graph.initializer}
+    if is_hf_interface({i.name for i in model.graph.input if i.name not in initializers}):
+        model = hf_interface.fuse_cache_rope(model, path)
+    graph = model.graph
     arrays = {init.name: _read_initializer(init, path.parent) for init in graph.initializer}
     nodes = []
     for index, node in enumerate(graph.node):

@@ -4,9 +4,12 @@ Their interface: input_ids [batch, seq], attention_mask [batch, past + seq], pos
 cache_position [seq] where the export kept it), past_key_values.N.key/value [batch, kv_heads, past, head_dim] in;
 logits and present.N.key/value = Concat(past, new) out. The engine runs them on its own cache layout:
 
-- build (lower_cache_concats) replaces each Concat that makes a present output by CacheAppend (ops.cache_append):
-  the new rows are written in place into the runtime's cache at each sequence's own length, and the output is the
-  cache view [batch, kv_heads, past + seq, head_dim]; no cache is ever copied.
+- build first fuses each layer's RoPE and its cache Concats into one fdpp::RopeAppend on the engine's cache views
+  (fuse_cache_rope: passes/rope_hf_cache.py proves the tables are cos/sin(position_ids * inv_freq)), so the layer
+  runs the kernels an fdpp export's layer runs; then (lower_cache_concats) each Concat still making a present
+  output (a layer left unfused, or a model without RoPE such as OPT) becomes CacheAppend (ops.cache_append). Either
+  way the new rows are written in place into the runtime's cache at each sequence's own length, and the present is
+  the cache view [batch, kv_heads, past + seq, head_dim]; no cache is ever copied.
 - The runtime (HfFeeds) feeds past_key_values.N.* as the views cache[slots, :, :past] and the CacheAppend buffers
   as cache[slots, :, :past + seq] of the same allocation. A sequence's rows are [0, length) of its slot, so the
   attention_mask is a prefix of ones: rows the sequence wrote, plus its new ones.
@@ -41,7 +44,8 @@ def past_inputs(input_names, path) -> list:
     if not past:
         raise FdppError(f"{path} is a prefill-only Hugging Face export (no past_key_values.N.key/value inputs); the "
                         "engine needs the decode-with-cache export (past_key_values.N.* in, present.N.* out)")
-    known = {"input_ids", "attention_mask", *OPTIONAL_INPUTS, *past}
+    known = {"input_ids", "attention_mask", *OPTIONAL_INPUTS, *past, *(BUFFER_PREFIX + name for name in past),
+             WRITE_POS}
     unknown = sorted(set(input_names) - known)
     if unknown:
         raise FdppError(f"{path} takes the input '{unknown[0]}'; the engine feeds a Hugging Face graph only "
@@ -49,8 +53,24 @@ def past_inputs(input_names, path) -> list:
     return past
 
 
+def fuse_cache_rope(model, path):
+    """The model with each layer's RoPE + cache Concats fused into RopeAppend on the engine's cache views where the
+    pass can prove it (module docstring); the rest is left for lower_cache_concats."""
+    import onnx_graphsurgeon as gs
+
+    from fdpp_rewrite.passes import rope_hf_cache
+    from fdpp_rewrite.passes.weights import attach_external_data
+
+    graph = gs.import_onnx(model)
+    attach_external_data(graph, str(path.parent))  # read lazily: only the small RoPE tables are loaded
+    if not rope_hf_cache.run(graph, lambda name: BUFFER_PREFIX + name, WRITE_POS).total:
+        return model
+    return gs.export_onnx(graph)
+
+
 def lower_cache_concats(nodes: list, past: list, path) -> None:
-    """Replace the Concat(past, new) behind each present output by an in-place CacheAppend (module docstring)."""
+    """Replace the Concat(past, new) behind each present output by an in-place CacheAppend (module docstring); a
+    present a fused RopeAppend already writes stays as it is."""
     producer = {name: node for node in nodes for name in node["outputs"]}
 
     def source(name):  # through one-input Concats and Identity, which the TorchScript export leaves in
@@ -63,6 +83,8 @@ def lower_cache_concats(nodes: list, past: list, path) -> None:
     for name in past:
         present = present_name(name)
         node = producer.get(present)
+        if node is not None and node["op"] == "RopeAppend":
+            continue
         if (node is None or node["op"] != "Concat" or node["attrs"].get("axis") not in (2, -2)
                 or len(node["inputs"]) != 2 or source(node["inputs"][0]) != name):
             raise FdppError(f"{path}: the output {present} is not Concat({name}, new rows) on the sequence axis; "

@@ -96,12 +96,18 @@ def onnxruntime_greedy(path, prompt, steps):
     return tokens, np.stack(step_logits)
 
 
-def test_the_build_lowers_every_present_concat(engine):
+def test_the_build_lowers_every_present_concat(built, engine):
+    """RoPE models: each layer's RoPE and cache Concats become one RopeAppend writing the engine's caches, the
+    kernels of an fdpp export's layer; OPT and GPT-2 (learned positions): each present Concat becomes a CacheAppend."""
     plan = engine.plan
-    appends = [n for n in plan["nodes"] if n["op"] == "CacheAppend"]
+    writers = {o: n["op"] for n in plan["nodes"] if n["op"] in ("CacheAppend", "RopeAppend") for o in n["outputs"]}
+    presents = [name.replace("past_key_values", "present") for name in engine.cache_names]
     assert plan["interface"] == "hf" and engine.manifest["interface"] == "hf"
-    assert sorted(o for n in appends for o in n["outputs"]) == sorted(
-        name.replace("past_key_values", "present") for name in engine.cache_names)
+    expected = "CacheAppend" if built[0] in ("opt", "gpt2") else "RopeAppend"
+    assert [writers.get(p) for p in presents] == [expected] * len(presents)
+    ops = [n["op"] for n in plan["nodes"]]
+    if expected == "RopeAppend":  # no rotation is left as ops
+        assert ops.count("RopeAppend") == hf_exports.LAYERS and not {"Sin", "Cos", "Neg"} & set(ops)
     assert engine.num_layers == hf_exports.LAYERS and engine.vocab_size == hf_exports.VOCAB
 
 
