@@ -48,9 +48,10 @@ def implb_loader(plan) -> str | None:
     return _loader(plan.get("implb")) if "implb" in plan else plan.get("implb_loader")
 
 
-def wgmma_loader(plan) -> str:
-    """The loader of the wgmma range's config: a plan's wgmma.loader; a node's attributes fix it to wgmma."""
-    return _loader(plan.get("wgmma")) or WGMMA
+def wgmma_loader(plan) -> str | None:
+    """The loader of the wgmma range's config: a plan's wgmma.loader (absent: the C ABI's default, tma); a node's
+    attributes, which hold no such config, fix it to wgmma."""
+    return _loader(plan["wgmma"]) or "tma" if "wgmma" in plan else WGMMA
 
 
 def plan_m3(plan) -> int:

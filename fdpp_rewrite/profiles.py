@@ -216,7 +216,7 @@ def entry_choice(entry, label: str, path="the profile", where: str = "entry") ->
     except FdppError as exc:
         raise FdppError(f"profile {path} is malformed: {exc}") from exc
     for checked, at in ((choice, where), (silu_mul, f"{where}.silu_mul")):
-        problem = checked is not None and checked.has_wgmma_range and plan_problem(checked.plan())
+        problem = checked is not None and checked.m3 != 0 and plan_problem(dict(checked.plan(), m3=checked.m3))
         _require(not problem, path, f"{at}: {problem}")
     return (n, k, dtype), choice
 
