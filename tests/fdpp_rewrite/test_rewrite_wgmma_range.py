@@ -10,6 +10,7 @@ import onnx
 from fdpp_rewrite.contracts import node_attributes
 from fdpp_rewrite.models import get_config
 from fdpp_rewrite.profile_plan import model_shapes
+from fdpp_rewrite.resources import plugin_library_path
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
 PRESET, DTYPE = "tiny-llama", "float32"
@@ -57,6 +58,11 @@ def test_rewrite_stamps_m3_and_the_build_plans_carry_it_to_the_c_struct(tmp_path
         assert (struct.m2, struct.m3) == (16, plan["m3"])
         assert (struct.wgmma.n_tile, struct.wgmma.k_tile, struct.wgmma.stages, struct.wgmma.split_k,
                 struct.wgmma.loader) == (64, 64, 4, 2, LOADERS["wgmma"])
+        if plugin_library_path().exists():  # the library's dispatch of that struct
+            from fdpp_rewrite.gpu.gemm import select_range
+
+            assert [select_range(m, plan) for m in (16, 17, plan["m3"], plan["m3"] + 1)] == [
+                "implb", "wgmma", "wgmma", "cublaslt"]
 
 
 def test_a_profile_without_m3_stamps_no_wgmma_range(tmp_path):
