@@ -30,7 +30,7 @@ from fdpp_rewrite.profiles import (GemmChoice, Profile, committed_profile, entry
 from fdpp_rewrite.resources import display_path
 
 PLAN_ATTRIBUTES = ("m1", "m2", "implb_n_tile", "implb_k_tile", "implb_stages", "implb_split_k", "implc",
-                   "implb_loader", "profile")
+                   "implb_loader", "profile", "m3", "implb_wgmma_stages", "implb_wgmma_split_k")
 MEASURED = "profiled at build"  # the file part of the label of a shape measured by the build
 
 
@@ -48,7 +48,8 @@ class GemmNode:
 
 @dataclass
 class GemmPlans:
-    """node -> plan ({"m1", "m2", "implb": {...}, "implc"}: plan.json's gemm_plans), and where they came from."""
+    """node -> plan ({"m1", "m2", "implb": {...}, "implc"[, "m3", "wgmma": {...}]}: plan.json's gemm_plans), and
+    where they came from."""
 
     plans: dict = field(default_factory=dict)
     sources: set = field(default_factory=set)  # labels: a profile file, '<file> (<gpu>)' of node attributes
@@ -136,7 +137,8 @@ def resolve_cuda_plans(nodes: dict, device_name: str, profile=None, measure: Cal
             started = time.perf_counter()
             entry = measure(shape)
             _, measured[shape] = entry_choice(entry, label, MEASURED, _shape_text(shape))
-            out.measured.append({key: entry[key] for key in ("n", "k", "dtype", "m1", "m2", "implb", "implc")})
+            out.measured.append({key: entry[key] for key in ("n", "k", "dtype", "m1", "m2", "implb", "implc", "m3",
+                                                              "wgmma") if key in entry})
             print(f"profiled GEMM {index}/{len(missing)} [N={shape[0]}, K={shape[1]}] {shape[2]}: "
                   f"m1={entry['m1']} m2={entry['m2']} ({time.perf_counter() - started:.1f} s)", file=stream,
                   flush=True)

@@ -111,7 +111,8 @@ def run(args) -> int:
             entries.append(entry)
             plot_entry(entry, plots / f"{n}x{k}_{dtype}.png",
                        f"{device['name']}: [N={n}, K={k}] {dtype} ({', '.join(entry['used_by'])})\n"
-                       f"M1={entry['m1']}, M2={entry['m2']}, ImplC={entry['implc']}"
+                       f"M1={entry['m1']}, M2={entry['m2']}" + (f", M3={entry['m3']} (wgmma)" if "m3" in entry else "")
+                       + f", ImplC={entry['implc']}"
                        + (" at every M" if entry["m2"] == 0 else ""))
             torch.cuda.empty_cache()
 
@@ -132,10 +133,11 @@ def run(args) -> int:
 
     print(f"\nwrote {out} ({len(data['shapes'])} shapes; {len(entries)} measured, {len(replaced)} replaced), "
           f"plots in {plots}")
-    print(f"{'shape':>16} {'m1':>3} {'m2':>3} {'implc':>8}  ImplB config            worst/best  used by")
+    print(f"{'shape':>16} {'m1':>3} {'m2':>3} {'m3':>3} {'implc':>8}  ImplB config            worst/best  used by")
     for e in entries:
         cfg = gemm.config_label(e["implb"])
-        print(f"{'[' + str(e['n']) + ', ' + str(e['k']) + ']':>16} {e['m1']:>3} {e['m2']:>3} {e['implc']:>8}  "
+        print(f"{'[' + str(e['n']) + ', ' + str(e['k']) + ']':>16} {e['m1']:>3} {e['m2']:>3} {e.get('m3', '-'):>3} "
+              f"{e['implc']:>8}  "
               f"{cfg:<22} {e['worst_ratio_vs_best_impl']:>9.3f}  {', '.join(e['used_by'])}")
     for e in entries:
         if e.get("implb_wgmma"):

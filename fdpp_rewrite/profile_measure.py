@@ -230,7 +230,8 @@ def profile_shape(n: int, k: int, dtype: str, timer, device: dict, ms=M_GRID, pr
         "curves": curves,
         "retimed": retimed,
         "implb_alternatives": alternatives,
-        # Recorded beside the plan, which does not use it yet: the FlatGemm contract still caps ImplB at M = 64.
+        # The wgmma loader against cuBLASLt above mma.sync's ImplB: complete_entry turns it into the entry's wgmma
+        # range (m3 and its config), where the loader wins.
         "implb_wgmma": measure_wgmma(bench, timer, device, timing=timing),
     })
 

@@ -5,7 +5,8 @@ No GPU, no torch: the CPU tests exercise every function here (tests/fdpp_rewrite
     choose_plan(ms, curves)                   -> m1, m2, implc from the curves (paper section 5, Figure 9b)
     pick_implb_curve(ms, curves, implb_curves)-> which ImplB config's curve gives the best plan
     fused_decode_plan(entry)                  -> the plan a silu_mul GEMM of this shape runs (stored in the entry)
-    complete_entry(entry)                     -> the entry with its "silu_mul" plan, as the profile stores it
+    wgmma_range(entry)                        -> m3 and the wgmma config from the entry's implb_wgmma record
+    complete_entry(entry)                     -> the entry with its wgmma range and "silu_mul" plan, as stored
     merge_profile(existing, header, entries)  -> the profile file's new content
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from fdpp_rewrite.dispatch import IMPLA_MAX_M, IMPLB_MAX_M, select_impl
+from fdpp_rewrite.dispatch import IMPLA_MAX_M, IMPLB_MAX_M, IMPLB_WGMMA_MAX_M, select_impl
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
 
@@ -194,11 +195,46 @@ def lone_peaks(ms: list, values: list, margin: float = 0.02) -> list:
     return peaks
 
 
+def wgmma_range(entry: dict) -> dict:
+    """{"m3", "wgmma"} from the entry's implb_wgmma record (profile_measure.measure_wgmma: its best config's
+    times and cuBLASLt's at record["m"]), or {} for no wgmma range (m3 = m2).
+
+    m3 is the largest M the record timed (up to 256) such that the wgmma config beats cuBLASLt at every timed M
+    above m2 up to it: the record's M, and the M of the entry's cuBLASLt curve between m2 and the record's last M,
+    where the wgmma time is the record's at the next M it timed (the kernel pads M to 32, 64, 128 or 256, the
+    record's M, so that time is the one it takes; for other record M an upper bound). Example: m2 16, record m
+    [32, 64, 128, 256], wgmma [10, 11, 15, 30] us, cuBLASLt [12, 12, 16, 28] (and 11.9 at M = 24 in the curves)
+    -> m3 128."""
+    record, m2 = entry.get("implb_wgmma"), int(entry["m2"])
+    if not record or m2 > IMPLB_MAX_M:
+        return {}
+    timed = [(m, ours, theirs) for m, ours, theirs in zip(record["m"], record["implb_wgmma_us"],
+                                                          record["cublaslt_us"]) if m2 < m <= IMPLB_WGMMA_MAX_M]
+    curves = entry.get("curves") or {}
+    cublaslt = dict(zip(curves.get("m") or (), curves.get("cublaslt_us") or ()))
+    m3 = m2
+    for m, ours, theirs in timed:
+        # every timed cuBLASLt point in (m3, m] runs on the wgmma kernel at its M = m cost
+        points = [theirs] + [t for cm, t in cublaslt.items() if m3 < cm < m]
+        if not _valid(ours) or not all(_valid(t) and ours < t for t in points):
+            break
+        m3 = m
+    if m3 == m2:
+        return {}
+    return {"m3": m3, "wgmma": dict(record["config"])}
+
+
 def complete_entry(entry: dict) -> dict:
-    """The entry as the profile stores it: with "silu_mul", the plan a node of this shape with the silu_mul
-    epilogue runs (fused_decode_plan), or None where it runs the entry's own plan. Computed once, when the
-    profiler writes the entry; the readers (fdpp_rewrite.profiles) take it as stored."""
-    return dict(entry, silu_mul=fused_decode_plan(entry))
+    """The entry as the profile stores it: with its wgmma range where the record gives one (wgmma_range: "m3" and
+    "wgmma", absent for none), and "silu_mul", the plan a node of this shape with the silu_mul epilogue runs
+    (fused_decode_plan, with the entry's wgmma range above its m2), or None where it runs the entry's own plan.
+    Computed once, when the profiler writes the entry; the readers (fdpp_rewrite.profiles) take it as stored."""
+    entry = {key: value for key, value in entry.items() if key not in ("m3", "wgmma")}
+    entry.update(wgmma_range(entry))
+    silu = fused_decode_plan(entry)
+    if silu is not None and entry.get("m3", 0) > silu["m2"]:
+        silu.update(m3=entry["m3"], wgmma=entry["wgmma"])
+    return dict(entry, silu_mul=silu)
 
 
 def check_existing_profile(existing: dict, gpu: str) -> None:

@@ -1,5 +1,5 @@
 """GEMM profiles: the one reader of engines/profiles/<gpu>.json (schema in engines/profiles/README.md), written on
-the GPU by `fdpp_rewrite profile`. Every consumer of a GEMM plan reads it here: the rewriter (M1/M2 and the ImplB
+the GPU by `fdpp_rewrite profile`. Every consumer of a GEMM plan reads it here: the rewriter (M1/M2/M3 and the ImplB
 tiles on every FlatGemm node) and the build (fdpp_rewrite.gemm_plans). It imports nothing of the profiler: an
 entry's plans are stored complete, the silu_mul one included, and only validated here.
 
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fdpp_rewrite.contracts import contract_path, load_contract
-from fdpp_rewrite.dispatch import describe_plan
+from fdpp_rewrite.dispatch import WGMMA, describe_plan, plan_problem
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.resources import display_path, profile_path
 from fdpp_rewrite.schemas import PROFILE_SCHEMA
@@ -25,6 +25,9 @@ DEFAULT_PROFILE = profile_path("h200.json")  # the committed profile the rewrite
 UNPROFILED = "unprofiled-default"
 DTYPES = ("float16", "bfloat16", "float32")
 IMPLB_FIELDS = ("n_tile", "k_tile", "stages", "split_k")  # integers; "loader" is a word
+# The wgmma range's config: its tiling and loader are the loader's own (gemm_heuristics.h kWgmmaRows, kWgmmaKStep),
+# its stages and split_k are the FlatGemm attributes implb_wgmma_*.
+WGMMA_TILES = {"n_tile": 64, "k_tile": 64, "loader": WGMMA}
 PROFILE_COMMAND = "python -m fdpp_rewrite profile <preset>"
 
 
@@ -63,13 +66,25 @@ class GemmChoice:
     implc: str
     profile: str
     implb_loader: str = "tma"
+    # the wgmma range m2 < M <= m3 (0: none, m3 = m2) and its config's stages and split_k (the FlatGemm contract's
+    # defaults where there is no range: such a node carries none of the three, as before the range existed)
+    m3: int = 0
+    implb_wgmma_stages: int = 8
+    implb_wgmma_split_k: int = 1
     # what a node of this shape with the silu_mul epilogue gets instead, where it differs: its decode batches in
     # one launch (stored in the entry by the profiler: fdpp_rewrite.profile_plan.fused_decode_plan); not an attribute
     silu_mul: GemmChoice | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def has_wgmma_range(self) -> bool:
+        return self.m3 > self.m2
+
     def attributes(self) -> dict:
         out = asdict(self)
         del out["silu_mul"]
+        if not self.has_wgmma_range:
+            for key in ("m3", "implb_wgmma_stages", "implb_wgmma_split_k"):
+                del out[key]
         return out
 
     def for_epilogue(self, epilogue: str) -> GemmChoice:
@@ -77,9 +92,13 @@ class GemmChoice:
 
     def plan(self) -> dict:
         """The plan as an engine's plan.json and the C ABI take it (gpu/gemm.py's Plan)."""
-        return {"m1": self.m1, "m2": self.m2, "implc": self.implc,
+        plan = {"m1": self.m1, "m2": self.m2, "implc": self.implc,
                 "implb": {"n_tile": self.implb_n_tile, "k_tile": self.implb_k_tile, "stages": self.implb_stages,
                           "split_k": self.implb_split_k, "loader": self.implb_loader}}
+        if self.has_wgmma_range:
+            plan.update(m3=self.m3, wgmma=dict(WGMMA_TILES, stages=self.implb_wgmma_stages,
+                                               split_k=self.implb_wgmma_split_k))
+        return plan
 
 
 def _unprofiled_default() -> GemmChoice:
@@ -141,9 +160,27 @@ def _word(value, path, where: str) -> str:
     return value
 
 
+def _wgmma_range(plan, path, where: str) -> dict:
+    """The stored plan's optional wgmma range as GemmChoice fields: {"m3": int, "wgmma": {"n_tile": 64,
+    "k_tile": 64, "stages", "split_k", "loader": "wgmma"}}, both or neither; none: {} (m3 = m2). Its rule
+    (m3 > m2, m3 <= 256, m2 <= 64) is dispatch.plan_problem's, checked by the caller."""
+    if "m3" not in plan and "wgmma" not in plan:
+        return {}
+    _require("m3" in plan and "wgmma" in plan, path, f"{where} has one of 'm3' and 'wgmma' without the other "
+             "(a wgmma range needs both)")
+    m3, config = _integer(plan["m3"], path, f"{where}.m3"), plan["wgmma"]
+    _require(isinstance(config, dict) and all(key in config for key in IMPLB_FIELDS), path,
+             f"{where}.wgmma must be an object with {', '.join(IMPLB_FIELDS)} and loader 'wgmma'")
+    for key, value in WGMMA_TILES.items():
+        _require(config.get(key) == value, path, f"{where}.wgmma.{key} must be {json.dumps(value)} (the wgmma "
+                 f"loader's), got {json.dumps(config.get(key))}")
+    return {"m3": m3, "implb_wgmma_stages": _integer(config["stages"], path, f"{where}.wgmma.stages"),
+            "implb_wgmma_split_k": _integer(config["split_k"], path, f"{where}.wgmma.split_k")}
+
+
 def _choice(plan, label: str, path, where: str, silu_mul: GemmChoice | None = None) -> GemmChoice:
-    """A stored plan (m1, m2, implb, implc) as node attributes, every value type-checked here and range-checked
-    against the FlatGemm contract by the caller."""
+    """A stored plan (m1, m2, implb, implc[, m3, wgmma]) as node attributes, every value type-checked here and
+    range-checked against the FlatGemm contract by the caller."""
     _require(isinstance(plan, dict), path, f"{where} must be an object")
     for key in ("m1", "m2", "implb"):
         _require(key in plan, path, f"{where} lacks '{key}'")
@@ -156,7 +193,7 @@ def _choice(plan, label: str, path, where: str, silu_mul: GemmChoice | None = No
                       implb_n_tile=tiles["n_tile"], implb_k_tile=tiles["k_tile"], implb_stages=tiles["stages"],
                       implb_split_k=tiles["split_k"], implc=implc,
                       profile=label, implb_loader=_word(implb.get("loader", "tma"), path, f"{where}.implb.loader"),
-                      silu_mul=silu_mul)
+                      silu_mul=silu_mul, **_wgmma_range(plan, path, where))
 
 
 def entry_choice(entry, label: str, path="the profile", where: str = "entry") -> tuple:
@@ -178,6 +215,9 @@ def entry_choice(entry, label: str, path="the profile", where: str = "entry") ->
             contract.validate_attributes(checked.attributes(), where=f"profile {Path(str(path)).name} {where}")
     except FdppError as exc:
         raise FdppError(f"profile {path} is malformed: {exc}") from exc
+    for checked, at in ((choice, where), (silu_mul, f"{where}.silu_mul")):
+        problem = checked is not None and checked.m3 != 0 and plan_problem(dict(checked.plan(), m3=checked.m3))
+        _require(not problem, path, f"{at}: {problem}")
     return (n, k, dtype), choice
 
 

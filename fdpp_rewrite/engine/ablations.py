@@ -112,7 +112,8 @@ class CublasLtGemm(Ablation):
     def replace(self, op_type: str, attrs: dict, name: str):
         if op_type != "FlatGemm":
             return None
-        return self.inner.flat_gemm(attrs, name, {**self.inner.gemm_plan(name), "m1": 0, "m2": 0})  # all ImplC
+        # all ImplC: m3 = m2 = 0 drops a wgmma range too
+        return self.inner.flat_gemm(attrs, name, {**self.inner.gemm_plan(name), "m1": 0, "m2": 0, "m3": 0})
 
 
 class StaticDispatch(Ablation):

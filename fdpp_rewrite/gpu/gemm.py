@@ -2,7 +2,8 @@
 
 A *plan* is the per-(N, K, dtype) dispatch table of the heuristic dataflow, as a dict shaped like one entry of
 engines/profiles/<gpu>.json: {"m1": int, "m2": int, "implb": {"n_tile", "k_tile", "stages", "split_k"[, "loader"]},
-"implc": "cublaslt" | "cutlass"}.
+"implc": "cublaslt" | "cutlass"[, "m3": int, "wgmma": {... "loader": "wgmma"}]} (no m3, or 0: m3 = m2, no wgmma
+range).
 
 The pure host functions (select, default_plan, implb_candidates, check_implb_config, workspace_bytes) need the
 library but no GPU, so the CPU tests use them too."""
@@ -69,10 +70,16 @@ def config_label(c: dict) -> str:
 
 
 class Plan(ctypes.Structure):
-    _fields_ = [("m1", ctypes.c_int32), ("m2", ctypes.c_int32), ("implb", ImplBConfig), ("implc", ctypes.c_int32)]
+    """Mirror of fdpp_gemm_plan (C ABI 7). In dicts m3 and wgmma appear only where there is a wgmma range."""
+
+    _fields_ = [("m1", ctypes.c_int32), ("m2", ctypes.c_int32), ("implb", ImplBConfig), ("implc", ctypes.c_int32),
+                ("m3", ctypes.c_int32), ("wgmma", ImplBConfig)]
 
     def as_dict(self) -> dict:
-        return {"m1": self.m1, "m2": self.m2, "implb": self.implb.as_dict(), "implc": IMPL_NAMES[self.implc]}
+        d = {"m1": self.m1, "m2": self.m2, "implb": self.implb.as_dict(), "implc": IMPL_NAMES[self.implc]}
+        if self.m3 != self.m2:
+            d.update(m3=self.m3, wgmma=self.wgmma.as_dict())
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
@@ -81,7 +88,11 @@ class Plan(ctypes.Structure):
         if implc not in ("cublaslt", "cutlass"):
             raise FdppError(f"plan implc {implc!r} is not 'cublaslt', 'cublas' or 'cutlass'")
         try:
-            return cls(int(d["m1"]), int(d["m2"]), ImplBConfig.from_dict(d["implb"]), IMPL_CODES[implc])
+            m3 = dispatch.plan_m3(d)
+            if m3 != int(d["m2"]) and "wgmma" not in d:
+                raise FdppError(f"plan {d!r} has m3 {m3} > m2 but no wgmma config; add one (loader 'wgmma') or drop m3")
+            wgmma = ImplBConfig.from_dict(d["wgmma"]) if "wgmma" in d else ImplBConfig()
+            return cls(int(d["m1"]), int(d["m2"]), ImplBConfig.from_dict(d["implb"]), IMPL_CODES[implc], m3, wgmma)
         except (KeyError, TypeError, ValueError) as exc:
             raise FdppError(f"plan {d!r} needs integer m1, m2 and an implb config") from exc
 
@@ -104,6 +115,7 @@ def library() -> ctypes.CDLL:
     signatures = {
         "fdpp_gemm_default_plan": [i64, i64, i32, i32, i32, _P(Plan)],
         "fdpp_gemm_select": [i64, _P(Plan), _P(i32)],
+        "fdpp_gemm_select_implb_config": [i64, _P(Plan), _P(i32)],
         "fdpp_gemm_check_implb_config": [_P(ImplBConfig), i64, i64, i64, i32],
         "fdpp_gemm_implb_candidates": [i64, i64, i32, i64, i32, i64, i32, _P(ImplBConfig), i32, _P(i32)],
         "fdpp_gemm_workspace_bytes": [i64, i64, i32, i32, _P(Plan), _P(sz)],
@@ -182,6 +194,19 @@ def select(m: int, plan: dict) -> str:
     p = Plan.from_dict(plan)
     _lib.check(library().fdpp_gemm_select(m, ctypes.byref(p), ctypes.byref(out)), "fdpp_gemm_select")
     return IMPL_NAMES[out.value]
+
+
+IMPLB_RANGES = {0: None, 1: "implb", 2: dispatch.WGMMA}  # fdpp_gemm_select_implb_config's range codes
+
+
+def select_range(m: int, plan: dict) -> str:
+    """select() with the ImplB range told apart: 'impla', 'implb', 'wgmma' (the plan's wgmma config), 'cublaslt' or
+    'cutlass' (dispatch.implb_range's answer, from the C ABI)."""
+    p = Plan.from_dict(plan)
+    out = ctypes.c_int32()
+    _lib.check(library().fdpp_gemm_select_implb_config(m, ctypes.byref(p), ctypes.byref(out)),
+               "fdpp_gemm_select_implb_config")
+    return IMPLB_RANGES[out.value] or select(m, plan)
 
 
 def check_implb_config(config: dict, m: int, k: int, max_smem: int, cc_major: int) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.resources import plugin_library_path
 
-EXPECTED_ABI_VERSION = 6  # = fdpp_abi_version(); CHANGELOG.md says what each version changed
+EXPECTED_ABI_VERSION = 7  # = fdpp_abi_version(); CHANGELOG.md says what each version changed
 STATUS_NAMES = {1: "invalid argument", 2: "unsupported", 3: "CUDA error", 4: "internal error"}
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 

@@ -159,7 +159,9 @@ def run(graph: gs.Graph, profile_path=None, default_profile=DEFAULT_PROFILE, sto
         report.notes.append(f"[N={n}, K={k}] {dtype}{' silu_mul' if silu else ''} x{count}: m1={choice.m1} "
                             f"m2={choice.m2} ImplB n_tile={choice.implb_n_tile} k_tile={choice.implb_k_tile} "
                             f"stages={choice.implb_stages} split_k={choice.implb_split_k}"
-                            + (f" loader={choice.implb_loader}" if choice.implb_k_tile >= 1024 else ""))
+                            + (f" loader={choice.implb_loader}" if choice.implb_k_tile >= 1024 else "")
+                            + (f" m3={choice.m3} wgmma stages={choice.implb_wgmma_stages} "
+                               f"split_k={choice.implb_wgmma_split_k}" if choice.has_wgmma_range else ""))
     names = NameMaker(graph, "fdpp_gemm")
     # each weight is read, transposed and written once: minutes for a 7B model, hence the bar
     for match in tqdm(matches, desc="flat gemm", unit="weight", leave=False, disable=None):

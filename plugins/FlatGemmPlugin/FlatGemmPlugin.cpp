@@ -32,13 +32,15 @@ int32_t loader_code(const std::string& loader) {
   if (loader == "rows") return gemm::kLoaderRows;
   if (loader == "rows1") return gemm::kLoaderRows1;
   if (loader == "pair") return gemm::kLoaderPair;
-  throw std::invalid_argument("implb_loader '" + loader + "' is not tma, rows, rows1 or pair");
+  if (loader == "wgmma") return gemm::kLoaderWgmma;
+  throw std::invalid_argument("implb_loader '" + loader + "' is not tma, rows, rows1, pair or wgmma");
 }
 
 const char* loader_name(int32_t code) {
   return code == gemm::kLoaderRows    ? "rows"
          : code == gemm::kLoaderRows1 ? "rows1"
          : code == gemm::kLoaderPair  ? "pair"
+         : code == gemm::kLoaderWgmma ? "wgmma"
                                       : "tma";
 }
 
@@ -69,6 +71,12 @@ const Spec kAttributes[] = {
        a.plan.m2 = read_int32(f, contract::kFlatGemmThresholdMin, contract::kFlatGemmThresholdMax);
      },
      [](const FlatGemmAttributes& a) { return int_value(a.plan.m2); }},
+    // 0 (absent) reads as m3 = m2 (parse resolves it), and m3 = m2 is written back as 0: its range stops at 256.
+    {"m3", PluginFieldType::kINT32, false,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.m3 = read_int32(f, contract::kFlatGemmM3Min, contract::kFlatGemmM3Max);
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.m3 == a.plan.m2 ? 0 : a.plan.m3); }},
     {"implb_n_tile", PluginFieldType::kINT32, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
        a.plan.implb.n_tile = read_int_choice(f, contract::kFlatGemmNTiles);
@@ -92,6 +100,16 @@ const Spec kAttributes[] = {
     {"implb_loader", PluginFieldType::kCHAR, false,
      [](const PluginField& f, FlatGemmAttributes& a) { a.plan.implb.loader = loader_code(read_string(f)); },
      [](const FlatGemmAttributes& a) { return text_value(loader_name(a.plan.implb.loader)); }},
+    {"implb_wgmma_stages", PluginFieldType::kINT32, false,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.wgmma.stages = read_int32(f, contract::kFlatGemmWgmmaStagesMin, contract::kFlatGemmWgmmaStagesMax);
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.wgmma.stages); }},
+    {"implb_wgmma_split_k", PluginFieldType::kINT32, false,
+     [](const PluginField& f, FlatGemmAttributes& a) {
+       a.plan.wgmma.split_k = read_int32(f, contract::kFlatGemmWgmmaSplitKMin, contract::kFlatGemmWgmmaSplitKMax);
+     },
+     [](const FlatGemmAttributes& a) { return int_value(a.plan.wgmma.split_k); }},
     {"implc", PluginFieldType::kCHAR, false,
      [](const PluginField& f, FlatGemmAttributes& a) {
        a.implc = read_string(f);
@@ -111,8 +129,14 @@ FlatGemmAttributes FlatGemmAttributes::parse(const nvinfer1::PluginFieldCollecti
                                           contract::kFlatGemmStagesDefault, contract::kFlatGemmSplitKDefault,
                                           loader_code(contract::kFlatGemmLoaderDefault)};
   defaults.plan.implc = implc_code(defaults.implc);
+  defaults.plan.m3 = contract::kFlatGemmM3Default;
+  // The wgmma range's config: its tiling and loader are fixed, its stages and split_k are attributes.
+  defaults.plan.wgmma = gemm::ImplBConfig{gemm::kWgmmaRows, gemm::kWgmmaKStep, contract::kFlatGemmWgmmaStagesDefault,
+                                          contract::kFlatGemmWgmmaSplitKDefault, gemm::kLoaderWgmma};
   FlatGemmAttributes a = parse_attributes(fc, FlatGemmPlugin::attributes(), defaults);
-  if (const char* why = gemm::plan_problem(a.plan)) throw std::invalid_argument(why);  // the constraint m1 <= m2
+  if (a.plan.m3 == 0) a.plan.m3 = a.plan.m2;  // the contract: absent or 0 means no wgmma range
+  // the constraint m1 <= m2, and m3's (>= m2; a wgmma range up to 256 after an m2 <= 64)
+  if (const char* why = gemm::plan_problem(a.plan)) throw std::invalid_argument(why);
   return a;
 }
 
@@ -157,6 +181,13 @@ bool FlatGemmPlugin::resolve_plan(int64_t n, int64_t k) {
   if (const char* why = gemm::implb_config_problem(plan_.implb, k, 1, dev.max_smem_optin, dev.cc_major)) {
     log_error(std::string("ImplB config from the profile cannot run on this GPU: ") + why);
     return false;
+  }
+  if (plan_.m3 > plan_.m2) {
+    if (const char* why = gemm::implb_config_problem(plan_.wgmma, k, 1, dev.max_smem_optin, dev.cc_major)) {
+      log_error(std::string("the wgmma range's ImplB config (m3 > m2) cannot run on this GPU: ") + why +
+                "; rewrite with a profile made on this GPU");
+      return false;
+    }
   }
   return true;
 }

@@ -3,7 +3,7 @@
 #include "capi/capi_errors.h"
 
 namespace {
-constexpr int kAbiVersion = 6;  // CHANGELOG.md lists what each version changed
+constexpr int kAbiVersion = 7;  // CHANGELOG.md lists what each version changed
 thread_local std::string t_last_error;
 }  // namespace
 

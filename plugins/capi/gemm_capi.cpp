@@ -20,7 +20,13 @@ fdpp_gemm_implb_config from_config(const g::ImplBConfig& c) {
   return fdpp_gemm_implb_config{c.n_tile, c.k_tile, c.stages, c.split_k, c.loader, c.row_blocks};
 }
 
-g::Plan to_plan(const fdpp_gemm_plan& p) { return g::Plan{p.m1, p.m2, to_config(p.implb), p.implc}; }
+g::Plan to_plan(const fdpp_gemm_plan& p) {
+  return g::Plan{p.m1, p.m2, to_config(p.implb), p.implc, p.m3, to_config(p.wgmma)};
+}
+
+fdpp_gemm_plan from_plan(const g::Plan& p) {
+  return fdpp_gemm_plan{p.m1, p.m2, from_config(p.implb), p.implc, p.m3, from_config(p.wgmma)};
+}
 
 fdpp_status invalid(const char* fn, const std::string& why) {
   return fdpp::set_error(FDPP_ERR_INVALID_ARGUMENT, std::string(fn) + ": " + why);
@@ -93,7 +99,7 @@ fdpp_status fdpp_gemm_default_plan(int64_t n, int64_t k, int32_t epilogue, int32
     fdpp_status s = device_facts(&num_sms, &cc_major);
     if (s != FDPP_OK) return s;
     const g::Plan p = g::default_plan(n, k, epilogue == FDPP_GEMM_EPILOGUE_SILU_MUL, num_sms, cc_major);
-    *out = fdpp_gemm_plan{p.m1, p.m2, from_config(p.implb), p.implc};
+    *out = from_plan(p);
     return FDPP_OK;
   });
 }
@@ -106,6 +112,18 @@ fdpp_status fdpp_gemm_select(int64_t m, const fdpp_gemm_plan* plan, int32_t* imp
     const g::Plan p = to_plan(*plan);
     if (const char* why = g::plan_problem(p)) return invalid("fdpp_gemm_select", why);
     *impl_out = static_cast<int32_t>(g::select_impl(m, p));
+    return FDPP_OK;
+  });
+}
+
+fdpp_status fdpp_gemm_select_implb_config(int64_t m, const fdpp_gemm_plan* plan, int32_t* range_out) {
+  return fdpp::guarded("fdpp_gemm_select_implb_config", [&] {
+    const char* fn = "fdpp_gemm_select_implb_config";
+    if (plan == nullptr || range_out == nullptr) return invalid(fn, "plan and range_out must not be NULL");
+    if (m < 1) return invalid(fn, "M must be >= 1");
+    const g::Plan p = to_plan(*plan);
+    if (const char* why = g::plan_problem(p)) return invalid(fn, why);
+    *range_out = g::select_impl(m, p) != g::Impl::kB ? 0 : &g::plan_implb_config(m, p) == &p.wgmma ? 2 : 1;
     return FDPP_OK;
   });
 }

@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 typedef enum fdpp_gemm_impl {
-  FDPP_GEMM_AUTO = 0,            // by the plan: ImplA if M <= m1, ImplB if M <= m2, else plan.implc
+  FDPP_GEMM_AUTO = 0,            // by the plan: ImplA if M <= m1, ImplB if M <= m2 or M <= m3, else plan.implc
   FDPP_GEMM_IMPLA = 1,           // GEMV on CUDA cores, M <= 8
   FDPP_GEMM_IMPLB = 2,           // flat GEMM on tensor cores (batch padded to 8), M <= 64 (256: loader 4)
   FDPP_GEMM_IMPLC_CUBLASLT = 3,  // cuBLASLt (dlopen'ed: a path given to fdpp_gemm_load_cublaslt, or by soname)
@@ -34,12 +34,15 @@ typedef struct fdpp_gemm_implb_config {
                        // fits), 1 = one
 } fdpp_gemm_implb_config;
 
-// One (N, K, dtype)'s dispatch table, as profiled.
+// One (N, K, dtype)'s dispatch table, as profiled (ABI version 7 added m3 and wgmma).
 typedef struct fdpp_gemm_plan {
   int32_t m1;  // ImplA for M <= m1 (0: never); ImplA itself stops at M = 8
-  int32_t m2;  // ImplB for m1 < M <= m2 (>= m1); ImplB itself stops at M = 64 (256 with loader 4)
+  int32_t m2;  // ImplB with implb for m1 < M <= m2 (>= m1); implb itself stops at M = 64 (256 with loader 4)
   fdpp_gemm_implb_config implb;
   int32_t implc;  // FDPP_GEMM_IMPLC_CUBLASLT or FDPP_GEMM_IMPLC_CUTLASS
+  int32_t m3;     // ImplB with wgmma for m2 < M <= m3: m3 = m2 for none (wgmma then unread); else m2 <= 64 and
+                  // m3 <= 256
+  fdpp_gemm_implb_config wgmma;  // the third range's config: loader 4 (wgmma)
 } fdpp_gemm_plan;
 
 typedef struct fdpp_gemm_args {
@@ -63,6 +66,10 @@ FDPP_API fdpp_status fdpp_gemm_default_plan(int64_t n, int64_t k, int32_t epilog
 
 // Which implementation the plan picks for m rows (pure host logic).
 FDPP_API fdpp_status fdpp_gemm_select(int64_t m, const fdpp_gemm_plan* plan, int32_t* impl_out);
+
+// Which of the plan's ImplB configs serves m rows: *range_out 0 when ImplB does not (ImplA or ImplC), 1 for
+// plan->implb (m1 < M <= m2), 2 for plan->wgmma (m2 < M <= m3). Pure host logic.
+FDPP_API fdpp_status fdpp_gemm_select_implb_config(int64_t m, const fdpp_gemm_plan* plan, int32_t* range_out);
 
 // FDPP_OK if the ImplB config can run (m rows, pad 8, on a device with max_smem bytes and compute capability
 // cc_major); otherwise FDPP_ERR_INVALID_ARGUMENT with the reason in fdpp_last_error().

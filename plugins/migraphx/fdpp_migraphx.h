@@ -11,6 +11,8 @@
 //                                one with none), the output allocation [B, Hq, S, D]. mask_mode past_len.
 //   fdpp::FlatGemm               inputs: x [..., K] with M = its rows <= 16, w [N, K], then bias [N] and
 //                                residual [..., n_out] when registered with them, the output allocation.
+//                                One portable kernel serves every M: the node's plan attributes (m1, m2,
+//                                m3, implb_*, implb_wgmma_*; the sm_90-only loaders) are not read.
 // Both run on the offload target (inputs in GPU memory) on the context's hipStream_t, through the portable kernels.
 #pragma once
 

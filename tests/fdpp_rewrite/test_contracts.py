@@ -56,6 +56,17 @@ def test_flat_gemm_adapter_reads_every_loader_the_contract_allows():
         assert f'"{loader}"' in source, loader
 
 
+def test_the_tensorrt_adapter_parses_every_flat_gemm_attribute():
+    """FlatGemmPlugin.cpp's attribute table has a row for every contract attribute (plugin_version: the plugin base's),
+    so that a new one (m3 and implb_wgmma_* in version 5) reaches the plan (no TensorRT to compile it here)."""
+    from pathlib import Path
+
+    source = (Path(__file__).parents[2] / "plugins" / "FlatGemmPlugin" / "FlatGemmPlugin.cpp").read_text()
+    for name in load_contract("FlatGemm").attributes:
+        if name != "plugin_version":
+            assert f'{{"{name}", PluginFieldType::' in source, name
+
+
 def test_defaults_are_filled_and_inputs_follow_attributes():
     gemm = load_contract("FlatGemm")
     full = gemm.validate_attributes(GEMM_ATTRS)

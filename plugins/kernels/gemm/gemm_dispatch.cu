@@ -76,9 +76,14 @@ const char* problem_problem(const Problem& p) {
 }
 
 size_t workspace_bytes(int64_t max_m, int64_t n, Epilogue epilogue, Dtype dtype, const Plan& plan) {
-  const int64_t cap = implb_max_m(plan.implb);
-  const int64_t last_non_c = plan.m2 < cap ? plan.m2 : cap;
-  if (max_m <= last_non_c) return 0;
+  // ImplC is reached below max_m unless select_impl keeps every M up to it off ImplC (all of whose caps are at
+  // most 256, so at most 256 rows to look at; a gap between the ranges counts).
+  bool reached = max_m > kImplBWgmmaMaxM;
+  for (int64_t m = 1; m <= max_m && !reached; ++m) {
+    const Impl impl = select_impl(m, plan);
+    reached = impl == Impl::kCublasLt || impl == Impl::kCutlass;
+  }
+  if (!reached) return 0;
   return implc_workspace_bytes(max_m, n, epilogue, dtype);
 }
 
@@ -87,7 +92,7 @@ cudaError_t run_gemm(const Problem& p, const Plan& plan, Impl impl, const ImplBC
   if (impl == Impl::kAuto) impl = select_impl(p.m, plan);
   switch (impl) {
     case Impl::kA: return launch_impla(p, 0, stream);
-    case Impl::kB: return launch_implb(p, config ? *config : plan.implb, pad_m > 0 ? pad_m : 8, stream);
+    case Impl::kB: return launch_implb(p, config ? *config : plan_implb_config(p.m, plan), pad_m > 0 ? pad_m : 8, stream);
     case Impl::kCublasLt:  // where libcublasLt cannot be loaded: cudaErrorNotSupported, naming what to do
       return launch_implc_cublaslt(p, workspace, workspace_bytes, stream);
     case Impl::kCutlass: return launch_implc_cutlass(p, workspace, workspace_bytes, stream);

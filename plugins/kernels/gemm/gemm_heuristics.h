@@ -3,10 +3,11 @@
 // which ones are valid, and the fallback plan used when a shape was never profiled.
 //
 // Nothing here measures anything: the profiler (`python -m fdpp_rewrite profile`) measures once per GPU and
-// writes engines/profiles/<gpu>.json; the rewriter copies a shape's m1/m2/ImplB config into the plugin node;
-// at run time dispatch is select_impl(), a comparison of M against two integers.
+// writes engines/profiles/<gpu>.json; the rewriter copies a shape's m1/m2/m3 and ImplB configs into the plugin
+// node; at run time dispatch is select_impl(), a comparison of M against three integers.
 //
-// select_impl is the owner of the dispatch rule: its limits (kImplAMaxM, kImplBMaxM) are generated from the
+// select_impl (with plan_implb_config) is the owner of the dispatch rule: its limits (kImplAMaxM, kImplBMaxM,
+// kImplBWgmmaMaxM) are generated from the
 // FlatGemm contract by plugins/common/contract_constants.cmake. fdpp_rewrite/dispatch.py is its one Python mirror
 // (reading the same contract); tests/fdpp_rewrite/test_dispatch.py pins the two equal over a grid of M and plans.
 //
@@ -66,14 +67,18 @@ struct ImplBConfig {
   int32_t row_blocks = 0;
 };
 
-// What the profile says about one (N, K, dtype): ImplA for M <= m1, ImplB for m1 < M <= m2, ImplC above
-// (ImplA only up to M = 8 and ImplB only up to M = 64, 256 with a wgmma config, whatever m1 and m2 say). m1 = 0 means
-// ImplA is never used; m2 = m1 means ImplB is never used.
+// What the profile says about one (N, K, dtype): ImplA for M <= m1, ImplB with config implb for m1 < M <= m2,
+// ImplB with config wgmma (loader wgmma) for m2 < M <= m3, ImplC above (ImplA only up to M = 8, ImplB's implb only
+// up to M = 64, 256 when it is itself a wgmma config, and the wgmma range only up to 256, whatever the thresholds
+// say). m1 = 0 means ImplA is never used; m2 = m1 that the first ImplB range is empty; m3 = m2 (every plan made
+// before the third range existed) that there is no wgmma range, and then wgmma is not read.
 struct Plan {
   int32_t m1;
   int32_t m2;
   ImplBConfig implb;
   int32_t implc;  // Impl::kCublasLt or Impl::kCutlass
+  int32_t m3;
+  ImplBConfig wgmma;
 };
 
 // The most rows each implementation takes (the FlatGemm contract's limits): ImplA keeps M accumulators per row in
@@ -83,10 +88,12 @@ constexpr int kImplBMaxM = contract::kImplBMaxM;
 constexpr int kImplB1024MaxM = contract::kImplB1024MaxM;
 static_assert(kImplAMaxM == 8 && kImplBMaxM == 64 && kImplB1024MaxM == 16,
               "the kernels are instantiated for these limits (and the messages below name them)");
-// The wgmma loader's rows: the widest wgmma N is 256. It is meant for M from 17 (where the profiles hand mma.sync's
-// ImplB over to cuBLASLt) up; it runs any M from 1, padded to at least 32.
+// The wgmma loader's rows: the widest wgmma N is 256 (the contract's limit). It is meant for M from 17 (where the
+// profiles hand mma.sync's ImplB over to cuBLASLt) up, where the profiler sweeps it; it runs any M from 1, padded to
+// at least 32.
 constexpr int kImplBWgmmaMinM = 17;
-constexpr int kImplBWgmmaMaxM = 256;
+constexpr int kImplBWgmmaMaxM = contract::kImplBWgmmaMaxM;
+static_assert(kImplBWgmmaMaxM == 256, "the wgmma kernel's widest N is 256 (and the messages below name it)");
 constexpr int kImplBWarps = 4;
 constexpr int kMaxSplitK = 8;  // portable thread-block cluster size
 constexpr int kMaxStages = 8;
@@ -112,10 +119,17 @@ inline bool implb_is_wgmma(const ImplBConfig& c) { return c.loader == kLoaderWgm
 inline int implb_max_m(const ImplBConfig& c) { return implb_is_wgmma(c) ? kImplBWgmmaMaxM : kImplBMaxM; }
 
 // With a wgmma ImplB config (loader 4) ImplB serves up to M = 256: m1 = 0, m2 = 256 -> M = 200 -> ImplB.
+// The third range: m1 = 0, m2 = 16, m3 = 128 -> M = 16 ImplB (implb), M = 17 and 128 ImplB (wgmma), M = 129 ImplC.
 inline Impl select_impl(int64_t m, const Plan& plan) {
   if (m <= plan.m1 && m <= kImplAMaxM) return Impl::kA;
   if (m <= plan.m2 && m <= implb_max_m(plan.implb)) return Impl::kB;
+  if (m > plan.m2 && m <= plan.m3 && m <= kImplBWgmmaMaxM) return Impl::kB;
   return plan.implc == static_cast<int32_t>(Impl::kCutlass) ? Impl::kCutlass : Impl::kCublasLt;
+}
+
+// The config ImplB runs for m rows where select_impl(m, plan) is Impl::kB: wgmma above m2, implb up to it.
+inline const ImplBConfig& plan_implb_config(int64_t m, const Plan& plan) {
+  return m > plan.m2 ? plan.wgmma : plan.implb;
 }
 
 // Batch blocks of 8 that ImplB computes for M rows padded to pad_m (8 = the paper's choice; 16 and 64 exist for
@@ -384,11 +398,13 @@ inline Plan default_plan(int64_t n, int64_t k, bool silu_mul, int num_sms, int c
   p.m2 = contract::kUnprofiledM2;
   p.implb = default_implb_config(n, k, silu_mul, num_sms, cc_major);
   p.implc = static_cast<int32_t>(Impl::kCublasLt);
+  p.m3 = p.m2;  // no wgmma range: unmeasured, cuBLASLt keeps the batches above m2
+  p.wgmma = default_wgmma_config(n, k, silu_mul, num_sms);
   return p;
 }
 
-// The most rows the plan sends to ImplB (0 when it never does): select_impl's range (min(m1, 8), min(m2, 64)]
-// (min(m2, 256) for a wgmma config).
+// The most rows the plan sends to its first ImplB config (0 when it never does): select_impl's range
+// (min(m1, 8), min(m2, 64)] (min(m2, 256) for a wgmma config).
 //   m1 = 0, m2 = 16 -> 16; m1 = 100, m2 = 200 -> 64 (ImplA up to 8, ImplB 9..64); m1 = m2 = 4 -> 0
 //   wgmma config, m1 = 0, m2 = 300 -> 256
 inline int64_t implb_plan_max_m(const Plan& p) {
@@ -398,12 +414,18 @@ inline int64_t implb_plan_max_m(const Plan& p) {
   return hi > lo ? hi : 0;
 }
 
+
 // Plan sanity, or nullptr: thresholds ordered, implc known, and a 1024-column ImplB config only where ImplB sees
 // at most 16 rows. Thresholds above what an implementation can do are allowed (the FlatGemm contract accepts any
 // M): select_impl caps ImplA at M <= 8 and ImplB at M <= 64 (256 with a wgmma config). (The rest of the ImplB config
 // is checked at launch,
 // where M and the device are known.)
 //   {m1 0, m2 16, k_tile 1024} -> ok; {m1 0, m2 32, k_tile 1024} -> refused (M = 17..32 would reach it)
+// The third range: m3 >= m2; where it is not empty (m3 > m2) its config is a wgmma one (loader 4), m3 <= 256 and
+// m2 <= 64 (no M between the two ImplB ranges falls to ImplC). Where it starts is the profiler's choice: it gives
+// the wgmma range only the M above m2 (where cuBLASLt won over mma.sync) at which wgmma, padding M to 32, was
+// measured to beat cuBLASLt, so the wgmma config never takes M from the mma.sync one.
+//   {m2 16, m3 256, wgmma loader 4} -> ok; {m2 16, m3 8} -> refused; {m2 16, m3 64, loader 0} -> refused
 inline const char* plan_problem(const Plan& p) {
   if (p.m1 < 0) return "m1 must be >= 0";
   if (p.m2 < p.m1) return "m2 must be >= m1";
@@ -411,6 +433,14 @@ inline const char* plan_problem(const Plan& p) {
     return "implc must be 3 (cuBLASLt) or 4 (CUTLASS)";
   if (implb_is_bulk(p.implb) && implb_plan_max_m(p) > kImplB1024MaxM)
     return "a k_tile 1024 ImplB config serves M <= 16: lower m2 to 16 or pick a smaller k_tile";
+  if (p.m3 < p.m2) return "m3 must be >= m2 (m3 = m2: no wgmma range)";
+  if (p.m3 > kImplBWgmmaMaxM && p.m3 > p.m2)
+    return "m3 must be <= 256 (the wgmma ImplB's widest batch): lower m3, or set m3 = m2 for no wgmma range";
+  if (p.m3 > p.m2 && p.m2 > implb_max_m(p.implb))
+    return "with a wgmma range (m3 > m2), m2 must be <= 64, the first ImplB config's last row (else M 65..m2 fall "
+           "to ImplC between the ranges): lower m2, or set m3 = m2";
+  if (p.m3 > p.m2 && !implb_is_wgmma(p.wgmma))
+    return "the ImplB config of the range m2 < M <= m3 must use the wgmma loader (4): set its loader, or m3 = m2";
   return nullptr;
 }
 

@@ -37,3 +37,18 @@ def test_each_ablation_describes_itself_and_needs_cuda(name):
     with pytest.raises(FdppError, match="--ablate needs the cuda backend") as error:
         ablation(CpuBackend())
     assert "\n" not in str(error.value)
+
+
+def test_the_cublaslt_ablation_sends_every_m_to_implc_even_with_a_wgmma_range():
+    from types import SimpleNamespace
+
+    from fdpp_rewrite.dispatch import select_impl
+
+    plan = {"m1": 0, "m2": 16, "implb": {"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1},
+            "implc": "cublaslt", "m3": 128, "wgmma": {"n_tile": 64, "k_tile": 64, "stages": 4, "split_k": 2,
+                                                      "loader": "wgmma"}}
+    given = []
+    inner = SimpleNamespace(name="cuda", device="cuda", gemm_plan=lambda name: plan,
+                            flat_gemm=lambda attrs, name, p: given.append(p))
+    ablations.CublasLtGemm(inner).replace("FlatGemm", {}, "g")
+    assert all(select_impl(m, given[0]) == "cublaslt" for m in (1, 16, 17, 128, 256))

@@ -280,6 +280,24 @@ def test_dispatch_through_a_wgmma_plan(m):
     _check(out, ref, peer)
 
 
+@pytest.mark.parametrize("m", [8, 16, 17, 64, 200, 256])
+def test_dispatch_through_a_plan_with_a_wgmma_range(m):
+    """A three-range plan (m1 0, m2 16 on an mma.sync config, m3 256 on a wgmma config): M <= 16 runs the first
+    config, 17..256 the wgmma one (fdpp_gemm_select_implb_config says which), every M against the fp32 reference,
+    with no ImplC workspace up to 256."""
+    from fdpp_rewrite.gpu import gemm
+
+    _skip_off_hopper("wgmma")
+    plan = {"m1": 0, "m2": 16, "implb": {"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1}, "implc": "cublaslt",
+            "m3": 256, "wgmma": {"n_tile": 64, "k_tile": 64, "stages": 8, "split_k": 2, "loader": "wgmma"}}
+    assert gemm.select_range(m, plan) == ("implb" if m <= 16 else "wgmma")
+    assert gemm.workspace_bytes(m, 1000, "float16", "none", plan) == 0
+    x, w, bias, residual = _inputs(m, 1000, 1032, "float16", "bias+residual")
+    out = _run("auto", x, w, bias, residual, "bias+residual", plan=plan)
+    ref, peer = _reference(x, w, bias, residual, False, "float16")
+    _check(out, ref, peer)
+
+
 # Each pad_m with M below, at and above a multiple of 8 (the padding ablation's cases).
 @pytest.mark.parametrize("pad_m,m", [(16, 1), (64, 9), (16, 17), (64, 1)])
 def test_implb_padding_ablation_is_exact_math_or_names_its_build_option(pad_m, m):

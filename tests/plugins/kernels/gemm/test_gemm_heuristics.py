@@ -229,8 +229,15 @@ def test_the_kernel_limits_come_from_the_contract():
 
     limits = load_contract("FlatGemm").raw["limits"]
     g = gemm()
-    assert (dispatch.IMPLA_MAX_M, dispatch.IMPLB_MAX_M, dispatch.IMPLB_1024_MAX_M) == (
-        limits["impla_max_m"], limits["implb_max_m"], limits["implb_1024_max_m"])
+    assert (dispatch.IMPLA_MAX_M, dispatch.IMPLB_MAX_M, dispatch.IMPLB_1024_MAX_M, dispatch.IMPLB_WGMMA_MAX_M) == (
+        limits["impla_max_m"], limits["implb_max_m"], limits["implb_1024_max_m"], limits["implb_wgmma_max_m"])
+    # kImplBWgmmaMaxM (generated from limits.implb_wgmma_max_m): the wgmma range's and a wgmma config's last row
+    top = limits["implb_wgmma_max_m"]
+    three = {"m1": 0, "m2": 16, "implb": {"n_tile": 16, "k_tile": 256, "stages": 3, "split_k": 1}, "m3": top,
+             "wgmma": {"n_tile": 64, "k_tile": 64, "stages": 8, "split_k": 1, "loader": "wgmma"}}
+    assert g.select_range(top, three) == "wgmma" and g.select_range(top + 1, three) == "cublaslt"
+    with pytest.raises(FdppError, match=f"m3 must be <= {top}"):
+        g.select(1, dict(three, m3=top + 1))
     wide = plan(100, 1000)
     assert g.select(limits["impla_max_m"], wide) == "impla" and g.select(limits["impla_max_m"] + 1, wide) == "implb"
     assert g.select(limits["implb_max_m"], wide) == "implb" and g.select(limits["implb_max_m"] + 1, wide) == "cublaslt"
