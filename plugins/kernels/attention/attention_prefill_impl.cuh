@@ -44,27 +44,12 @@ cudaError_t launch_prefill_impl(const AttnArgs& a, cudaStream_t stream) {
                              PrefillTraits<D, kStepN, kRowsPerWarp>>(a, stream);
 }
 
-template <typename T, int D>
-cudaError_t sm90_binary_present(bool* present) {
-  static std::atomic<int> binary[64] = {};  // per device: 0 unknown, 1 sm_90 code, -1 none
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (binary[device & 63].load(std::memory_order_relaxed) == 0) {
-    cudaFuncAttributes attr = {};
-    if ((err = cudaFuncGetAttributes(&attr, prefill_sm90_kernel<T, D, false>)) != cudaSuccess) return err;
-    binary[device & 63].store(attr.binaryVersion == 90 ? 1 : -1, std::memory_order_relaxed);
-  }
-  *present = binary[device & 63].load(std::memory_order_relaxed) > 0;
-  return cudaSuccess;
-}
-
 // Tile shape 4, the wgmma kernel: only where the loaded binary holds its sm_90a code (on other GPUs, or a library
 // built without 90a, the kernel body is empty and the launch is refused instead).
 template <typename T, int D, bool kUnified>
 cudaError_t launch_prefill_sm90_impl(const AttnArgs& a, cudaStream_t stream) {
   bool present = false;
-  cudaError_t err = sm90_binary_present<T, D>(&present);
+  cudaError_t err = sm90_binary_present<prefill_sm90_kernel<T, D, false>>(&present);
   if (err != cudaSuccess) return err;
   if (!present) return cudaErrorNotSupported;
   return launch_prefill_grid<prefill_sm90_kernel<T, D, kUnified>, PrefillSm90Traits<D>>(a, stream);
@@ -110,8 +95,8 @@ cudaError_t launch_prefill(const AttnArgs& a, bool unified, cudaStream_t stream)
 template <typename T>
 cudaError_t prefill_sm90_available(int head_dim, bool* available) {
   const int d = kernel_head_dim(head_dim);  // 256: the mma.sync kernel only
-  if (d == 128) return sm90_binary_present<T, 128>(available);
-  if (d == 64) return sm90_binary_present<T, 64>(available);
+  if (d == 128) return sm90_binary_present<prefill_sm90_kernel<T, 128, false>>(available);
+  if (d == 64) return sm90_binary_present<prefill_sm90_kernel<T, 64, false>>(available);
   *available = false;
   return cudaSuccess;
 }

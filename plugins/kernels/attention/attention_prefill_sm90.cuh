@@ -13,6 +13,7 @@
 // fragment per warp.
 #pragma once
 
+#include <atomic>
 #include <type_traits>
 
 #include "fdpp_contract_constants.h"
@@ -348,6 +349,24 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
   float* q_scratch = reinterpret_cast<float*>(smem + (scratch_smem - smem_addr(smem))) + warp * D;
   sm90_epilogue<T, D, kUnified>(a, state, o, w, b, hq, m0, rows_here, kv_len, q_scratch, lane);
 #endif  // FDPP_WGMMA
+}
+
+// --- host side ---------------------------------------------------------------------------------------------------
+
+// Whether the loaded binary holds kKernel's sm_90a code (per device, cached): the wgmma kernels (shapes 4 and 5).
+template <auto kKernel>
+cudaError_t sm90_binary_present(bool* present) {
+  static std::atomic<int> binary[64] = {};  // per device: 0 unknown, 1 sm_90 code, -1 none
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (binary[device & 63].load(std::memory_order_relaxed) == 0) {
+    cudaFuncAttributes attr = {};
+    if ((err = cudaFuncGetAttributes(&attr, kKernel)) != cudaSuccess) return err;
+    binary[device & 63].store(attr.binaryVersion == 90 ? 1 : -1, std::memory_order_relaxed);
+  }
+  *present = binary[device & 63].load(std::memory_order_relaxed) > 0;
+  return cudaSuccess;
 }
 
 }  // namespace attn

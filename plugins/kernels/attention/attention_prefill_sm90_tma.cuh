@@ -341,28 +341,12 @@ cudaError_t encode_kv_map(const AttnArgs& a, const void* cache, int64_t sb, int6
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorNotSupported;
 }
 
-// Whether the loaded binary holds this kernel's sm_90a code (per device, cached).
-template <typename T, int D>
-cudaError_t prefill_tma_binary_present(bool* present) {
-  static std::atomic<int> binary[64] = {};  // per device: 0 unknown, 1 sm_90 code, -1 none
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (binary[device & 63].load(std::memory_order_relaxed) == 0) {
-    cudaFuncAttributes attr = {};
-    if ((err = cudaFuncGetAttributes(&attr, prefill_tma_kernel<T, D, false>)) != cudaSuccess) return err;
-    binary[device & 63].store(attr.binaryVersion == 90 ? 1 : -1, std::memory_order_relaxed);
-  }
-  *present = binary[device & 63].load(std::memory_order_relaxed) > 0;
-  return cudaSuccess;
-}
-
 template <typename T, int D, bool kUnified>
 cudaError_t launch_prefill_tma_impl(const AttnArgs& args, cudaStream_t stream) {
   using Tr = PrefillTmaTraits<D>;
   constexpr auto kernel = prefill_tma_kernel<T, D, kUnified>;
   bool present = false;
-  cudaError_t err = prefill_tma_binary_present<T, D>(&present);
+  cudaError_t err = sm90_binary_present<prefill_tma_kernel<T, D, false>>(&present);
   if (err != cudaSuccess) return err;
   if (!present) return cudaErrorNotSupported;
   CUtensorMap kmap, vmap;
@@ -404,8 +388,8 @@ cudaError_t launch_prefill_tma(const AttnArgs& a, bool unified, cudaStream_t str
 template <typename T>
 cudaError_t prefill_tma_available(int head_dim, bool* available) {
   const int d = kernel_head_dim(head_dim);
-  if (d == 128) return prefill_tma_binary_present<T, 128>(available);
-  if (d == 64) return prefill_tma_binary_present<T, 64>(available);
+  if (d == 128) return sm90_binary_present<prefill_tma_kernel<T, 128, false>>(available);
+  if (d == 64) return sm90_binary_present<prefill_tma_kernel<T, 64, false>>(available);
   *available = false;
   return cudaSuccess;
 }
