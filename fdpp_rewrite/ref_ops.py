@@ -207,7 +207,8 @@ def flat_gemm(x, weight, bias=None, residual=None, *, epilogue: str = "none", m1
     lead = x.shape[:-1]
     m = int(np.prod(lead, dtype=np.int64))
     if m1 is not None and m2 is not None and m > 0:
-        counters.gemm_impls[select_impl(m, {"m1": m1, "m2": m2, "implc": implc})] += 1
+        plan = {"m1": m1, "m2": m2, "implc": implc, **{k: v for k, v in _implb.items() if k in ("m3", "implb_loader")}}
+        counters.gemm_impls[select_impl(m, plan)] += 1
     y = x.reshape(m, k).astype(np.float32) @ weight.astype(np.float32).T
     if bias is not None:
         y = y + bias.astype(np.float32)

@@ -107,7 +107,8 @@ PLAN_SCHEMA = {
 
 NODE_SCHEMA = {"name": Field("str"), "op": Field("str"), "domain": Field("str"), "inputs": Field("strings"),
                "outputs": Field("strings"), "attrs": Field("object")}
-GEMM_PLAN_SCHEMA = {"m1": Field("int", minimum=0), "m2": Field("int", minimum=0), "implb": Field("object")}
+GEMM_PLAN_SCHEMA = {"m1": Field("int", minimum=0), "m2": Field("int", minimum=0), "implb": Field("object"),
+                    "m3": Field("int", minimum=0, required=False), "wgmma": Field("object", required=False)}
 
 
 def _lookup(data: dict, key: str):
