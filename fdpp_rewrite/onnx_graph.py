@@ -7,10 +7,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from fdpp_rewrite.dtypes import numpy_dtype_name, onnx_type_of
+
 ALIGNMENT = 4096  # every external tensor starts on a page boundary, so engines can mmap tensors directly
 
-NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL}
+_OTHER_TYPES = {np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL}
+
+
+def onnx_type(dtype: np.dtype) -> int:
+    """The ONNX data type of a numpy dtype this module writes (the float types from fdpp_rewrite.dtypes)."""
+    name = numpy_dtype_name(dtype)
+    return onnx_type_of(name) if name else _OTHER_TYPES[np.dtype(dtype)]
 
 
 class ExternalDataWriter:
@@ -29,7 +36,7 @@ class ExternalDataWriter:
             self._file.write(b"\0" * padding)
             self.offset += padding
         self._file.write(array.reshape(-1).view(np.uint8).data)
-        tensor = TensorProto(name=name, data_type=NP_TO_ONNX[array.dtype], dims=array.shape)
+        tensor = TensorProto(name=name, data_type=onnx_type(array.dtype), dims=array.shape)
         tensor.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self.path.name), ("offset", str(self.offset)),
                            ("length", str(array.nbytes))):

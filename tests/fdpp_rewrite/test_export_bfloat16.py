@@ -1,0 +1,87 @@
+"""`export --dtype bfloat16`: the initializers are ONNX bfloat16 (type 16) holding the float32 weights rounded to
+bfloat16 (torch's round-to-nearest-even), the graph's float inputs, outputs and Casts are bfloat16, and the
+metadata and disk-space check know the dtype."""
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, numpy_helper
+
+from fdpp_rewrite import dtypes, export
+from fdpp_rewrite.errors import FdppError
+from fdpp_rewrite.export import export_model, read_metadata
+from fdpp_rewrite.models import load_model
+
+
+@pytest.fixture(scope="module")
+def bf16_export(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bf16") / "model.onnx"
+    export_model("tiny-gemma3", path, dtype="bfloat16", max_cache=16, progress=False)
+    return path
+
+
+def test_weights_are_float32_rounded_to_bfloat16(bf16_export):
+    model = onnx.load(str(bf16_export))  # loads the external data too
+    reference = load_model("tiny-gemma3", dtype="float32").weights
+    big = [init for init in model.graph.initializer if init.data_location == TensorProto.EXTERNAL
+           or init.name.endswith(".weight_t")]
+    assert big and all(init.data_type == TensorProto.BFLOAT16 for init in big)
+    checked = 0
+    for init in model.graph.initializer:
+        name = init.name[: -len("_t")] if init.name.endswith(".weight_t") else init.name
+        if init.name == "lm_head.weight_t" and "lm_head.weight" not in reference:
+            name = "embed.weight"  # tied: the head is the table's transposed copy
+        if name not in reference:
+            continue
+        array = numpy_helper.to_array(init)
+        assert array.dtype == np.dtype(ml_dtypes.bfloat16)
+        expected = reference[name].to(torch.bfloat16).float().numpy()
+        got = array.astype(np.float32)
+        np.testing.assert_array_equal(got.T if init.name.endswith(".weight_t") else got, expected, err_msg=name)
+        checked += 1
+    assert checked >= len(reference)
+
+
+def test_graph_interface_and_metadata_are_bfloat16(bf16_export):
+    model = onnx.load(str(bf16_export), load_external_data=False)
+    graph = model.graph
+    floats = [v for v in list(graph.input) + list(graph.output) if v.name != "input_ids" and v.name != "past_len"]
+    assert floats and all(v.type.tensor_type.elem_type == TensorProto.BFLOAT16 for v in floats)
+    casts = {a.i for node in graph.node if node.op_type == "Cast" for a in node.attribute if a.name == "to"}
+    assert TensorProto.BFLOAT16 in casts and TensorProto.FLOAT16 not in casts  # float32 islands cast back to bf16
+    assert read_metadata(bf16_export)["dtype"] == "bfloat16"
+    assert {p.key: p.value for p in model.metadata_props}["fdpp.dtype"] == "bfloat16"
+
+
+def test_dtype_table():
+    assert dtypes.onnx_dtype_name(16) == "bfloat16" and dtypes.numpy_dtype_name(ml_dtypes.bfloat16) == "bfloat16"
+    assert [dtypes.itemsize(name) for name in ("float32", "float16", "bfloat16")] == [4, 2, 2]
+    tensor = torch.tensor([1.0, -3.140625, 65504.0 * 4], dtype=torch.bfloat16)
+    array = dtypes.torch_to_numpy(tensor)
+    assert array.dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(array.astype(np.float32), tensor.float().numpy())
+
+
+def test_disk_space_counts_two_bytes_per_weight(tmp_path, monkeypatch):
+    """The check assumes 2 bytes a weight for bfloat16 (as float16): it refuses when free space is below that."""
+    config = load_model("tiny-llama").config
+    from fdpp_rewrite.models.names import parameter_count
+
+    needed = parameter_count(config) * 2
+    monkeypatch.setattr(export.shutil, "disk_usage", lambda _: type("U", (), {"free": needed - 1})())
+    with pytest.raises(FdppError, match="free space or choose another -o"):
+        export._check_disk_space(tmp_path, config, "bfloat16")
+    monkeypatch.setattr(export.shutil, "disk_usage", lambda _: type("U", (), {"free": needed})())
+    export._check_disk_space(tmp_path, config, "bfloat16")
+
+
+def test_cli_offers_bfloat16():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    export.add_arguments(parser)
+    assert parser.parse_args(["tiny-llama", "--dtype", "bfloat16"]).dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["tiny-llama", "--dtype", "float64"])
