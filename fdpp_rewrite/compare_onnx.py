@@ -7,7 +7,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from fdpp_rewrite.compare_graphs import check_data_files, check_interfaces, check_order, graph_inputs, signature
+from fdpp_rewrite.compare_graphs import (check_data_files, check_interfaces, check_onnxruntime_dtype, check_order,
+                                         graph_inputs, signature)
 from fdpp_rewrite.compare_inputs import CACHE_INPUT, blank_padding, check_options, check_prefill, make_steps
 from fdpp_rewrite.compare_report import CompareReport, accuracy_rows, session_tolerance
 from fdpp_rewrite.errors import cannot_load
@@ -95,6 +96,7 @@ def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: 
         rewritten_model = rewritten if is_proto[1] else load_structure(rewritten)
         check_order(original_model, rewritten_model)
         check_interfaces(original_model, rewritten_model, original_name, rewritten_name)
+        check_onnxruntime_dtype(original_model, original_name)
         caches = [v for v in graph_inputs(original_model) if CACHE_INPUT.match(v.name)]
         if caches:
             dims = signature(caches[0])[1] or []

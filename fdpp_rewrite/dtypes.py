@@ -4,6 +4,7 @@
     numpy_dtype_name(np.float32)   -> "float32"
     numpy_type("bfloat16")         -> ml_dtypes.bfloat16 (what onnx's numpy_helper reads a type-16 tensor as)
     torch_to_numpy(tensor)         -> the same bits as a numpy array (torch cannot hand numpy a bfloat16 tensor)
+    numpy_to_torch(array)          -> and back
 
 numpy has no bfloat16 of its own; ml_dtypes (a dependency of onnx) adds it, and onnx reads and writes it.
 A torch dtype has the same name as its row: getattr(torch, name).
@@ -53,3 +54,14 @@ def torch_to_numpy(tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
+
+
+def numpy_to_torch(array: np.ndarray):
+    """A numpy array as a CPU torch tensor of the same dtype and bits (bfloat16 through a 16-bit integer view);
+    a read-only array (a memory map) is copied, since torch tensors are writable."""
+    import torch
+
+    array = np.require(array, requirements=["C", "W"])
+    if array.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
