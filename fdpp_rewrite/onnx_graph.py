@@ -86,3 +86,32 @@ class GraphBuilder:
     def weight(self, name: str, array: np.ndarray) -> str:
         self.initializers.append(self.external.write(name, array))
         return name
+
+
+def widen_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` (its weights loaded) with every bfloat16 tensor float32: initializers (widened exactly),
+    graph inputs, outputs and value infos, Cast targets, Constant and ConstantOfShape values. The same graph in
+    float32 math, for onnxruntime, whose CPU kernels mostly lack bfloat16 (no Where, MatMul, Softmax)."""
+    bf16, f32 = onnx_type_of("bfloat16"), TensorProto.FLOAT
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    graph = wide.graph
+
+    def widened(tensor: TensorProto) -> TensorProto:
+        if tensor.data_type != bf16:
+            return tensor
+        return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
+
+    for index, tensor in enumerate(graph.initializer):
+        if tensor.data_type == bf16:
+            graph.initializer[index].CopyFrom(widened(tensor))
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if value.type.tensor_type.elem_type == bf16:
+            value.type.tensor_type.elem_type = f32
+    for node in graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == bf16:
+                attribute.i = f32
+            elif attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == bf16:
+                attribute.t.CopyFrom(widened(attribute.t))
+    return wide

@@ -96,13 +96,34 @@ def test_numpy_torch_round_trip_keeps_bits():
     assert dtypes.numpy_to_torch(np.ones(3, np.float16)).dtype == torch.float16
 
 
-def test_compare_refuses_bfloat16_in_one_line(bf16_export):
-    from fdpp_rewrite.compare_graphs import check_onnxruntime_dtype
+def test_widened_graph_runs_in_onnxruntime_like_float32(bf16_export, tmp_path):
+    """compare's float32 twin of a bfloat16 graph: no bfloat16 left anywhere, runs in onnxruntime, and gives the
+    logits of the float32 export up to the weights' bf16 rounding (relative 2^-9 each)."""
+    import onnxruntime as ort
 
-    model = onnx.load(str(bf16_export), load_external_data=False)
-    with pytest.raises(FdppError, match=r"is bfloat16, .*export --dtype float32") as caught:
-        check_onnxruntime_dtype(model, "model.onnx")
-    assert "\n" not in str(caught.value)
+    from fdpp_rewrite.compare_graphs import is_bfloat16
+    from fdpp_rewrite.onnx_graph import widen_bfloat16
+
+    model = onnx.load(str(bf16_export))
+    assert is_bfloat16(model)
+    wide = widen_bfloat16(model)
+    assert not is_bfloat16(wide) and is_bfloat16(model)  # a copy: the original keeps its types
+    values = list(wide.graph.input) + list(wide.graph.output) + list(wide.graph.value_info)
+    assert all(v.type.tensor_type.elem_type != TensorProto.BFLOAT16 for v in values)
+    assert all(a.i != TensorProto.BFLOAT16 for node in wide.graph.node for a in node.attribute if a.name == "to")
+    assert all(init.data_type != TensorProto.BFLOAT16 for init in wide.graph.initializer)
+    fp32 = export_model("tiny-gemma3", tmp_path / "model.onnx", dtype="float32", max_cache=16, progress=False)
+    config = load_model("tiny-gemma3").config
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(0, config.vocab_size, (1, 5)), "past_len": np.zeros(1, np.int64)}
+    for i in range(config.num_layers):
+        for kind in ("key", "value"):
+            feeds[f"{kind}_cache.{i}"] = np.zeros((1, config.num_kv_heads, 16, config.head_dim), np.float32)
+    got = ort.InferenceSession(wide.SerializeToString(), providers=["CPUExecutionProvider"]).run(["logits"], feeds)
+    want = ort.InferenceSession(str(fp32.onnx_path), providers=["CPUExecutionProvider"]).run(["logits"], feeds)
+    scale = float(np.abs(want[0]).max())
+    error = float(np.abs(got[0] - want[0]).max())
+    assert 0 < error < 0.05 * scale  # the weights did change (bf16), by their rounding only
 
 
 def _engine_takes_bfloat16() -> bool:
@@ -135,6 +156,10 @@ def test_rewrite_build_cpu_run_matches_float32(tmp_path):
     assert kinds["bfloat16"] == kinds["float16"]
     build_engine(tmp_path / "bfloat16" / "model.fdpp.onnx", tmp_path / "engine", backend="cpu", max_batch=1,
                  max_seq=32, stream=open("/dev/null", "w"))
+    from fdpp_rewrite.compare_onnx import BFLOAT16_NOTE, compare_models
+
+    report = compare_models(tmp_path / "bfloat16" / "model.onnx", tmp_path / "bfloat16" / "model.fdpp.onnx")
+    assert report.passed and report.note == BFLOAT16_NOTE and report.dtype == "float32"
     engine = Engine(tmp_path / "engine", backend="cpu")
     assert engine.dtype == torch.bfloat16
     new = 2  # the first steps: their top-1 margins (0.27, 0.085) are the wide ones
