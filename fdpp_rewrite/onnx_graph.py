@@ -115,3 +115,11 @@ def widen_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
             elif attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == bf16:
                 attribute.t.CopyFrom(widened(attribute.t))
     return wide
+
+
+def widened_dtype(dtype) -> np.dtype:
+    """The numpy dtype a value of `dtype` has in widen_bfloat16's graph: float32 for bfloat16 (a numpy dtype, or
+    ONNX's 16 as onnx-graphsurgeon gives it), else `dtype` itself."""
+    if isinstance(dtype, (int, np.integer)):
+        dtype = helper.tensor_dtype_to_np_dtype(int(dtype))  # bfloat16: ml_dtypes' numpy type
+    return np.dtype(np.float32) if numpy_dtype_name(dtype) == "bfloat16" else np.dtype(dtype)

@@ -175,3 +175,10 @@ def test_rewrite_build_cpu_run_matches_float32(tmp_path):
         ids.append(int(logits.argmax()))
     assert min(margins) > 0.05, margins  # wide: bf16's error on these logits is a few 1e-3
     assert tokens == ids[len(PROMPT):], margins
+
+
+def test_widened_dtype():
+    from fdpp_rewrite.onnx_graph import widened_dtype
+
+    assert widened_dtype(ml_dtypes.bfloat16) == np.float32 and widened_dtype(TensorProto.BFLOAT16) == np.float32
+    assert widened_dtype(np.float16) == np.float16 and widened_dtype(TensorProto.INT64) == np.int64
