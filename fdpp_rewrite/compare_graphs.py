@@ -87,3 +87,10 @@ def check_order(original: onnx.ModelProto, rewritten: onnx.ModelProto | None = N
         raise FdppError("the second model has no fdpp nodes; pass the rewritten model (model.fdpp.onnx) second")
     if any(node.domain == "fdpp" for node in original.graph.node):
         raise FdppError("the first model has fdpp nodes; pass the exported model (model.onnx) first")
+
+
+def is_bfloat16(model: onnx.ModelProto) -> bool:
+    """Whether the graph's outputs are bfloat16 (compare then runs both graphs widened to float32)."""
+    from fdpp_rewrite.dtypes import onnx_type_of
+
+    return any(signature(value)[0] == onnx_type_of("bfloat16") for value in model.graph.output)

@@ -7,7 +7,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from fdpp_rewrite.compare_graphs import check_data_files, check_interfaces, check_order, graph_inputs, signature
+from fdpp_rewrite.compare_graphs import (check_data_files, check_interfaces, check_order, graph_inputs, is_bfloat16,
+                                         signature)
 from fdpp_rewrite.compare_inputs import CACHE_INPUT, blank_padding, check_options, check_prefill, make_steps
 from fdpp_rewrite.compare_report import CompareReport, accuracy_rows, session_tolerance
 from fdpp_rewrite.errors import cannot_load
@@ -103,6 +104,14 @@ def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: 
             if not isinstance(path, onnx.ModelProto):
                 check_data_files(Path(path), model)
 
+    note = ""
+    if is_bfloat16(original_model):
+        with progress.stage("widen bfloat16"):
+            original_model, rewritten_model = (_widened(m, path) for m, path in ((original_model, original),
+                                                                                 (rewritten_model, rewritten)))
+        original, rewritten, is_proto = original_model, rewritten_model, (True, True)
+        note = BFLOAT16_NOTE
+
     ort = quiet_onnxruntime()
     quiet_polygraphy()
 
@@ -121,4 +130,23 @@ def compare_models(original, rewritten, batch: int = 2, prefill: int = 6, seed: 
     rows = accuracy_rows([original_runner(session, name="onnxruntime-original"), reference_runner(reference_source)],
                          step_names, steps, atol, rtol)
     return CompareReport(rows=rows, atol=atol, rtol=rtol, dtype=dtype, fallback_rows=COUNTERS.fallback_rows,
-                         attention_rows=COUNTERS.attention_rows, gemm_impls=dict(COUNTERS.gemm_impls))
+                         attention_rows=COUNTERS.attention_rows, gemm_impls=dict(COUNTERS.gemm_impls), note=note)
+
+
+BFLOAT16_NOTE = ("bfloat16 graphs compared in float32 (weights widened exactly; onnxruntime's CPU kernels lack "
+                 "bfloat16): the rewrite is checked, bfloat16 rounding is not; check that with the engine's tokens "
+                 "or perplexity against the float32 export")
+
+
+def _widened(model, path):
+    """The float32 twin of a bfloat16 graph, its weights loaded (a ModelProto or a path)."""
+    import onnx
+
+    from fdpp_rewrite.onnx_graph import widen_bfloat16
+
+    if not isinstance(path, onnx.ModelProto):
+        try:
+            model = onnx.load(str(path))
+        except Exception as exc:  # noqa: BLE001 - protobuf and missing external data raise many kinds
+            raise cannot_load(str(path), exc) from None
+    return widen_bfloat16(model)

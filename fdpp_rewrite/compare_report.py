@@ -29,6 +29,7 @@ class CompareReport:
     fallback_rows: int = 0
     attention_rows: int = 0
     gemm_impls: dict = field(default_factory=dict)
+    note: str = ""  # one line on what the comparison did not check (printed above the verdict)
 
     @property
     def passed(self) -> bool:
@@ -72,6 +73,8 @@ def print_report(report: CompareReport, stream=None) -> None:
     impls = ", ".join(f"{impl} x{count}" for impl, count in sorted(report.gemm_impls.items())) or "none"
     print(f"attention rows: {report.attention_rows}, exact fallback taken by {report.fallback_rows}; "
           f"FlatGemm calls by Impl: {impls}", file=stream)
+    if report.note:
+        print(f"note: {report.note}", file=stream)
     verdict = "PASS" if report.passed else f"FAIL ({failed} of {len(report.rows)} outputs)"
     print(f"{verdict}: tolerance {report.dtype} atol {report.atol:g} rtol {report.rtol:g} "
           "(elementwise |a - b| <= atol or <= rtol * |b|; model_tolerances of the op contracts)", file=stream)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fdpp_rewrite.atomic import AtomicOutputs, existing_folder, rename_external_data
 from fdpp_rewrite.cli_args import add_force
+from fdpp_rewrite.dtypes import NAMES, itemsize
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models import PRESETS, check_source
 from fdpp_rewrite.progress import Progress
@@ -33,8 +34,9 @@ def add_arguments(parser):
                                        "gemma3 .gguf file")
     parser.add_argument("-o", "--output", type=Path,
                         help="the .onnx file to write (default: engines/<name>/model.onnx)")
-    parser.add_argument("--dtype", choices=["float16", "float32"], default="float16",
-                        help="weight and activation dtype (default: float16, the GPU target; float32 for the CPU)")
+    parser.add_argument("--dtype", choices=NAMES, default="float16",
+                        help="weight and activation dtype (default: float16, the GPU target; bfloat16 for the GPU "
+                             "when activations outgrow float16's 65504, e.g. gemma3; float32 for the CPU)")
     parser.add_argument("--max-cache", type=int, default=None,
                         help=f"KV cache length, a static input dimension (default: {DEFAULT_MAX_CACHE} or the model's "
                              "position limit if smaller; 0: a dynamic dimension)")
@@ -165,9 +167,8 @@ def _add_metadata_props(proto, model, dtype, max_cache):
 def _check_disk_space(directory: Path, config, dtype: str):
     from fdpp_rewrite.models.names import parameter_count
 
-    itemsize = 2 if dtype == "float16" else 4
     extra = config.vocab_size * config.hidden_size if config.tie_embeddings else 0  # the lm_head copy
-    needed = (parameter_count(config) + extra) * itemsize
+    needed = (parameter_count(config) + extra) * itemsize(dtype)  # every weight in the model dtype
     free = shutil.disk_usage(existing_folder(directory)).free
     if needed > free:
         raise FdppError(f"the export needs {_size(needed)} and {existing_folder(directory)} has {_size(free)} free; "

@@ -21,9 +21,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from fdpp_rewrite.dtypes import numpy_type, onnx_type_of, torch_to_numpy
 from fdpp_rewrite.models.config import ModelConfig
 from fdpp_rewrite.models.reference import rope_inv_freq
-from fdpp_rewrite.onnx_graph import NP_TO_ONNX, ExternalDataWriter, GraphBuilder
+from fdpp_rewrite.onnx_graph import ExternalDataWriter, GraphBuilder
 
 OPSET = 17
 IR_VERSION = 8  # the IR version that introduced opset 17; older readers (TensorRT's parser) accept it
@@ -38,8 +39,8 @@ class DecoderGraph:
         self.c = config
         self.max_cache_dim = max_cache if max_cache else "max_cache"  # None: a symbolic cache length
         self.weights = weights
-        self.np_dtype = np.dtype(np.float16 if dtype == "float16" else np.float32)
-        self.onnx_dtype = NP_TO_ONNX[self.np_dtype]
+        self.np_dtype = numpy_type(dtype)
+        self.onnx_dtype = onnx_type_of(dtype)
         self.g = GraphBuilder(external)
         self.num_params = 0
 
@@ -48,7 +49,11 @@ class DecoderGraph:
     def _tensor(self, name: str) -> np.ndarray:
         tensor = self.weights[name]
         self.num_params += tensor.numel()
-        return tensor.numpy().astype(self.np_dtype, copy=False)
+        return self._array(tensor)
+
+    def _array(self, tensor) -> np.ndarray:
+        """A weight (a torch tensor, already rounded to the model dtype by Weights) as numpy, bits unchanged."""
+        return torch_to_numpy(tensor).astype(self.np_dtype, copy=False)
 
     def param(self, name: str) -> str:
         """An initializer holding weight `name` as is (norm scales, biases, embedding tables)."""
@@ -278,7 +283,7 @@ class DecoderGraph:
         x = self.norm(x, "final_norm")
         if c.tie_embeddings:
             # the lm_head is a MatMul like every linear: a transposed copy of the embedding table
-            table = self.weights["embed.weight"].numpy().astype(self.np_dtype, copy=False)
+            table = self._array(self.weights["embed.weight"])
             head = g.weight("lm_head.weight_t", np.ascontiguousarray(table.T))
         else:
             head = g.weight("lm_head.weight_t", np.ascontiguousarray(self._tensor("lm_head.weight").T))

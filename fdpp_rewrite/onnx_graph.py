@@ -7,10 +7,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from fdpp_rewrite.dtypes import numpy_dtype_name, onnx_type_of
+
 ALIGNMENT = 4096  # every external tensor starts on a page boundary, so engines can mmap tensors directly
 
-NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL}
+_OTHER_TYPES = {np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL}
+
+
+def onnx_type(dtype: np.dtype) -> int:
+    """The ONNX data type of a numpy dtype this module writes (the float types from fdpp_rewrite.dtypes)."""
+    name = numpy_dtype_name(dtype)
+    return onnx_type_of(name) if name else _OTHER_TYPES[np.dtype(dtype)]
 
 
 class ExternalDataWriter:
@@ -29,7 +36,7 @@ class ExternalDataWriter:
             self._file.write(b"\0" * padding)
             self.offset += padding
         self._file.write(array.reshape(-1).view(np.uint8).data)
-        tensor = TensorProto(name=name, data_type=NP_TO_ONNX[array.dtype], dims=array.shape)
+        tensor = TensorProto(name=name, data_type=onnx_type(array.dtype), dims=array.shape)
         tensor.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self.path.name), ("offset", str(self.offset)),
                            ("length", str(array.nbytes))):
@@ -79,3 +86,40 @@ class GraphBuilder:
     def weight(self, name: str, array: np.ndarray) -> str:
         self.initializers.append(self.external.write(name, array))
         return name
+
+
+def widen_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` (its weights loaded) with every bfloat16 tensor float32: initializers (widened exactly),
+    graph inputs, outputs and value infos, Cast targets, Constant and ConstantOfShape values. The same graph in
+    float32 math, for onnxruntime, whose CPU kernels mostly lack bfloat16 (no Where, MatMul, Softmax)."""
+    bf16, f32 = onnx_type_of("bfloat16"), TensorProto.FLOAT
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    graph = wide.graph
+
+    def widened(tensor: TensorProto) -> TensorProto:
+        if tensor.data_type != bf16:
+            return tensor
+        return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
+
+    for index, tensor in enumerate(graph.initializer):
+        if tensor.data_type == bf16:
+            graph.initializer[index].CopyFrom(widened(tensor))
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if value.type.tensor_type.elem_type == bf16:
+            value.type.tensor_type.elem_type = f32
+    for node in graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == bf16:
+                attribute.i = f32
+            elif attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == bf16:
+                attribute.t.CopyFrom(widened(attribute.t))
+    return wide
+
+
+def widened_dtype(dtype) -> np.dtype:
+    """The numpy dtype a value of `dtype` has in widen_bfloat16's graph: float32 for bfloat16 (a numpy dtype, or
+    ONNX's 16 as onnx-graphsurgeon gives it), else `dtype` itself."""
+    if isinstance(dtype, (int, np.integer)):
+        dtype = helper.tensor_dtype_to_np_dtype(int(dtype))  # bfloat16: ml_dtypes' numpy type
+    return np.dtype(np.float32) if numpy_dtype_name(dtype) == "bfloat16" else np.dtype(dtype)

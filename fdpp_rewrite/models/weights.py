@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
+from fdpp_rewrite.dtypes import NAMES
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models.config import ModelConfig
 from fdpp_rewrite.models.names import weight_shapes
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in NAMES}  # torch names its dtypes as dtypes.FLOAT_TYPES does
 
 
 def torch_dtype(name: str) -> torch.dtype:
