@@ -95,6 +95,7 @@ def rewrite_model(model: onnx.ModelProto, profile=None, calibration=None, stream
         graph = gs.import_onnx(model)
         if weights_dir is not None:
             attach_external_data(graph, weights_dir)
+        common.numpy_bfloat16(graph)
     with progress.stage("sanitize"):
         common.sanitize(graph)
     with progress.stage("attention"):

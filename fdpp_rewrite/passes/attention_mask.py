@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.calibration.settings import OP
 from fdpp_rewrite.contracts import load_contract
+from fdpp_rewrite.onnx_graph import widen_bfloat16, widened_dtype
 from fdpp_rewrite.passes.attention_match import AttentionMatch
 from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, ancestors, dtype_name, is_constant,
                                         rank, static_dim)
@@ -51,7 +52,7 @@ def _mask_follows_past_len(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor
             return False
         shape = [symbols[d] if isinstance(d, str) else int(d) for d in tensor.shape]
         tensor.inputs.clear()
-        feeds[name] = np.zeros(shape, dtype=np.dtype(tensor.dtype))
+        feeds[name] = np.zeros(shape, dtype=widened_dtype(tensor.dtype))
     sub_past = tensors[past_len.name]
     sub.inputs = [sub_past] + [tensors[name] for name in sorted(shape_fed) if name != past_len.name]
     sub.outputs = [tensors[mask.name]]
@@ -61,8 +62,8 @@ def _mask_follows_past_len(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor
     try:
         options = ort.SessionOptions()
         options.log_severity_level = 4  # a mask that cannot be evaluated is an answer here, not an error to log
-        session = ort.InferenceSession(gs.export_onnx(sub, do_type_check=False).SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
+        sub_model = widen_bfloat16(gs.export_onnx(sub, do_type_check=False))  # onnxruntime's CPU lacks bfloat16
+        session = ort.InferenceSession(sub_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         probe = session.run(None, {**feeds, past_len.name: np.zeros(batch, np.int64)})[0]
         seq, kv_len = probe.shape[-2], probe.shape[-1]
         if seq < 2 or kv_len <= seq:

@@ -12,6 +12,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.contracts import register_onnx_schemas
+from fdpp_rewrite.dtypes import numpy_type
 from fdpp_rewrite.passes.weights import ExternalValues, load_values
 
 # ops that change neither values nor layout (absorbed when walking a chain)
@@ -183,6 +184,18 @@ def np_dtype(tensor: gs.Tensor):
         return None
 
 
+def numpy_bfloat16(graph: gs.Graph) -> None:
+    """onnx-graphsurgeon types a bfloat16 tensor as ONNX's 16 (numpy has no bfloat16 of its own); give each one
+    ml_dtypes' numpy bfloat16 (fdpp_rewrite.dtypes), so every pass reads a numpy dtype."""
+    bf16 = numpy_type("bfloat16")
+    for tensor in graph.tensors().values():
+        if isinstance(tensor.dtype, (int, np.integer)) and int(tensor.dtype) == onnx.TensorProto.BFLOAT16:
+            if isinstance(tensor, gs.Constant):
+                tensor._values.dtype = bf16  # a lazily loaded constant reports its values' dtype
+            else:
+                tensor.dtype = bf16
+
+
 def dtype_name(tensor: gs.Tensor) -> str:
     """'float16' / 'float32' / 'bfloat16' / ... for messages and profile keys."""
     dtype = tensor.dtype
@@ -296,8 +309,7 @@ def infer_shapes(graph: gs.Graph) -> None:
             continue
         elem, dims = known[name]
         if tensor.dtype is None:
-            tensor.dtype = (onnx.helper.tensor_dtype_to_np_dtype(elem) if elem != onnx.TensorProto.BFLOAT16
-                            else elem)
+            tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
         if _information(dims) > _information(tensor.shape):
             tensor.shape = dims
 

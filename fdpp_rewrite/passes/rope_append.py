@@ -29,6 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fdpp_rewrite.contracts import DOMAIN, load_contract
+from fdpp_rewrite.onnx_graph import widen_bfloat16, widened_dtype
 from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, ancestors, is_constant, producer_op,
                                         rank, static_dim)
 from fdpp_rewrite.passes.rope_match import Rotation, inv_freq_of, match_rotation, same_rotation
@@ -98,15 +99,15 @@ def evaluate(graph: gs.Graph, targets: list, values: list[dict], symbols: dict |
             else:
                 shape.append(int(dim))
         tensor.inputs.clear()
-        feeds[name] = np.zeros(shape, dtype=np.dtype(tensor.dtype))
+        feeds[name] = np.zeros(shape, dtype=widened_dtype(tensor.dtype))
     sub.inputs = [tensors[name] for name in sorted(fed)] + [tensors[name] for name in sorted(feeds)]
     sub.outputs = [tensors[t.name] for t in targets]
     sub.cleanup()
     try:
         options = ort.SessionOptions()
         options.log_severity_level = 4  # a subgraph that cannot be evaluated is an answer here, not an error
-        session = ort.InferenceSession(gs.export_onnx(sub, do_type_check=False).SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
+        sub_model = widen_bfloat16(gs.export_onnx(sub, do_type_check=False))  # onnxruntime's CPU lacks bfloat16
+        session = ort.InferenceSession(sub_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         return [session.run(None, {**feeds, **value}) for value in values]
     except Exception:  # noqa: BLE001 - any failure to evaluate means "not proven": the layer is left alone
         return None
