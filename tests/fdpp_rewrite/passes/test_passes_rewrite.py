@@ -58,7 +58,7 @@ def test_rewrite_writes_the_model(monkeypatch, tiny_path, capsys):
     assert props["fdpp.rewrite.profile"] == "unprofiled-default"
     assert props["fdpp.rewrite.calibration"].startswith("default phi=0.0")
     assert json.loads(props["fdpp.rewrite.replaced"])["attention"] == {"grouped-5d/past_len": 2}
-    assert {op.domain: op.version for op in model.opset_import} == {"": 17, "fdpp": 4}  # FlatGemm version 4
+    assert {op.domain: op.version for op in model.opset_import} == {"": 17, "fdpp": 5}  # FlatGemm version 5
 
 
 def test_refuses_to_overwrite_without_force(monkeypatch, tiny_path, capsys):
