@@ -64,7 +64,9 @@ const Spec kAttributes[] = {
      },
      [](const AttentionAttributes& a) { return int_value(a.head_dim); }},
     {"softcap", PluginFieldType::kFLOAT32, false,
-     [](const PluginField& f, AttentionAttributes& a) { a.softcap = read_float(f, 0.0, contract::kAttentionSoftcapMax); },
+     [](const PluginField& f, AttentionAttributes& a) {
+       a.softcap = read_float(f, 0.0, contract::kAttentionSoftcapMax);
+     },
      [](const AttentionAttributes& a) { return float_value(a.softcap); }},
     {"window", PluginFieldType::kINT32, false,
      [](const PluginField& f, AttentionAttributes& a) { a.window = read_int32(f, 0, contract::kAttentionWindowMax); },

@@ -4,7 +4,8 @@
 // Inputs: query [B, Hq, S, D], key and value [B, Hkv, L, D] (the caches, in place), then by mask_mode:
 // "past_len" past_len [B] int64, "bias" an additive bias broadcastable to [B, 1, S, L], "none" nothing.
 // Output: [B, Hq, S, D]. float16 or bfloat16, linear layout. Attributes: scale, phi, guard_lo, guard_hi,
-// mask_mode, num_heads, num_kv_heads, head_dim, softcap, window. enqueue() picks decode (split-KV) or prefill by S, never measures.
+// mask_mode, num_heads, num_kv_heads, head_dim, softcap, window. enqueue() picks decode (split-KV) or prefill by S,
+// never measures.
 #pragma once
 
 #include <NvInferRuntime.h>

@@ -4,8 +4,8 @@
 // Output: y [..., N], or [..., N/2] for epilogue "silu_mul". float16 or bfloat16, linear layout.
 // Attributes: epilogue, has_bias, m1, m2, implb_n_tile, implb_k_tile, implb_stages, implb_split_k,
 // implb_loader (version 2; "rows1" in 3, "pair" in 4, "wgmma" in 5), implc, profile, plugin_version (version 3: the
-// ONNX parser finds the creator by it), m3, implb_wgmma_stages, implb_wgmma_split_k (version 5: the wgmma range). enqueue() dispatches by the run-time M = product of x's leading dims: a table lookup, no
-// timing.
+// ONNX parser finds the creator by it), m3, implb_wgmma_stages, implb_wgmma_split_k (version 5: the wgmma range).
+// enqueue() dispatches by the run-time M = product of x's leading dims: a table lookup, no timing.
 #pragma once
 
 #include <NvInferRuntime.h>

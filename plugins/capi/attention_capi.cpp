@@ -223,8 +223,9 @@ fdpp_status portable_params(const fdpp_attention_args* args, fdpp::AttentionPara
     return unsupported(fn, "the portable kernels are built for head_dim 64 and 128 (got " +
                                str(static_cast<long long>(p->head_dim)) + "); use fdpp_attention_forward");
   if (p->softcap != 0.f || p->window != 0)
-    return unsupported(fn, "the portable kernels have no softcap or window; pass 0 for both or use "
-                           "fdpp_attention_forward");
+    return unsupported(fn,
+                       "the portable kernels have no softcap or window; pass 0 for both or use "
+                       "fdpp_attention_forward");
   return FDPP_OK;
 }
 }  // namespace

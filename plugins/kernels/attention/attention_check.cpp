@@ -19,7 +19,8 @@ ParamsCheck unsupported(std::string message) { return ParamsCheck{ParamsError::k
 std::string supported_head_dims() {
   std::string list;
   const int n = static_cast<int>(sizeof(contract::kAttentionHeadDims) / sizeof(contract::kAttentionHeadDims[0]));
-  for (int i = 0; i < n; ++i) list += (i == 0 ? "" : i + 1 == n ? " and " : ", ") + str(contract::kAttentionHeadDims[i]);
+  for (int i = 0; i < n; ++i)
+    list += (i == 0 ? "" : i + 1 == n ? " and " : ", ") + str(contract::kAttentionHeadDims[i]);
   return list;
 }
 

@@ -19,9 +19,9 @@ struct AttnArgs {
   float lo_log2;     // effective guard window for s - phi, log2 units (the kernel's numeric window applied)
   float hi_log2;
   float max_floor_log2;  // a row whose largest s - phi is below this falls back (-inf: no such rule)
-  float softcap_log2;  // softcap * log2(e): x = C tanh(x / C) in log2 units (softcap_x); 0: no soft-capping
-  float softcap_k;     // 2 / softcap: e^(2 x / C) = 2^(x softcap_k) for x in log2 units
-  int window;              // sliding window in keys (mask_mode kPastLen; visible_begin); 0: none
+  float softcap_log2;    // softcap * log2(e): x = C tanh(x / C) in log2 units (softcap_x); 0: no soft-capping
+  float softcap_k;       // 2 / softcap: e^(2 x / C) = 2^(x softcap_k) for x in log2 units
+  int window;            // sliding window in keys (mask_mode kPastLen; visible_begin); 0: none
 
   const void* q;
   int64_t q_sb, q_sh, q_ss;

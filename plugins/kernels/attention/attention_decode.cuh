@@ -76,10 +76,9 @@ __device__ __forceinline__ int kv_len_hint(const AttnArgs& a, int b) {
 template <int kTile>
 __device__ __forceinline__ SplitRange split_range_hint(const AttnArgs& a, int b, int split) {
   const int len = kv_len_hint(a, b);
-  const int first =
-      a.mask_mode == MaskMode::kPastLen
-          ? decode_first_key(clamped_past(__ldcg(a.past_len + b), a.kv_capacity), a.window, len, kTile)
-          : 0;
+  const int first = a.mask_mode == MaskMode::kPastLen
+                        ? decode_first_key(clamped_past(__ldcg(a.past_len + b), a.kv_capacity), a.window, len, kTile)
+                        : 0;
   return split_range(first, len, a.num_splits, kTile, split);
 }
 

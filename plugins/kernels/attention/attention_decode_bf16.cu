@@ -1,5 +1,5 @@
-// Split-KV decode kernels for __nv_bfloat16 at head_dim 64 and 128 (and 80, 96 inside 128; see attention_decode.cuh). The
-// head_dim 256 kernels compile in attention_decode_d256.cu.
+// Split-KV decode kernels for __nv_bfloat16 at head_dim 64 and 128 (and 80, 96 inside 128; see attention_decode.cuh).
+// The head_dim 256 kernels compile in attention_decode_d256.cu.
 #include "kernels/attention/attention_decode_impl.cuh"
 
 namespace fdpp {

@@ -163,14 +163,16 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(const AttnArgs a) {
       // x = s * log2(e); once the unified max is frozen, x - phi_row directly (one FFMA per score).
       bool frozen = false;
       if constexpr (kUnified) frozen = state.frozen;
-      if (kScoreExtras && a.softcap_log2 > 0.f) {  // soft-capping (uniform over the grid): x = C tanh(x / C) before the mask
+      if (kScoreExtras &&
+          a.softcap_log2 > 0.f) {  // soft-capping (uniform over the grid): x = C tanh(x / C) before the mask
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int n = 0; n < kNT; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              sc[mt][n][e] = softcap_x(a, sc[mt][n][e] * a.scale_log2) - (frozen ? state.m_sub[2 * mt + (e >> 1)] : 0.f);
+              sc[mt][n][e] =
+                  softcap_x(a, sc[mt][n][e] * a.scale_log2) - (frozen ? state.m_sub[2 * mt + (e >> 1)] : 0.f);
       } else {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)

@@ -138,9 +138,8 @@ struct Sm90WarpRows {
 // Scores of the 64-key tile at key0 -> x = s * log2(e) (soft-capped; minus phi_row once the unified max is frozen:
 // one FFMA per score), masked keys -inf. The mask is written out per score as in attention_prefill.cuh.
 template <typename T, int kNT, int kBlockN, bool kFrozen, typename State>
-__device__ __forceinline__ void sm90_scale_and_mask(const AttnArgs& a, const State& state, const Sm90WarpRows& w,
-                                                    int b, int m0, int rows_here, int kv_len, int key0,
-                                                    float (&sc)[kNT][4]) {
+__device__ __forceinline__ void sm90_scale_and_mask(const AttnArgs& a, const State& state, const Sm90WarpRows& w, int b,
+                                                    int m0, int rows_here, int kv_len, int key0, float (&sc)[kNT][4]) {
   if (a.softcap_log2 > 0.f) {  // soft-capping (uniform over the grid): x = C tanh(x / C) before the mask
 #pragma unroll
     for (int n = 0; n < kNT; ++n)
@@ -190,8 +189,8 @@ __device__ __forceinline__ void sm90_pack_p(const float (&sc)[kNT][4], uint32_t 
 // flagged exactly (q_scratch: this warp's D floats of shared memory) and count them.
 template <typename T, int D, bool kUnified, typename State>
 __device__ __forceinline__ void sm90_epilogue(const AttnArgs& a, State& state, const float (&o)[D / 8][4],
-                                              const Sm90WarpRows& w, int b, int hq, int m0, int rows_here,
-                                              int kv_len, float* q_scratch, int lane) {
+                                              const Sm90WarpRows& w, int b, int hq, int m0, int rows_here, int kv_len,
+                                              float* q_scratch, int lane) {
   state.finish();
   uint32_t flagged = 0;  // bit r: row g + 8 r of this warp
 #pragma unroll

@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
     if (wg == 1) turn_pass(their_turn);
 
     // S = Q K^T of the tile in `stage` (issue only).
-    auto issue_s = [&](float (&sc)[Tr::kNT][4], int stage) {
+    auto issue_s = [&](float(&sc)[Tr::kNT][4], int stage) {
       const uint32_t kbuf = kv_smem + stage * 2 * Tr::kTileBytes;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {  // k16 slice ks: panel ks / 4, 32 bytes into the row per slice
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
       if (lane == 0) mbar_arrive(empty(stage));
     };
     // Scores -> p in place (scale, soft cap, mask, max, exponentials); alpha: the rescale O needs (1: none).
-    auto softmax = [&](float (&sc)[Tr::kNT][4], int key0, float (&alpha)[2], auto frozen_phase) {
+    auto softmax = [&](float(&sc)[Tr::kNT][4], int key0, float(&alpha)[2], auto frozen_phase) {
       constexpr bool kFrozen = decltype(frozen_phase)::value;
       sm90_scale_and_mask<T, kNT, Tr::kBlockN, kFrozen>(a, state, w, b, m0, rows_here, kv_len, key0, sc);
       alpha[0] = alpha[1] = 1.f;
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
         for (int e = 0; e < 4; ++e) sc[n][e] = phase_exp<kFrozen, kUnified>(state, e >> 1, sc[n][e]);
     };
     // After the previous P.V has landed: rescale O to the new max, keep P as the next round's A fragments.
-    auto keep_p = [&](const float (&sc)[Tr::kNT][4], const float (&alpha)[2], int stage) {
+    auto keep_p = [&](const float(&sc)[Tr::kNT][4], const float(&alpha)[2], int stage) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (alpha[r] != 1.f) {
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
       const bool has_tile = it < num_tiles;
       const int stage = it % Tr::kStages;
       const int key0 = has_tile ? tile_at(it) * Tr::kBlockN : 0;
-      const bool compute = has_tile && key0 < wg_end;  // warpgroup-uniform: wgmma needs all four warps
+      const bool compute = has_tile && key0 < wg_end;                // warpgroup-uniform: wgmma needs all four warps
       if (has_tile) mbar_wait(full(stage), (it / Tr::kStages) & 1);  // skipped tiles too: the ring's phases
       turn_wait(my_turn);
       if (compute) {
@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(PrefillTmaTraits<D>::kThreads, 1)
 
     mbar_wait(q_full, 0);
     sm90_walk_tiles<kUnified, Tr::kAnchorTiles>(num_tiles, state, round);
-    round(num_tiles, Anchoring{});  // drains the last P.V (no tile: the phase does not matter)
+    round(num_tiles, Anchoring{});    // drains the last P.V (no tile: the phase does not matter)
     if (wg == 0) turn_wait(my_turn);  // warpgroup 1's last pass
 
     float* q_scratch = reinterpret_cast<float*>(smem + (scratch_smem - smem_addr(smem))) + cw * D;
@@ -324,19 +324,18 @@ cudaError_t encode_kv_map(const AttnArgs& a, const void* cache, int64_t sb, int6
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const bool paged = a.block_table != nullptr;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(a.head_dim),
-                              static_cast<cuuint64_t>(paged ? kKvBlockSize : a.kv_capacity),
-                              static_cast<cuuint64_t>(a.num_kv_heads),
-                              static_cast<cuuint64_t>(paged ? 0x7fffffff : a.batch)};
+  const cuuint64_t dims[4] = {
+      static_cast<cuuint64_t>(a.head_dim), static_cast<cuuint64_t>(paged ? kKvBlockSize : a.kv_capacity),
+      static_cast<cuuint64_t>(a.num_kv_heads), static_cast<cuuint64_t>(paged ? 0x7fffffff : a.batch)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(ss) * sizeof(T), static_cast<cuuint64_t>(sh) * sizeof(T),
                                  static_cast<cuuint64_t>(sb) * sizeof(T)};
   const cuuint32_t box[4] = {64, 64, 1, 1};
   const cuuint32_t steps[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const CUresult res = encode(map, type, 4, const_cast<void*>(cache), dims, strides, box, steps,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult res =
+      encode(map, type, 4, const_cast<void*>(cache), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   // Refused (e.g. a zero stride of a broadcast cache): the TMA cannot read this layout; shape 4 can.
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorNotSupported;
 }
@@ -377,7 +376,8 @@ template <typename T>
 cudaError_t launch_prefill_tma(const AttnArgs& a, bool unified, cudaStream_t stream) {
   switch (kernel_head_dim(a.head_dim)) {  // 80 and 96 run in the 128 kernel; 256 has no wgmma kernel
     case 64:
-      return unified ? launch_prefill_tma_impl<T, 64, true>(a, stream) : launch_prefill_tma_impl<T, 64, false>(a, stream);
+      return unified ? launch_prefill_tma_impl<T, 64, true>(a, stream)
+                     : launch_prefill_tma_impl<T, 64, false>(a, stream);
     case 128:
       return unified ? launch_prefill_tma_impl<T, 128, true>(a, stream)
                      : launch_prefill_tma_impl<T, 128, false>(a, stream);

@@ -24,7 +24,7 @@ struct DecodeTraits {
   static constexpr int kNTiles = kKeysPerWarp / 8;  // n8 score fragments per warp per tile
   static constexpr int kStages = Stages;            // 3 unless decode_stages() says otherwise
   static constexpr int kRowBytes = D * 2;
-  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kChunks = D / 8;                    // 16-byte chunks per row
   static constexpr int kRowsPerPass = kThreads / kChunks;  // 4 at head_dim 256: see swizzled_pass
   static constexpr int kPasses = kTile / kRowsPerPass;     // cp.async per thread per tile, for K and for V
   static constexpr int kTileBytes = kTile * kRowBytes;

@@ -92,7 +92,8 @@ cudaError_t run_gemm(const Problem& p, const Plan& plan, Impl impl, const ImplBC
   if (impl == Impl::kAuto) impl = select_impl(p.m, plan);
   switch (impl) {
     case Impl::kA: return launch_impla(p, 0, stream);
-    case Impl::kB: return launch_implb(p, config ? *config : plan_implb_config(p.m, plan), pad_m > 0 ? pad_m : 8, stream);
+    case Impl::kB:
+      return launch_implb(p, config ? *config : plan_implb_config(p.m, plan), pad_m > 0 ? pad_m : 8, stream);
     case Impl::kCublasLt:  // where libcublasLt cannot be loaded: cudaErrorNotSupported, naming what to do
       return launch_implc_cublaslt(p, workspace, workspace_bytes, stream);
     case Impl::kCutlass: return launch_implc_cutlass(p, workspace, workspace_bytes, stream);

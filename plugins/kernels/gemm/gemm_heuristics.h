@@ -414,7 +414,6 @@ inline int64_t implb_plan_max_m(const Plan& p) {
   return hi > lo ? hi : 0;
 }
 
-
 // Plan sanity, or nullptr: thresholds ordered, implc known, and a 1024-column ImplB config only where ImplB sees
 // at most 16 rows. Thresholds above what an implementation can do are allowed (the FlatGemm contract accepts any
 // M): select_impl caps ImplA at M <= 8 and ImplB at M <= 64 (256 with a wgmma config). (The rest of the ImplB config
