@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "kernels/attention/attention_launch.h"
+#include "kernels/attention/attention_prefill_grid.cuh"
 #include "kernels/attention/attention_prefill_sm90.cuh"
 #include "kernels/attention/attention_prefill_sm90_tma.h"
 #include "kernels/common/tensor_map.h"
@@ -351,25 +352,7 @@ cudaError_t launch_prefill_tma_impl(const AttnArgs& args, cudaStream_t stream) {
   CUtensorMap kmap, vmap;
   if ((err = encode_kv_map<T>(args, args.k, args.k_sb, args.k_sh, args.k_ss, &kmap)) != cudaSuccess) return err;
   if ((err = encode_kv_map<T>(args, args.v, args.v_sb, args.v_sh, args.v_ss, &vmap)) != cudaSuccess) return err;
-  if ((err = allow_smem<kernel>(Tr::kSmemBytes)) != cudaSuccess) return err;
-  // CTAs resident on the GPU at once, for the work order (PrefillBlock): one per SM (shared memory).
-  static std::atomic<int> cached[64] = {};
-  int device = 0;
-  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
-  AttnArgs a = args;
-  a.prefill_slots = cached[device & 63].load(std::memory_order_relaxed);
-  if (a.prefill_slots == 0) {
-    int per_sm = 0, sms = 0;
-    if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tr::kThreads, Tr::kSmemBytes)) !=
-        cudaSuccess)
-      return err;
-    if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
-    a.prefill_slots = (per_sm > 0 ? per_sm : 1) * sms;
-    cached[device & 63].store(a.prefill_slots, std::memory_order_relaxed);
-  }
-  const dim3 grid(a.batch * a.num_heads, (a.seq + Tr::kBlockM - 1) / Tr::kBlockM);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kmap, vmap, a);
-  return cudaGetLastError();
+  return launch_prefill_grid<kernel, Tr>(args, stream, kmap, vmap);
 }
 
 template <typename T>
