@@ -12,16 +12,24 @@ A torch dtype has the same name as its row: getattr(torch, name).
 
 from __future__ import annotations
 
-import ml_dtypes
+import functools
+
 import numpy as np
 
-# name, ONNX TensorProto data type, numpy type
-FLOAT_TYPES = (("float32", 1, np.float32), ("float16", 10, np.float16), ("bfloat16", 16, ml_dtypes.bfloat16))
+# name, ONNX TensorProto data type, bytes per element
+FLOAT_TYPES = (("float32", 1, 4), ("float16", 10, 2), ("bfloat16", 16, 2))
 NAMES = tuple(name for name, _, _ in FLOAT_TYPES)
 _BY_ONNX = {onnx_type: name for name, onnx_type, _ in FLOAT_TYPES}
-_BY_NUMPY = {np.dtype(np_type): name for name, _, np_type in FLOAT_TYPES}
 _ONNX_BY_NAME = {name: onnx_type for name, onnx_type, _ in FLOAT_TYPES}
-_NUMPY_BY_NAME = {name: np.dtype(np_type) for name, _, np_type in FLOAT_TYPES}
+_ITEMSIZE = {name: size for name, _, size in FLOAT_TYPES}
+
+
+@functools.lru_cache(maxsize=1)
+def _numpy_by_name() -> dict:
+    """Imported on first use: ml_dtypes takes most of a second to import, and the CLI's error paths need none of it."""
+    import ml_dtypes
+
+    return {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
 def onnx_dtype_name(onnx_type: int, default: str | None = None) -> str | None:
@@ -31,7 +39,10 @@ def onnx_dtype_name(onnx_type: int, default: str | None = None) -> str | None:
 
 def numpy_dtype_name(dtype, default: str | None = None) -> str | None:
     """'float32' for np.float32 (a type or a dtype); `default` for a type that is not one of FLOAT_TYPES."""
-    return _BY_NUMPY.get(np.dtype(dtype), default) if dtype is not None else default
+    if dtype is None:
+        return default
+    name = np.dtype(dtype).name  # ml_dtypes' bfloat16 is named so too
+    return name if name in NAMES and _numpy_by_name()[name] == np.dtype(dtype) else default
 
 
 def onnx_type_of(name: str) -> int:
@@ -39,12 +50,12 @@ def onnx_type_of(name: str) -> int:
 
 
 def numpy_type(name: str) -> np.dtype:
-    return _NUMPY_BY_NAME[name]
+    return _numpy_by_name()[name]
 
 
 def itemsize(name: str) -> int:
     """Bytes per element: 4 for float32, 2 for float16 and bfloat16."""
-    return _NUMPY_BY_NAME[name].itemsize
+    return _ITEMSIZE[name]
 
 
 def torch_to_numpy(tensor) -> np.ndarray:
@@ -52,7 +63,7 @@ def torch_to_numpy(tensor) -> np.ndarray:
     import torch
 
     if tensor.dtype == torch.bfloat16:
-        return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.contiguous().view(torch.int16).numpy().view(numpy_type("bfloat16"))
     return tensor.numpy()
 
 
@@ -62,6 +73,6 @@ def numpy_to_torch(array: np.ndarray):
     import torch
 
     array = np.require(array, requirements=["C", "W"])
-    if array.dtype == np.dtype(ml_dtypes.bfloat16):
+    if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
