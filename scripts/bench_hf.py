@@ -32,7 +32,8 @@ def hf_model(preset: str, layers: int | None, dtype: str, device: str):
     import transformers
 
     from fdpp_rewrite.models import load_model
-    from fdpp_rewrite.models.hf import hf_config_json, hf_state_dict
+    from fdpp_rewrite.models.hf import hf_state_dict
+    from fdpp_rewrite.models.hf_config import hf_config_json
 
     loaded = load_model(preset, dtype=dtype, num_layers=layers)
     config_json = hf_config_json(loaded.config)

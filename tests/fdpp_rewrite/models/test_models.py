@@ -11,7 +11,8 @@ from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.models import PRESETS, get_config, load_model, smollm2_gguf_path
 from fdpp_rewrite.models.config import FAMILIES
 from fdpp_rewrite.models.gguf_file import config_from_gguf, open_gguf, unpermute_rows
-from fdpp_rewrite.models.hf import config_from_hf, hf_config_json, hf_state_dict
+from fdpp_rewrite.models.hf import hf_state_dict
+from fdpp_rewrite.models.hf_config import config_from_hf, hf_config_json
 from fdpp_rewrite.models.names import parameter_count, weight_shapes
 
 # Published parameter counts (model cards / summing the checkpoints' tensors).

@@ -4,7 +4,8 @@ own KV-cache bookkeeping."""
 import pytest
 import torch
 from fdpp_rewrite.models import get_config, load_model
-from fdpp_rewrite.models.hf import hf_config_json, hf_state_dict
+from fdpp_rewrite.models.hf import hf_state_dict
+from fdpp_rewrite.models.hf_config import hf_config_json
 from fdpp_rewrite.models.reference import ReferenceModel
 
 transformers = pytest.importorskip("transformers")
