@@ -108,8 +108,7 @@ def choose_plan(ms: list, curves: dict, best_floor: list = None) -> dict:
 # the ImplC GEMM, then the SiLU-mul pass. fused_decode_plan keeps those batches on ImplB, one launch, when one of
 # the configs the ImplB search timed is within FUSED_DECODE_TOLERANCE of the fastest implementation at every M of
 # the search above m1: the engine's decode step then runs 8 kernels per layer, where the pass made it 9
-# (llama2-7b gate_up [22016, 4096] on the H200: the pair kernel's 49.1 us at M = 16 against cuBLASLt's 45.8 us
-# plus a 2.5 us pass).
+# (measured in docs/notes-gemm.md, "One launch for a silu_mul GEMM's decode batches").
 FUSED_DECODE_MAX_M = max(SEARCH_MS)
 FUSED_DECODE_TOLERANCE = 1.10
 

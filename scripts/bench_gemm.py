@@ -27,13 +27,14 @@ import shlex
 import sys
 from pathlib import Path
 
+from fdpp_rewrite.dispatch import IMPLS as SINGLE_IMPLS  # one kernel each, no dispatch
+
 SHAPES = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 GEOMEAN_MS = [1, 2, 4, 8, 16]
 READ_BW_TARGET = 3.85  # TB/s: 90% of the 4.27 TB/s read bandwidth measured on this H200 (shared/anchors)
 EVERY_POINT_MIN = 0.98  # ">= 1.0x cuBLAS at every point", with 2% allowed for timing noise between two runs
 JUDGED_ON = "graph"
-SINGLE_IMPLS = ("impla", "implb", "cublaslt", "cutlass")
 
 
 def parse_args():

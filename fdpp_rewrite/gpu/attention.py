@@ -304,10 +304,10 @@ def attention(query, key, value, past_len=None, bias=None, *, out=None, workspac
     softmax ("unified" | "synchronized"), kernel ("auto" | "decode" | "prefill" | "rowwise"), num_splits (decode;
     0 = heuristic), max_kv_len (a bound on past_len + S that sizes the decode grid; default: the cache length,
     or exact when past_len is on the CPU), counters (a Counters to add fallback counts to), prefill_config
-    (0 = the plan's tile shape; 1, 2 or 4 force one, see PREFILL_CONFIGS; 4 needs an sm_90 GPU), decode_combine
-    ("auto" | "kernel" | "cluster" | "last_block", see DECODE_COMBINES; "cluster" needs an sm_90 GPU and 2 to 8
-    splits, "last_block" combine_counters), pdl (programmatic dependent launch of the decode kernels where the GPU
-    supports it; False for a timing baseline or when key/value are written by a kernel that may still run),
+    (0 = the plan's tile shape; 1, 2, 4 or 5 force one, see PREFILL_CONFIGS; 4 and 5 need an sm_90 GPU),
+    decode_combine ("auto" | "kernel" | "cluster" | "last_block", see DECODE_COMBINES; "cluster" needs an sm_90 GPU
+    and 2 to 8 splits, "last_block" combine_counters), pdl (programmatic dependent launch of the decode kernels where
+    the GPU supports it; False for a timing baseline or when key/value are written by a kernel that may still run),
     combine_counters (a zeroed int32 tensor of combine_counters_size(query, key) entries on the GPU, left zeroed by
     every call: with it "auto" combines the splits in their last CTA where no cluster fits, one kernel instead of
     two). Defaults of phi, the guard, mask_mode, softcap and window: the op contract's.
