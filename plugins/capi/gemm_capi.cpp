@@ -21,7 +21,8 @@ fdpp_gemm_implb_config from_config(const g::ImplBConfig& c) {
 }
 
 g::Plan to_plan(const fdpp_gemm_plan& p) {
-  return g::Plan{p.m1, p.m2, to_config(p.implb), p.implc, p.m3, to_config(p.wgmma)};
+  // m3 = 0 means no third range, as in the FlatGemm contract (a zero-initialised struct keeps ABI 6's plan)
+  return g::Plan{p.m1, p.m2, to_config(p.implb), p.implc, p.m3 == 0 ? p.m2 : p.m3, to_config(p.wgmma)};
 }
 
 fdpp_gemm_plan from_plan(const g::Plan& p) {

@@ -40,7 +40,7 @@ typedef struct fdpp_gemm_plan {
   int32_t m2;  // ImplB with implb for m1 < M <= m2 (>= m1); implb itself stops at M = 64 (256 with loader 4)
   fdpp_gemm_implb_config implb;
   int32_t implc;  // FDPP_GEMM_IMPLC_CUBLASLT or FDPP_GEMM_IMPLC_CUTLASS
-  int32_t m3;     // ImplB with wgmma for m2 < M <= m3: m3 = m2 for none (wgmma then unread); else m2 <= 64 and
+  int32_t m3;     // ImplB with wgmma for m2 < M <= m3: 0 or m2 for none (wgmma then unread); else m2 <= 64 and
                   // m3 <= 256
   fdpp_gemm_implb_config wgmma;  // the third range's config: loader 4 (wgmma)
 } fdpp_gemm_plan;

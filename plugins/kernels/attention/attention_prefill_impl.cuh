@@ -27,6 +27,12 @@ cudaError_t launch_prefill_sm90_impl(const AttnArgs& a, cudaStream_t stream) {
   cudaError_t err = sm90_binary_present<prefill_sm90_kernel<T, D, false>>(&present);
   if (err != cudaSuccess) return err;
   if (!present) return cudaErrorNotSupported;
+  // The plan's synchronized prefill without soft cap or window: the kernel without them (at head_dim 64 two CTAs
+  // per SM, not one; at 128 the code the H200 measured before the extras).
+  if constexpr (!kUnified) {
+    if (a.softcap_log2 == 0.f && a.window == 0)
+      return launch_prefill_grid<prefill_sm90_kernel<T, D, false, false>, PrefillSm90Traits<D>>(a, stream);
+  }
   return launch_prefill_grid<prefill_sm90_kernel<T, D, kUnified>, PrefillSm90Traits<D>>(a, stream);
 }
 

@@ -137,10 +137,12 @@ struct Sm90WarpRows {
 
 // Scores of the 64-key tile at key0 -> x = s * log2(e) (soft-capped; minus phi_row once the unified max is frozen:
 // one FFMA per score), masked keys -inf. The mask is written out per score as in attention_prefill.cuh.
-template <typename T, int kNT, int kBlockN, bool kFrozen, typename State>
+// kExtras = false compiles the soft cap and the sliding window out (the caller has neither): at head_dim 64 that
+// keeps shape 4 at 109 registers, two CTAs per SM, where the extras make it 127 and one.
+template <typename T, int kNT, int kBlockN, bool kFrozen, typename State, bool kExtras = true>
 __device__ __forceinline__ void sm90_scale_and_mask(const AttnArgs& a, const State& state, const Sm90WarpRows& w, int b,
                                                     int m0, int rows_here, int kv_len, int key0, float (&sc)[kNT][4]) {
-  if (a.softcap_log2 > 0.f) {  // soft-capping (uniform over the grid): x = C tanh(x / C) before the mask
+  if (kExtras && a.softcap_log2 > 0.f) {  // soft-capping (uniform over the grid): x = C tanh(x / C) before the mask
 #pragma unroll
     for (int n = 0; n < kNT; ++n)
 #pragma unroll
@@ -152,7 +154,7 @@ __device__ __forceinline__ void sm90_scale_and_mask(const AttnArgs& a, const Sta
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[n][e] = fmaf(sc[n][e], a.scale_log2, kFrozen ? -state.m_sub[e >> 1] : 0.f);
   }
-  if (key0 + kBlockN > w.unmasked_end || key0 < w.masked_below) {
+  if (key0 + kBlockN > w.unmasked_end || (kExtras && key0 < w.masked_below)) {
 #pragma unroll
     for (int n = 0; n < kNT; ++n)
 #pragma unroll
@@ -161,7 +163,7 @@ __device__ __forceinline__ void sm90_scale_and_mask(const AttnArgs& a, const Sta
         const int s_row = m0 + (lr < rows_here ? lr : 0);
         const int key = key0 + n * 8 + 2 * w.t4 + (e & 1);
         const int end = w.causal ? (w.past + s_row + 1 < kv_len ? w.past + s_row + 1 : kv_len) : kv_len;
-        bool visible = key < end && (a.window == 0 || w.past + s_row - key < a.window);
+        bool visible = key < end && (!kExtras || a.window == 0 || w.past + s_row - key < a.window);
         if (a.mask_mode == MaskMode::kBias && visible) {
           bool unmasked;
           sc[n][e] += bias_log2<T>(a, b, s_row, key, unmasked);
@@ -221,7 +223,8 @@ __device__ __forceinline__ void sm90_epilogue(const AttnArgs& a, State& state, c
   }
 }
 
-template <typename T, int D, bool kUnified>
+// kExtras: soft cap and sliding window compiled in (false: the caller has neither; see sm90_scale_and_mask).
+template <typename T, int D, bool kUnified, bool kExtras = true>
 __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm90_kernel(const AttnArgs a) {
 #if FDPP_WGMMA
   using Tr = PrefillSm90Traits<D>;
@@ -229,7 +232,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
   using State = std::conditional_t<kUnified, AnchoredUnifiedSoftmax<2>, SynchronizedSoftmax<2>>;
   extern __shared__ __align__(128) unsigned char smem[];  // rounded up to 1024 below
 
-  const PrefillBlock<Tr::kBlockM, Tr::kBlockN, Tr::kAnchorTiles> blk(a);  // the mma.sync kernel's work order
+  const PrefillBlock<Tr::kBlockM, Tr::kBlockN, Tr::kAnchorTiles, kExtras> blk(a);  // the mma.sync kernel's order
   const int b = blk.b, hq = blk.hq, hkv = blk.hkv, m0 = blk.m0;
   const int kv_len = blk.kv_len, rows_here = blk.rows_here, key_end = blk.key_end, num_tiles = blk.num_tiles;
   auto tile_at = [&](int it) { return blk.tile_at(it); };
@@ -301,7 +304,8 @@ __global__ void __launch_bounds__(PrefillSm90Traits<D>::kThreads, 1) prefill_sm9
       wgmma_wait<0>();
       keep_registers(sc);
 
-      sm90_scale_and_mask<T, kNT, Tr::kBlockN, kFrozen>(a, state, w, b, m0, rows_here, kv_len, key0, sc);
+      sm90_scale_and_mask<T, kNT, Tr::kBlockN, kFrozen, State, kExtras>(a, state, w, b, m0, rows_here, kv_len, key0,
+                                                                        sc);
       if constexpr (!kFrozen) {  // synchronized: every tile; anchored unified: only until the anchor freezes
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

@@ -230,11 +230,11 @@ cudaError_t encode_weight_map(const Problem& p, int k_tile, CUtensorMap* map) {
   const cuuint64_t dims[3] = {64, cuuint64_t(p.k / 64), cuuint64_t(p.n)};
   const cuuint64_t strides[2] = {128, cuuint64_t(p.k) * 2};
   const cuuint32_t box[3] = {64, cuuint32_t(k_tile / 64), 8};
-  if (detail::encode_tile_map(map, p.dtype, 3, p.w, dims, strides, box) != cudaSuccess) {
+  const cudaError_t err = detail::encode_tile_map(map, p.dtype, 3, p.w, dims, strides, box);
+  // a driver without the encoder keeps its own message and cudaErrorNotSupported
+  if (err == cudaErrorInvalidValue)
     set_detail("ImplB TMA: cuTensorMapEncodeTiled refused the weight (it must be 16-byte aligned)");
-    return cudaErrorInvalidValue;
-  }
-  return cudaSuccess;
+  return err;
 }
 
 template <typename T>

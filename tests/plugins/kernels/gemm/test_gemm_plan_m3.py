@@ -50,6 +50,19 @@ def test_m3_equal_to_m2_is_no_range_and_reads_no_wgmma_config():
     assert gemm().Plan.from_dict(dict(no_m3, m3=0)).m3 == 16  # the FlatGemm attribute's 0
 
 
+def test_a_zeroed_m3_in_the_c_struct_is_no_range():
+    # A C caller that zero-initialises ABI 7's new fields keeps ABI 6's plan, as the FlatGemm attribute's 0 does.
+    import ctypes
+
+    p = gemm().Plan.from_dict({"m1": 0, "m2": 16, "implb": MMA, "implc": "cublaslt"})
+    p.m3, p.wgmma = 0, gemm().ImplBConfig()
+    out = ctypes.c_int32()
+    for m, expected in ((16, 1), (17, 0)):  # ImplB's first range, then nothing of ImplB's: ImplC
+        fdpp_lib.check(gemm().library().fdpp_gemm_select_implb_config(m, ctypes.byref(p), ctypes.byref(out)),
+                       "fdpp_gemm_select_implb_config")
+        assert out.value == expected
+
+
 @pytest.mark.parametrize("bad, message", [
     (plan3(m2=16, m3=8), "m3 must be >= m2"),
     (plan3(m2=16, m3=257), "m3 must be <= 256.*set m3 = m2"),
