@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fdpp_rewrite.engine.backends import Backend, gemm_inputs, torch_rms_norm
+from fdpp_rewrite.engine.backends import Backend, gemm_inputs, node_score_options, torch_rms_norm
 from fdpp_rewrite.errors import FdppError
 from fdpp_rewrite.ref_ops import gather_pages
 
@@ -44,10 +44,15 @@ def torch_flat_gemm(attrs):
 
 def sdpa_attention(attrs):
     """AsyncSoftmaxAttention (mask_mode past_len) as torch's scaled_dot_product_attention with a boolean mask
-    built on the device from past_len (key j visible to query i iff j <= past_len[b] + i)."""
+    built on the device from past_len (key j visible to query i iff j <= past_len[b] + i, within the node's
+    sliding window if it has one); soft-capped attention is refused."""
     if attrs.get("mask_mode") != "past_len":
         raise FdppError(f"the baseline attention takes mask_mode past_len, not {attrs.get('mask_mode')!r}")
-    scale = float(attrs["scale"])
+    options = node_score_options(attrs)
+    if options["softcap"]:  # SDPA has no logit soft-capping: a peer without it would run another model
+        raise FdppError(f"the SDPA baseline has no logit soft-capping (this graph's attention has softcap "
+                        f"{options['softcap']:g}); compare against --kernels fdpp or Hugging Face instead")
+    scale, window = float(attrs["scale"]), options["window"]
 
     def attention(query, key, value, past_len, out=None, block_table=None, max_kv_len=None):
         if block_table is not None:  # a paged engine: the contiguous caches the pools hold (a copy per call)
@@ -55,7 +60,10 @@ def sdpa_attention(attrs):
         batch, heads, seq, _ = query.shape
         length = key.shape[2]
         last = past_len.reshape(batch, 1, 1, 1) + torch.arange(seq, device=query.device).reshape(1, 1, seq, 1)
-        mask = torch.arange(length, device=query.device).reshape(1, 1, 1, length) <= last
+        keys = torch.arange(length, device=query.device).reshape(1, 1, 1, length)
+        mask = keys <= last
+        if window:
+            mask &= last - keys < window
         result = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
                                                 enable_gqa=heads != key.shape[1])
         return result if out is None else out.copy_(result)

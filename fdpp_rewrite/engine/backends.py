@@ -210,6 +210,7 @@ class CudaBackend(Backend):
         from fdpp_rewrite.gpu import attention as gpu_attention
 
         options = {k: attrs[k] for k in ("scale", "phi", "guard_lo", "guard_hi", "mask_mode")}
+        options.update(node_score_options(attrs))
         softmax = node_softmax(attrs)  # synchronized where calibrate found no phi for the layer
         sizes = {}  # (query shape, dtype, key shape) -> combine counters the call needs
 

@@ -351,7 +351,7 @@ def bench_command(args, command: str) -> int:
     reads = StreamReads(args.stream_gib) if cuda else None  # before any engine: the KV pool is sized around it
     if reads:
         reads.measure("before")
-    points = []
+    points, backend_name, graphs = [], None, None  # None: no engine of ours ran (--kernels gptfast alone)
     for label, options in configurations(args.kernels, args.ablate, paged):  # one engine at a time
         folder = args.torch_engine if label == "torch" and args.torch_engine else args.engine
         kv_memory = None if folder != args.engine else args.kv_memory

@@ -42,19 +42,24 @@ class CollectingBackend:
             raise FdppError(f"attention node {name} has mask_mode {attrs.get('mask_mode')!r}; calibration through "
                             "the engine takes our exporter's graphs (mask_mode past_len): export the model with "
                             "python -m fdpp_rewrite export")
+        from fdpp_rewrite.engine.backends import node_score_options
+
         layer, scale = self.layer_of[name], float(attrs["scale"])
+        score_options = node_score_options(attrs)  # the scores the kernels see: soft-capped, windowed
 
         def attention(query, key, value, past_len):
             if self.collector is not None:
-                scores, mask = visible_scores(query, key, past_len, scale, self.valid_rows)
+                scores, mask = visible_scores(query, key, past_len, scale, self.valid_rows, **score_options)
                 self.collector(layer, scores, mask)
             return fn(query, key, value, past_len)
         return attention
 
 
-def visible_scores(query, key, past_len, scale: float, valid_rows: int | None = None):
-    """A batch-1 step's scaled scores [1, Hq, S, past + S] in float32 (key heads repeated for GQA) and the additive
-    causal mask [1, 1, S, past + S] (key j visible to query row i iff j <= past + i), S = valid_rows."""
+def visible_scores(query, key, past_len, scale: float, valid_rows: int | None = None, softcap: float = 0.0,
+                   window: int = 0):
+    """A batch-1 step's scaled scores [1, Hq, S, past + S] in float32 (key heads repeated for GQA; soft-capped to
+    softcap * tanh(s / softcap) where softcap > 0) and the additive causal mask [1, 1, S, past + S] (key j visible
+    to query row i iff j <= past + i, and past + i - j < window where window > 0), S = valid_rows."""
     import torch
 
     if query.shape[0] != 1:
@@ -66,8 +71,13 @@ def visible_scores(query, key, past_len, scale: float, valid_rows: int | None = 
     if q.shape[1] != k.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     last_visible = past + torch.arange(rows, device=q.device).reshape(rows, 1)
-    hidden = torch.arange(past + rows, device=q.device).reshape(1, -1) > last_visible
+    keys = torch.arange(past + rows, device=q.device).reshape(1, -1)
+    hidden = keys > last_visible
+    if window > 0:
+        hidden |= last_visible - keys >= window
     mask = torch.zeros(hidden.shape, device=q.device).masked_fill(hidden, -torch.inf)
     return scores, mask.reshape(1, 1, rows, past + rows)
 

@@ -28,6 +28,7 @@ __all__ = ["run", "remaining_attention", "looks_like_attention", "SUPPORTED", "D
 DEFAULT_PHI, DEFAULT_GUARD_LO, DEFAULT_GUARD_HI = DEFAULT_SETTINGS.phi, DEFAULT_SETTINGS.guard_lo, \
     DEFAULT_SETTINGS.guard_hi
 SOFTCAP = "softcap"  # the contract attribute a soft-capped chain needs
+WINDOW = "window"  # the contract attribute of a sliding-window mask (attention_mask.mask_mode)
 SOFTCAP_MISSING = "logit soft-capping: not supported by the kernels yet"
 
 
@@ -78,7 +79,7 @@ def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> Pa
     mode_cache, bias_cache = {}, {}
     past_len = next((t for t in graph.inputs if t.name == PAST_LEN_INPUT), None)
     for match in matches:
-        mode = mask_mode(graph, match.mask, mode_cache, report)
+        mode, window = mask_mode(graph, match.mask, mode_cache, report)
         fourth = []
         if mode == "past_len":
             fourth = [past_len]
@@ -88,10 +89,12 @@ def run(graph: gs.Graph, calibration: list[SoftmaxSettings] | None = None) -> Pa
                 report.leave("Softmax", match.softmax.name, bias)
                 continue
             fourth = [bias]
-        attrs = contract.validate_attributes(dict(_model_attributes(match), mask_mode=mode),
-                                             where=f"Softmax '{match.softmax.name}'")
+        attrs = dict(_model_attributes(match), mask_mode=mode)
+        if window:
+            attrs[WINDOW] = window
+        attrs = contract.validate_attributes(attrs, where=f"Softmax '{match.softmax.name}'")
         _replace(graph, match, node_attributes_with(attrs, _uncalibrated_settings(match.softcap)), fourth, names)
-        report.replaced[f"{match.layout}/{mode}"] += 1
+        report.replaced[f"{match.layout}/{mode}" + ("+window" if window else "")] += 1
     graph.cleanup().toposort()
     if calibration is None:
         report.notes.append(f"phi={DEFAULT_PHI}, guard [{DEFAULT_GUARD_LO}, {DEFAULT_GUARD_HI}] (defaults; "

@@ -1,9 +1,10 @@
 """The mask of a matched attention chain as the op sees it (passes/attention.py): mask_mode "past_len" (4th input: the
 graph input past_len) when its values come from past_len alone and evaluating it agrees with the contract's causal
-rule; otherwise "bias" (4th input: the mask itself, squeezed and cast as the op takes it), or "none" without a mask.
-Hugging Face graphs build their mask in-graph from the 2-D attention_mask (padding) and the causal rule, and add it
-as Where(mask, 0, finfo.min): that is a "bias" (padding is not a past_len rule), and a fully padded query row, which
-the original averages over nothing, gives 0 in the op.
+rule, with the op's `window` where the mask also hides keys older than a sliding window; otherwise "bias" (4th
+input: the mask itself, squeezed and cast as the op takes it), or "none" without a mask. Hugging Face graphs build
+their mask in-graph from the 2-D attention_mask (padding) and the causal rule, and add it as Where(mask, 0,
+finfo.min): that is a "bias" (padding is not a past_len rule), and a fully padded query row, which the original
+averages over nothing, gives 0 in the op.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def _symbol_values(graph: gs.Graph) -> dict:
     return values
 
 
-def _mask_follows_past_len(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor) -> bool:
-    """Evaluate the mask's subgraph for a few past_len values and check the contract's causal rule:
-    0 where key j <= past_len[b] + i, at or below the masked threshold elsewhere."""
+def _past_len_window(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor) -> int | None:
+    """Evaluate the mask's subgraph for a few past_len values and check the contract's rule: 0 where key j is
+    visible (j <= past_len[b] + i, and (past_len[b] + i) - j < W with a sliding window W), at or below the masked
+    threshold elsewhere. Returns W (0: causal only, or a window no row of the probe reaches), None when the mask
+    follows no such rule or cannot be evaluated."""
     import onnxruntime as ort
 
     threshold = load_contract(OP).raw["bias_mask_threshold"]
@@ -49,7 +52,7 @@ def _mask_follows_past_len(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor
     for name in sorted(shape_fed):
         tensor = tensors[name]
         if tensor.shape is None or tensor.dtype is None or any(d is None for d in tensor.shape):
-            return False
+            return None
         shape = [symbols[d] if isinstance(d, str) else int(d) for d in tensor.shape]
         tensor.inputs.clear()
         feeds[name] = np.zeros(shape, dtype=widened_dtype(tensor.dtype))
@@ -67,38 +70,61 @@ def _mask_follows_past_len(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor
         probe = session.run(None, {**feeds, past_len.name: np.zeros(batch, np.int64)})[0]
         seq, kv_len = probe.shape[-2], probe.shape[-1]
         if seq < 2 or kv_len <= seq:
-            return False  # the evaluation would not exercise the causal structure
+            return None  # the evaluation would not exercise the causal structure
         most = kv_len - seq
+        probes = []  # (own position of each row [B, S], the mask's values [B, S, L])
         for past in (np.linspace(most, 0, batch).astype(np.int64), np.linspace(0, most, batch).astype(np.int64)):
             values = session.run(None, {**feeds, past_len.name: past})[0].astype(np.float64)
             values = values.reshape(values.shape[0], -1, seq, kv_len)
             if values.shape[1] != 1 or values.shape[0] not in (1, batch):
-                return False
-            visible = np.arange(kv_len)[None, None, :] <= (past[:, None] + np.arange(seq)[None, :])[:, :, None]
-            values = np.broadcast_to(values[:, 0], visible.shape)
-            if not (np.all(values[visible] == 0.0) and np.all(values[~visible] <= threshold)):
-                return False
+                return None
+            position = past[:, None] + np.arange(seq)[None, :]
+            probes.append((position, np.broadcast_to(values[:, 0], (batch, seq, kv_len))))
     except Exception:  # noqa: BLE001 - any failure to evaluate means "not proven": the bias form is used
-        return False
-    return True
+        return None
+    return _window_of(probes, kv_len, threshold)
 
 
-def mask_mode(graph: gs.Graph, mask: gs.Tensor | None, cache: dict, report: PassReport) -> str:
+def _window_of(probes: list, kv_len: int, threshold: float) -> int | None:
+    """The one window W every probed row follows (see _past_len_window), from the rows whose oldest visible key is
+    past key 0; 0 where no row shows one; None where the rows disagree or break the rule."""
+    keys = np.arange(kv_len)[None, None, :]
+    windows = set()
+    for position, values in probes:
+        visible = values == 0.0
+        oldest = np.where(visible.any(-1), visible.argmax(-1), 0)
+        windows |= set((position - oldest + 1)[oldest > 0].tolist())
+    if len(windows) > 1:
+        return None
+    window = windows.pop() if windows else 0
+    for position, values in probes:
+        expected = keys <= position[:, :, None]
+        if window:
+            expected &= position[:, :, None] - keys < window
+        if not (np.all(values[expected] == 0.0) and np.all(values[~expected] <= threshold)):
+            return None
+    return int(window)
+
+
+def mask_mode(graph: gs.Graph, mask: gs.Tensor | None, cache: dict, report: PassReport) -> tuple[str, int]:
+    """(mask_mode, window) of the op for this mask: ("past_len", W) where the mask is the causal rule (within a
+    sliding window of W keys; 0: none) computed from past_len alone, else ("bias", 0), or ("none", 0)."""
     if mask is None:
-        return "none"
+        return "none", 0
     if mask.name in cache:
         return cache[mask.name]
     _, sources = ancestors(mask, stop_ops=SHAPE_ONLY_OPS)
     graph_inputs = {t.name for t in graph.inputs}
     value_inputs = {t.name for t in sources if t.name in graph_inputs}
     past_len = next((t for t in graph.inputs if t.name == PAST_LEN_INPUT), None)
-    mode = "bias"
+    mode = ("bias", 0)
     if value_inputs == {PAST_LEN_INPUT}:
-        if _mask_follows_past_len(graph, mask, past_len):
-            mode = "past_len"
+        window = _past_len_window(graph, mask, past_len)
+        if window is not None:
+            mode = ("past_len", window)
         else:
-            report.warnings.append(f"mask '{mask.name}' is computed from past_len but does not follow the causal "
-                                   "rule j <= past_len + i (a sliding window?); passed to the op as a bias")
+            report.warnings.append(f"mask '{mask.name}' is computed from past_len but follows neither the causal "
+                                   "rule j <= past_len + i nor a sliding window of it; passed to the op as a bias")
     cache[mask.name] = mode
     return mode
 

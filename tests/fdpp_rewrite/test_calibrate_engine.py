@@ -161,3 +161,15 @@ def test_the_gpu_eta_counts_the_export_and_build_only_without_the_users_engine()
     tokens, layers = 24576, 32
     assert collect.expected_duration(tokens, layers, "cuda") == "about 64 s"
     assert collect.expected_duration(tokens, layers, "cuda", engine_given=True) == "about 4 s"
+
+
+def test_visible_scores_are_the_kernels_scores_under_a_soft_cap_and_a_window():
+    # phi is chosen from the scores the kernels compare against it: capped, and only the keys in the window.
+    query, key = torch.randn(1, 2, 3, 8) * 4, torch.randn(1, 2, 10, 8)
+    scores, mask = visible_scores(query, key, torch.tensor([5]), 0.5, valid_rows=3, softcap=2.0, window=4)
+    raw, _ = visible_scores(query, key, torch.tensor([5]), 0.5, valid_rows=3)
+    torch.testing.assert_close(scores, 2.0 * torch.tanh(raw / 2.0))
+    assert scores.abs().max() <= 2.0 < raw.abs().max()
+    # row i (position 5 + i) sees keys 2 + i .. 5 + i: four keys each
+    assert [torch.isfinite(mask[0, 0, i]).nonzero().flatten().tolist() for i in range(3)] == [
+        [2, 3, 4, 5], [3, 4, 5, 6], [4, 5, 6, 7]]

@@ -1,7 +1,7 @@
 """Hand-made ONNX graphs for the rewrite tests, built with onnx.helper in the exact shape the docstring of
 fdpp_rewrite/onnx_builder.py fixes for `fdpp_rewrite export` (inputs input_ids, past_len, key_cache.i, value_cache.i;
 outputs logits and the updated caches; the grouped 5-D attention chain; the causal mask computed from past_len), plus
-variants: the 4-D Hugging Face layout with repeat_kv, a sliding-window mask (not past_len's rule), q/k/v biases.
+variants: the 4-D Hugging Face layout with repeat_kv, a sliding-window mask, q/k/v biases.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class TinyConfig:
     max_cache: int = 24
     dtype: str = "float32"
     layout: str = "grouped-5d"   # or "4d" (Hugging Face style, repeat_kv, Div by sqrt(D))
-    mask: str = "causal"         # or "sliding" (a window of 4 keys: computed from past_len, but not its rule)
+    mask: str = "causal"         # or "sliding" (a window of 4 keys, computed from past_len)
     qkv_bias: bool = False
     seed: int = 0
 
@@ -189,7 +189,8 @@ def build_attention_graph(layout="grouped-5d", heads=4, kv_heads=2, head_dim=HEA
                           softmax_axis=-1, scale_op="Mul", mask_first=False, casts=False, probs_output=False,
                           dtype="float32") -> onnx.ModelProto:
     """One attention block with the caches as inputs: query [B, Hq, S, D], key/value [B, Hkv, L, D],
-    past_len [B] (and attention_bias [B, 1, S, L] for mask="input"). mask: "causal" or "sliding" (computed
+    past_len [B] (and attention_bias [B, 1, S, L] for mask="input"). mask: "causal", "sliding" (a window of 4
+    keys) or "gap" (causal but for the key just before the diagonal: no rule of the op's; all three computed
     from past_len), "input" (a graph input), "none". casts: Cast to float32 before the softmax and back.
     probs_output: the probabilities are also a graph output (attention weights returned)."""
     b = Builder(dtype, 0)
@@ -202,7 +203,7 @@ def build_attention_graph(layout="grouped-5d", heads=4, kv_heads=2, head_dim=HEA
               helper.make_tensor_value_info("value", dt, ["batch", kv_heads, kv_len, head_dim]),
               helper.make_tensor_value_info("past_len", TensorProto.INT64, ["batch"])]
     mask_name = None
-    if mask in ("causal", "sliding"):
+    if mask in ("causal", "sliding", "gap"):
         seq = b.op("Gather", [b.op("Shape", ["query"]), b.const(2, i64)], axis=0)
         length = b.op("Gather", [b.op("Shape", ["key"]), b.const(2, i64)], axis=0)
         steps = b.op("Range", [b.const(0, i64), seq, b.const(1, i64)])
@@ -213,6 +214,9 @@ def build_attention_graph(layout="grouped-5d", heads=4, kv_heads=2, head_dim=HEA
         visible = b.op("LessOrEqual", [keys, last])
         if mask == "sliding":
             visible = b.op("And", [visible, b.op("Greater", [keys, b.op("Sub", [last, b.const(4, i64)])])])
+        if mask == "gap":
+            gap = b.op("Equal", [keys, b.op("Sub", [last, b.const(1, i64)])])
+            visible = b.op("And", [visible, b.op("Not", [gap])])
         mask_name = b.op("Unsqueeze", [b.op("Where", [visible, b.const(0.0), b.const(-np.inf)]), b.const([1], i64)])
         if layout == "grouped-5d":
             mask_name = b.op("Unsqueeze", [mask_name, b.const([2], i64)])

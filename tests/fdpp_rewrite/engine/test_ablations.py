@@ -52,3 +52,25 @@ def test_the_cublaslt_ablation_sends_every_m_to_implc_even_with_a_wgmma_range():
                             flat_gemm=lambda attrs, name, p: given.append(p))
     ablations.CublasLtGemm(inner).replace("FlatGemm", {}, "g")
     assert all(select_impl(m, given[0]) == "cublaslt" for m in (1, 16, 17, 128, 256))
+
+
+def test_sdpa_baseline_applies_the_window_and_refuses_a_soft_cap():
+    # The torch peer must run the same model: a sliding window is part of its mask, a soft cap it cannot express
+    # is refused in one line instead of timing another model.
+    import numpy as np
+
+    from fdpp_rewrite.engine.ablations import sdpa_attention
+    from fdpp_rewrite.ref_ops import async_softmax_attention
+
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 40, 16)
+    v = torch.randn_like(k)
+    past = torch.tensor([30, 12])
+    attrs = {"scale": 0.25, "mask_mode": "past_len", "window": 5}
+    out = sdpa_attention(attrs)(q, k, v, past)
+    expected = async_softmax_attention(q.numpy(), k.numpy(), v.numpy(), past.numpy(), scale=0.25, phi=0.0,
+                                       guard_lo=-1e3, guard_hi=1e3, mask_mode="past_len", window=5,
+                                       softmax="synchronized")
+    np.testing.assert_allclose(out.numpy(), expected, atol=1e-5)
+    with pytest.raises(FdppError, match="no logit soft-capping.*softcap 50"):
+        sdpa_attention(dict(attrs, softcap=50.0))

@@ -84,3 +84,25 @@ def test_cuda_backend_keeps_the_combine_kernel_for_grouped_query_attention():
     assert len(launched) == 2, launched  # the split kernel, then the combine kernel
     assert backend.combine_counter_buffers == []
     assert torch.equal(layer(q, k, v, past), attention(q, k, v, past, decode_combine="kernel"))
+
+
+@pytest.mark.parametrize("softcap, window", [(1.0, 0), (0.0, 100), (2.0, 700)])
+def test_cuda_backend_passes_the_nodes_softcap_and_window_to_the_kernels(softcap, window):
+    # The cuda lowering must hand the node's soft cap and sliding window to the kernels: the CPU backend (the
+    # reference ops) applies them, so the two agree only if the cuda path does too. Scores of order 4 make the
+    # cap bite (tanh(s) is far from s) and 1K keys make the window hide most of them.
+    from fdpp_rewrite.engine.backends import CpuBackend, CudaBackend
+
+    defaults = {"phi": 0.0, "guard_lo": -1000.0, "guard_hi": 1000.0}
+    attrs = {"scale": 0.5, "mask_mode": "past_len", "softcap": softcap, "window": window, **defaults}
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 3, 64, device="cuda").half()
+    k = torch.randn(2, 4, 1024, 64, device="cuda").half()
+    v = torch.randn_like(k)
+    past = torch.tensor([1000, 400], dtype=torch.int64, device="cuda")
+    cuda_out = CudaBackend({}).lower("AsyncSoftmaxAttention", attrs, "layer0.attention")(q, k, v, past)
+    cpu = CpuBackend({}).lower("AsyncSoftmaxAttention", attrs, "layer0.attention")
+    cpu_out = cpu(q.cpu(), k.cpu(), v.cpu(), past.cpu())
+    torch.testing.assert_close(cuda_out.float().cpu(), cpu_out.float(), atol=2e-3, rtol=2e-3)
+    plain = CudaBackend({}).lower("AsyncSoftmaxAttention", dict(attrs, softcap=0.0, window=0), "layer0.attention")
+    assert (plain(q, k, v, past) - cuda_out).abs().max() > 0.05  # the options change the answer

@@ -78,13 +78,25 @@ def test_mask_not_from_past_len_is_a_bias(layout):
     assert_same_outputs(model, rewritten, attention_feeds(model))
 
 
-def test_sliding_window_from_past_len_is_not_taken_for_causal():
-    """Computed from past_len alone, but not the contract's rule: evaluating it must catch that."""
+def test_sliding_window_from_past_len_is_past_len_with_the_window():
+    """Causal within the 4 latest keys, computed from past_len: the op's past_len rule with window 4 (the 19-key
+    cache lets rows reach past the window, so evaluating the mask sees it)."""
     model = build_attention_graph(mask="sliding")
     rewritten, report = rewrite_attention(model)
     (node,) = attention_nodes(rewritten)
+    assert (node_attributes(node)["mask_mode"], node_attributes(node)["window"]) == ("past_len", 4)
+    assert report.replaced == {"grouped-5d/past_len+window": 1} and not report.near_misses
+    assert_same_outputs(model, rewritten, attention_feeds(model, seq=3))
+
+
+def test_a_past_len_mask_of_no_rule_is_a_bias():
+    """Computed from past_len alone, but neither causal nor windowed (one key hidden): evaluating it must catch
+    that, and the mask goes to the op as a bias."""
+    model = build_attention_graph(mask="gap")
+    rewritten, report = rewrite_attention(model)
+    (node,) = attention_nodes(rewritten)
     assert node_attributes(node)["mask_mode"] == "bias"
-    assert any("sliding window" in miss for miss in report.near_misses)
+    assert any("nor a sliding window" in miss for miss in report.near_misses)
     assert_same_outputs(model, rewritten, attention_feeds(model, seq=3))
 
 
