@@ -23,6 +23,12 @@ from fdpp_rewrite.passes.common import (PAST_LEN_INPUT, NameMaker, PassReport, a
 SHAPE_ONLY_OPS = ("Shape", "Size")  # their output depends on the input's shape, never on its values
 
 
+# A cache length's size in the second evaluation of a mask: a sliding window shorter than this is seen even where
+# the graph's cache length is symbolic (Mistral's and Gemma 2's 4,096, Gemma 3's 512 and 1,024). The mask is
+# [B, 1, S, L] with S small, so evaluating it stays cheap.
+LONG_CACHE_PROBE = 16384
+
+
 def _symbol_values(graph: gs.Graph) -> dict:
     """Concrete sizes for symbolic dims when evaluating a mask: distinct, with later ones larger, so a cache
     length named after the sequence length comes out longer (2, 3, 11, 13, ...)."""
@@ -38,14 +44,31 @@ def _symbol_values(graph: gs.Graph) -> dict:
 def _past_len_window(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor) -> int | None:
     """Evaluate the mask's subgraph for a few past_len values and check the contract's rule: 0 where key j is
     visible (j <= past_len[b] + i, and (past_len[b] + i) - j < W with a sliding window W), at or below the masked
-    threshold elsewhere. Returns W (0: causal only, or a window no row of the probe reaches), None when the mask
-    follows no such rule or cannot be evaluated."""
+    threshold elsewhere. Evaluated at small sizes, then again with every symbol that is neither the batch nor the
+    query length (a cache length) at LONG_CACHE_PROBE and up. Returns W (0: causal only, or a window no probed row
+    reaches), None when the mask follows no such rule or cannot be evaluated."""
+    symbols = _symbol_values(graph)
+    probes = _probe_mask(graph, mask, past_len, symbols)
+    if probes is None:
+        return None
+    batch, seq = probes[0][0].shape
+    cache_symbols = sorted(dim for dim, size in symbols.items() if size not in (batch, seq))
+    if cache_symbols:
+        long = dict(symbols, **{dim: LONG_CACHE_PROBE + i for i, dim in enumerate(cache_symbols)})
+        long_probes = _probe_mask(graph, mask, past_len, long)
+        if long_probes is None:
+            return None
+        probes += long_probes
+    return _window_of(probes, load_contract(OP).raw["bias_mask_threshold"])
+
+
+def _probe_mask(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor, symbols: dict) -> list | None:
+    """The mask's values for two spreads of past_len over the batch, at these symbol sizes: a list of (each
+    row's own position [B, S], the values [B, S, L]); None when it cannot be evaluated or is not [B|1, 1, S, L]."""
     import onnxruntime as ort
 
-    threshold = load_contract(OP).raw["bias_mask_threshold"]
     nodes, _ = ancestors(mask, stop_ops=SHAPE_ONLY_OPS)
     shape_fed = {n.inputs[0].name for n in nodes if n.op in SHAPE_ONLY_OPS and not is_constant(n.inputs[0])}
-    symbols = _symbol_values(graph)
     sub = graph.copy()
     tensors = sub.tensors()
     feeds = {}
@@ -72,7 +95,7 @@ def _past_len_window(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor) -> i
         if seq < 2 or kv_len <= seq:
             return None  # the evaluation would not exercise the causal structure
         most = kv_len - seq
-        probes = []  # (own position of each row [B, S], the mask's values [B, S, L])
+        probes = []
         for past in (np.linspace(most, 0, batch).astype(np.int64), np.linspace(0, most, batch).astype(np.int64)):
             values = session.run(None, {**feeds, past_len.name: past})[0].astype(np.float64)
             values = values.reshape(values.shape[0], -1, seq, kv_len)
@@ -82,13 +105,12 @@ def _past_len_window(graph: gs.Graph, mask: gs.Tensor, past_len: gs.Tensor) -> i
             probes.append((position, np.broadcast_to(values[:, 0], (batch, seq, kv_len))))
     except Exception:  # noqa: BLE001 - any failure to evaluate means "not proven": the bias form is used
         return None
-    return _window_of(probes, kv_len, threshold)
+    return probes
 
 
-def _window_of(probes: list, kv_len: int, threshold: float) -> int | None:
+def _window_of(probes: list, threshold: float) -> int | None:
     """The one window W every probed row follows (see _past_len_window), from the rows whose oldest visible key is
     past key 0; 0 where no row shows one; None where the rows disagree or break the rule."""
-    keys = np.arange(kv_len)[None, None, :]
     windows = set()
     for position, values in probes:
         visible = values == 0.0
@@ -98,6 +120,7 @@ def _window_of(probes: list, kv_len: int, threshold: float) -> int | None:
         return None
     window = windows.pop() if windows else 0
     for position, values in probes:
+        keys = np.arange(values.shape[-1])[None, None, :]
         expected = keys <= position[:, :, None]
         if window:
             expected &= position[:, :, None] - keys < window

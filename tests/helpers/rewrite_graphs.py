@@ -187,11 +187,12 @@ def decode_feeds(cfg: TinyConfig, batch=2, seq=1, past=(5, 9), seed=1) -> dict:
 
 def build_attention_graph(layout="grouped-5d", heads=4, kv_heads=2, head_dim=HEAD_DIM, kv_len=19, mask="causal",
                           softmax_axis=-1, scale_op="Mul", mask_first=False, casts=False, probs_output=False,
-                          dtype="float32") -> onnx.ModelProto:
+                          dtype="float32", window=4) -> onnx.ModelProto:
     """One attention block with the caches as inputs: query [B, Hq, S, D], key/value [B, Hkv, L, D],
-    past_len [B] (and attention_bias [B, 1, S, L] for mask="input"). mask: "causal", "sliding" (a window of 4
-    keys) or "gap" (causal but for the key just before the diagonal: no rule of the op's; all three computed
-    from past_len), "input" (a graph input), "none". casts: Cast to float32 before the softmax and back.
+    past_len [B] (and attention_bias [B, 1, S, L] for mask="input"); kv_len may be a symbol (a dynamic cache
+    length, "cache": attention_feeds gives it 40 keys). mask: "causal", "sliding" (a window of `window` keys) or
+    "gap" (causal but for the key just before the diagonal: no rule of the op's; all three computed from
+    past_len), "input" (a graph input), "none". casts: Cast to float32 before the softmax and back.
     probs_output: the probabilities are also a graph output (attention weights returned)."""
     b = Builder(dtype, 0)
     i64 = np.int64
@@ -213,7 +214,7 @@ def build_attention_graph(layout="grouped-5d", heads=4, kv_heads=2, head_dim=HEA
         keys = b.op("Range", [b.const(0, i64), length, b.const(1, i64)])
         visible = b.op("LessOrEqual", [keys, last])
         if mask == "sliding":
-            visible = b.op("And", [visible, b.op("Greater", [keys, b.op("Sub", [last, b.const(4, i64)])])])
+            visible = b.op("And", [visible, b.op("Greater", [keys, b.op("Sub", [last, b.const(window, i64)])])])
         if mask == "gap":
             gap = b.op("Equal", [keys, b.op("Sub", [last, b.const(1, i64)])])
             visible = b.op("And", [visible, b.op("Not", [gap])])
@@ -269,11 +270,12 @@ def attention_feeds(model: onnx.ModelProto, batch=3, seq=2, seed=0) -> dict:
     rng = np.random.default_rng(seed)
     feeds = {}
     for info in model.graph.input:
-        dims = [d.dim_value if d.HasField("dim_value") else {"batch": batch, "seq": seq}[d.dim_param]
+        dims = [d.dim_value if d.HasField("dim_value") else {"batch": batch, "seq": seq, "cache": 40}[d.dim_param]
                 for d in info.type.tensor_type.shape.dim]
         dtype = helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
         if info.name == "past_len":
-            kv_len = next(i for i in model.graph.input if i.name == "key").type.tensor_type.shape.dim[2].dim_value
+            kv_dim = next(i for i in model.graph.input if i.name == "key").type.tensor_type.shape.dim[2]
+            kv_len = kv_dim.dim_value if kv_dim.HasField("dim_value") else 40  # "cache": 40 keys
             feeds[info.name] = rng.integers(0, kv_len - seq + 1, dims).astype(np.int64)
         elif info.name == "attention_bias":
             feeds[info.name] = np.where(rng.random(dims) < 0.3, -np.inf, rng.standard_normal(dims)).astype(dtype)

@@ -80,4 +80,4 @@ def _probe(past: list, seq: int, kv_len: int, visible) -> tuple:
 ])
 def test_window_of_a_probed_mask(visible, expected):
     probes = [_probe([8, 0], 3, 12, visible), _probe([0, 8], 3, 12, visible)]
-    assert _window_of(probes, 12, -1e4) == expected
+    assert _window_of(probes, -1e4) == expected

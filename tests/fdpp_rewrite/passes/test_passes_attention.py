@@ -89,6 +89,17 @@ def test_sliding_window_from_past_len_is_past_len_with_the_window():
     assert_same_outputs(model, rewritten, attention_feeds(model, seq=3))
 
 
+def test_a_window_longer_than_the_small_probes_is_seen_in_a_dynamic_cache():
+    """A symbolic cache length with a 600-key window: at the small sizes the mask looks causal, so the pass also
+    evaluates it with a long cache (attention_mask.LONG_CACHE_PROBE); dropping the window would be a silent wrong
+    answer past 600 tokens."""
+    model = build_attention_graph(mask="sliding", kv_len="cache", window=600)
+    rewritten, report = rewrite_attention(model)
+    (node,) = attention_nodes(rewritten)
+    assert (node_attributes(node)["mask_mode"], node_attributes(node)["window"]) == ("past_len", 600)
+    assert_same_outputs(model, rewritten, attention_feeds(model, seq=3))
+
+
 def test_a_past_len_mask_of_no_rule_is_a_bias():
     """Computed from past_len alone, but neither causal nor windowed (one key hidden): evaluating it must catch
     that, and the mask goes to the op as a bias."""
