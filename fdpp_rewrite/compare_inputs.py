@@ -52,10 +52,14 @@ def check_prefill(max_cache, prefill: int) -> None:
         raise FdppError(f"the caches hold {max_cache} tokens; pass --prefill at most {max_cache - 3}")
 
 
+MIN_BATCH = 2  # sequences with different past_len are part of the check
+
+
 def check_options(batch: int, prefill: int) -> None:
     """What --batch and --prefill must be whatever the graph (checked before any model is loaded)."""
-    if batch < 2:
-        raise FdppError("--batch must be at least 2 (sequences with different past_len are part of the check)")
+    if batch < MIN_BATCH:
+        raise FdppError(f"--batch must be at least {MIN_BATCH} (sequences with different past_len are part of the "
+                        "check)")
     check_prefill(None, prefill)
 
 

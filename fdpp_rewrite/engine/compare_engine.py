@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from fdpp_rewrite.compare_graphs import check_order
-from fdpp_rewrite.compare_inputs import check_options, make_steps
+from fdpp_rewrite.compare_inputs import MIN_BATCH, check_options, make_steps
 from fdpp_rewrite.compare_report import CompareReport, accuracy_rows, session_tolerance
 from fdpp_rewrite.errors import FdppError, cannot_load
 from fdpp_rewrite.hf_graph import present_name
@@ -75,8 +75,9 @@ def _engine_runner(engine, session, progress: Progress, steps: int):
 
     def check_fits(batch: int, longest: int) -> None:
         if batch > engine.max_batch:
-            raise FdppError(f"the comparison feeds {batch} sequences, the engine takes {engine.max_batch}; "
-                            f"pass --batch {engine.max_batch} or less")
+            fix = (f"pass --batch {engine.max_batch} or less" if engine.max_batch >= MIN_BATCH else
+                   f"build the engine with --max-batch {MIN_BATCH} or more to compare it")
+            raise FdppError(f"the comparison feeds {batch} sequences, the engine takes {engine.max_batch}; {fix}")
         if longest > engine.max_seq:
             raise FdppError(f"the comparison needs {longest} positions, the engine holds {engine.max_seq}; "
                             "pass a smaller --prefill")

@@ -39,6 +39,16 @@ def test_another_models_graph_is_refused(tmp_path):
         compare_engine(other, engine)
 
 
+def test_an_engine_too_small_to_compare_says_how_to_build_it(tmp_path):
+    onnx_path, engine = _export_build(tmp_path, "tiny-llama", "float32", "cpu")
+    build_engine(onnx_path.with_suffix(".fdpp.onnx"), tmp_path / "one", backend="cpu", max_batch=1, max_seq=64,
+                 stream=io.StringIO())
+    with pytest.raises(FdppError, match="engine takes 1; build the engine with --max-batch 2 or more"):
+        compare_engine(onnx_path, tmp_path / "one")  # --batch 1 would be refused: the check needs two sequences
+    with pytest.raises(FdppError, match="engine takes 4; pass --batch 4 or less"):
+        compare_engine(onnx_path, engine, batch=5)
+
+
 def test_cli_compares_an_engine_folder(tmp_path, capsys):
     from fdpp_rewrite.cli import main
 
