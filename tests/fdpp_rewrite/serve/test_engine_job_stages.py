@@ -92,8 +92,8 @@ def test_archives_are_per_job_and_whole(tmp_path):
 
 
 def test_the_deadline_counts_from_the_start_with_a_margin(tmp_path):
-    """JOB_DEADLINE_S less JOB_MARGIN_S (default 20): 45 s leaves under 30 for a stage, 60 s with no margin does not."""
-    engine_job(tmp_path, "soak_paged", JOB_DEADLINE_S="45")
+    """JOB_DEADLINE_S less JOB_MARGIN_S (default 30): 55 s leaves under 30 for a stage, 60 s with no margin does not."""
+    engine_job(tmp_path, "soak_paged", JOB_DEADLINE_S="55")
     assert "soak_paged: SKIPPED (" in (tmp_path / "work" / "results" / "summary.txt").read_text()
     engine_job(tmp_path, "soak_paged", JOB_DEADLINE_S="60", JOB_MARGIN_S="0")
     assert "soak_paged: FAILED (rc 1)" in (tmp_path / "work" / "results" / "summary.txt").read_text()
