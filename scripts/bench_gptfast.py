@@ -16,7 +16,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from fdpp_rewrite.errors import FdppError, require_gpu, run_script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as python scripts/bench_gptfast.py
+
+from fdpp_rewrite.errors import FdppError, require_gpu, run_script  # noqa: E402
 
 
 def parse_args(argv=None):

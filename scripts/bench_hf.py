@@ -37,16 +37,23 @@ def hf_model(preset: str, layers: int | None, dtype: str, device: str):
 
     loaded = load_model(preset, dtype=dtype, num_layers=layers)
     config_json = hf_config_json(loaded.config)
-    if config_json["model_type"] != "llama":
-        raise SystemExit(f"error: the Hugging Face peer is written for llama-family presets, not {preset}")
-    config = transformers.LlamaConfig(**{k: v for k, v in config_json.items() if k not in ("model_type",
-                                                                                       "architectures")})
-    torch_dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
+    fields = {k: v for k, v in config_json.items() if k not in ("model_type", "architectures")}
+    if config_json["model_type"] == "llama":
+        config = transformers.LlamaConfig(**fields)
+        model_class = transformers.LlamaForCausalLM
+    else:  # every other family (gemma3_text, qwen3, phi3...): transformers' own class of its model_type
+        try:
+            config = transformers.AutoConfig.for_model(config_json["model_type"], **fields)
+        except ValueError as exc:
+            raise SystemExit(f"error: transformers {transformers.__version__} has no model of type "
+                             f"{config_json['model_type']!r} ({preset}): {exc}") from None
+        model_class = transformers.AutoModelForCausalLM.from_config
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(torch_dtype)  # built in the target dtype on the target device: no fp32 copy on the host
     try:
         with torch.device(device):
-            model = transformers.LlamaForCausalLM(config)
+            model = model_class(config)
     finally:
         torch.set_default_dtype(default_dtype)
     state = hf_state_dict(loaded.config, loaded.weights)
@@ -103,7 +110,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset")
     parser.add_argument("--layers", type=int, help="keep only the first N layers (default: all)")
-    parser.add_argument("--dtype", default="float16", choices=["float16", "float32"])
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--modes", nargs="+", default=["eager", "compile"], choices=["eager", "compile"])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])

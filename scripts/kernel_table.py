@@ -29,7 +29,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from fdpp_rewrite.errors import FdppError, require_gpu, run_script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as python scripts/kernel_table.py
+
+from fdpp_rewrite.errors import FdppError, require_gpu, run_script  # noqa: E402
 
 LABEL = "fdpp_step_"  # profiler range names of the eager run: LABEL + step index
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel")  # ...Ex, ...ExC included

@@ -15,7 +15,8 @@ Mixes (--mix): `lengths` (the default) draws each prompt's length from --prompt-
 1,024-token system prompt + 128 tokens of its own, 128 out: what a prefix cache saves), `long-prompts` (prompts
 1K-4K, 128 out: the llama3-8b serving point), `soak` (prompts 128-8K, 16-256 out) and `8k-sequences` (prompts of
 8,128 tokens, 64 out: every request ends at 8,192 tokens, 128 KV blocks; the capacity check). A mix caps a prompt
-at half the server's max sequence: 8K prompts need a server of 16K+.
+at half the server's max sequence: 8K prompts need a server of 16K+. The shared prefix is never capped: where the
+prefix + its own prompt + the output exceed the server's max sequence (1,280 > 512), loadgen refuses.
 
 Per client count C (--clients, or its old name --concurrency), C clients send streamed greedy completions back to
 back (prompts as token ids, so engines
@@ -152,17 +153,34 @@ def check_loopback(url: str) -> None:
         raise FdppError(f"{host} is not a loopback address; loadgen measures a server on this machine only")
 
 
+def check_prefix_fits(shared_prefix: int, max_len: int, max_output: int | None, prompt_lengths,
+                      output_lengths) -> None:
+    """A shared prefix + the longest own prompt + the longest output must fit the server's max sequence."""
+    if not shared_prefix:
+        return
+    output = min(max(output_lengths), max_output or max(output_lengths))
+    needed = shared_prefix + max(prompt_lengths) + output
+    if needed > max_len:
+        raise FdppError(f"the {shared_prefix}-token shared prefix + {max(prompt_lengths)}-token prompts + {output} "
+                        f"tokens out need {needed} tokens a sequence, the server's max is {max_len}: serve an engine "
+                        f"built with --max-seq {needed} or more (loadgen never shrinks the prefix)")
+
+
 def request_mix(seed: int, count: int, max_len: int, max_output: int | None, prompt_lengths=PROMPT_LENGTHS,
                 output_lengths=OUTPUT_LENGTHS, cancel_fraction: float = 0.0, stop_fraction: float = 0.0,
                 shared_prefix: int = 0) -> list:
     """Requests as dicts (prompt ids, max_tokens, cancel_after: a token count or None, stop: a list), the same
-    for a seed; lengths capped to fit the model's max sequence. shared_prefix: every prompt starts with the same
-    that many ids (drawn first), then its own prompt_lengths ids."""
+    for a seed; lengths capped to fit the model's max sequence (a prompt at half of it). shared_prefix: every
+    prompt starts with the same that many ids (drawn first), then its own prompt_lengths ids, uncapped: a prefix
+    that does not fit with the longest own prompt and output is refused, never shrunk (the report says the prefix
+    it asked for)."""
+    check_prefix_fits(shared_prefix, max_len, max_output, prompt_lengths, output_lengths)
     rng = random.Random(seed)
-    system = [rng.choice(TOKEN_IDS) for _ in range(min(shared_prefix, max_len // 4))]  # a quarter: own ids follow
+    system = [rng.choice(TOKEN_IDS) for _ in range(shared_prefix)]
     mix = []
     for _ in range(count):
-        prompt_len = min(len(system) + rng.choice(prompt_lengths), max_len // 2)
+        own = rng.choice(prompt_lengths)
+        prompt_len = len(system) + own if system else min(own, max_len // 2)
         output = min(rng.choice(output_lengths), max_len - prompt_len, max_output or max_len)
         prompt = system + [rng.choice(TOKEN_IDS) for _ in range(prompt_len - len(system))]
         cancel_after = rng.randint(1, max(1, output - 1)) if rng.random() < cancel_fraction else None
@@ -396,7 +414,9 @@ def main(argv=None) -> int:
                           args.shared_prefix)
         report = {"url": url, "model": model, "seed": args.seed,
                   "requests": args.requests[0] if args.requests and len(args.requests) == 1 else args.requests,
-                  "duration_s": args.duration, "mix": args.mix, "shared_prefix": args.shared_prefix,
+                  "duration_s": args.duration, "mix": args.mix,
+                  "shared_prefix": args.shared_prefix,  # as asked: request_mix refuses a prefix it cannot fit
+                  "max_len": max_len,
                   "prompt_lengths": args.prompt_lengths,
                   "output_lengths": args.output_lengths, "max_output": args.max_output,
                   "cancel_fraction": args.cancel_fraction, "stop_fraction": args.stop_fraction,

@@ -462,6 +462,15 @@ def test_a_gpu_script_without_a_gpu_says_so_in_one_line(script, tmp_path):
     assert "needs a CUDA GPU" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("script", ["kernel_table.py", "bench_gptfast.py"])
+def test_a_gpu_script_runs_without_pythonpath(script, tmp_path):
+    """Run as their docstrings say (python scripts/NAME.py, no PYTHONPATH, from any folder): they find the package."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / script), "--help"], capture_output=True,
+                            text=True, env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("usage:"), result.stderr
+
+
 def test_run_script_turns_an_fdpp_error_into_one_line_and_keeps_bugs(capsys):
     from fdpp_rewrite.errors import FdppError, run_script
 

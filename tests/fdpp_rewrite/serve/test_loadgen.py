@@ -65,22 +65,58 @@ def test_named_mixes(loadgen):
     assert {len(r["prompt"]) for r in heavy} == {128, 256, 512} and {r["max_tokens"] for r in heavy} == {512}
     today = loadgen.request_mix(5, 60, 8320, None, *loadgen.MIXES["today"][:2])
     assert {len(r["prompt"]) for r in today} == {128, 256, 512, 1024} and {r["max_tokens"] for r in today} == {128}
-    small = loadgen.request_mix(5, 4, 512, None, (128,), (128,), shared_prefix=1024)  # a 512-token model
-    assert all(len(r["prompt"]) == 256 and len(r["prompt"]) + r["max_tokens"] <= 512 for r in small)
+    paged = loadgen.request_mix(5, 4, 2048, None, (128,), (128,), shared_prefix=1024)  # the 2048-token engine
+    assert all(len(r["prompt"]) == 1024 + 128 and r["max_tokens"] == 128 for r in paged)  # the prefix as asked
+    assert loadgen.request_mix(5, 4, 1280, None, (128,), (128,), shared_prefix=1024) == paged  # just fits
+    with pytest.raises(loadgen.FdppError, match="1024-token shared prefix .* need 1280 tokens a sequence, the "
+                                                "server's max is 1279: serve an engine built with --max-seq 1280"):
+        loadgen.request_mix(5, 4, 1279, None, (128,), (128,), shared_prefix=1024)  # never shrunk
+    assert len(loadgen.request_mix(5, 4, 1156, 4, (128,), (128,), shared_prefix=1024)[0]["prompt"]) == 1152
 
 
-def test_loadgen_shared_prefix_mix_records_it(server, loadgen, tmp_path):
+def test_shared_prefix_mix_records_the_prefix_it_sent(loadgen, tmp_path, monkeypatch):
+    """On the 2048-token paged engine the shared-prefix mix sends 1,024 + 128-token prompts and records 1024."""
+    sent = []
+
+    async def level(url, model, mix, concurrency, requests, *rest):
+        sent.extend(mix[:requests])
+        return {"concurrency": concurrency, "requests": requests, "tokens_per_s": 1.0, "ttft_p50_ms": 1.0,
+                "ttft_p99_ms": 1.0, "itl_p50_ms": 1.0, "itl_p99_ms": 1.0}
+
+    monkeypatch.setattr(loadgen, "server_model", lambda url, model: ("m", 2048))
+    monkeypatch.setattr(loadgen, "run_level", level)
+    monkeypatch.setattr(loadgen, "print_table", lambda points: None)
+    out = tmp_path / "prefix"
+    assert loadgen.main(["--clients", "64", "--mix", "shared-prefix", "--requests", "8", "-o", str(out)]) == 0
+    report = json.loads((out / "loadgen.json").read_text())
+    assert (report["shared_prefix"], report["max_len"]) == (1024, 2048)
+    assert len(sent) == 8 and {len(r["prompt"]) for r in sent} == {1024 + 128}
+    assert len({tuple(r["prompt"][:1024]) for r in sent}) == 1
+
+
+def test_loadgen_shared_prefix_mix_refuses_a_short_server(server, loadgen, tmp_path, capsys):
+    """The test server's 512 tokens cannot hold the 1,024-token prefix: one line, nothing written or sent."""
     out = tmp_path / "shared"
     argv = ["--url", server.url, "--clients", "2", "--mix", "shared-prefix", "--requests", "4", "--max-output", "4",
             "-o", str(out)]
+    assert loadgen.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need 1156 tokens a sequence, the server's max is 512" in err
+    assert not (out / "loadgen.json").exists()
+
+
+def test_loadgen_lengths_mix_digest_is_repeatable(server, loadgen, tmp_path):
+    """Greedy: the same mix twice gives the same texts, the same digest; a server with KV slots has no blocks."""
+    out = tmp_path / "lengths"
+    argv = ["--url", server.url, "--clients", "2", "--requests", "4", "--prompt-lengths", "64",
+            "--output-lengths", "4", "-o", str(out)]
     assert loadgen.main(argv) == 0
     report = json.loads((out / "loadgen.json").read_text())
-    assert (report["mix"], report["shared_prefix"], report["prompt_lengths"]) == ("shared-prefix", 1024, [128])
-    assert report["command"] == "python scripts/loadgen.py " + " ".join(argv)
+    assert report["command"] == "python scripts/loadgen.py " + " ".join(argv) and report["shared_prefix"] == 0
     point = report["points"][0]
     assert point["answered"] == 4 and point["idle_metrics"]["kv_slots_in_use"] == 0
-    assert point["idle_metrics"]["kv_blocks_used"] is None  # a server with KV slots has no blocks
-    assert loadgen.main(argv[:-1] + [str(tmp_path / "again")]) == 0  # greedy: the same texts, the same digest
+    assert point["idle_metrics"]["kv_blocks_used"] is None
+    assert loadgen.main(argv[:-1] + [str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "loadgen.json").read_text())["points"][0]
     assert again["outputs_sha256"] == point["outputs_sha256"]
 

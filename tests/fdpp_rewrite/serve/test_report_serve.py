@@ -248,3 +248,23 @@ def test_scale_capacity_saturated_measures_nothing(report_serve, tmp_path):
     bars = scale(report_serve, results_folder(tmp_path, admitted=48), tmp_path / "bars.json")
     capacity = bars["capacity_8k_sequences"]
     assert capacity["met"] is None and "raise --clients" in capacity["note"]
+
+
+def test_scale_attention_leaves_out_untimed_points(report_serve, tmp_path):
+    """bench_paged_attention.py's points that did not fit (a skip note, no speed_ratio) are left out of the worst
+    point and counted; with none timed the bar is not measured, with the reason, and every other bar still is."""
+    out = results_folder(tmp_path)
+    path = out / "paged_attention.json"
+    rows = json.loads(path.read_text())["rows"]
+    skipped = {"batch": 256, "heads": 32, "kv_heads": 32, "context": 32768,
+               "note": "skipped: 2 x 16.0 GiB of K/V does not fit in 10.0 GiB free"}
+    path.write_text(json.dumps({"rows": [*rows, skipped]}))
+    bar = scale(report_serve, out, tmp_path / "bars.json")["paged_attention_vs_contiguous"]
+    assert bar["met"] is True and bar["points"] == 2 and bar["points_untimed"] == 1
+    assert bar["value"] == pytest.approx(0.98) and "1 not timed (skipped)" in bar["ours"]
+    path.write_text(json.dumps({"rows": [skipped]}))
+    bars = scale(report_serve, out, tmp_path / "bars2.json")
+    bar = bars["paged_attention_vs_contiguous"]
+    assert bar["met"] is None and "paged_attention.json has no timed point (1 rows untimed: skipped: 2 x" in bar["note"]
+    assert bars["bench_roofline_b256"]["met"] is True
+    assert bar["title"] in (tmp_path / "bars2.md").read_text()
