@@ -5,13 +5,17 @@ top-1 agreement, and the asynchronized softmax's fallback rate.
 
 Text: the King James Bible's New Testament (fdpp_rewrite.text split "heldout"; the calibration reads only the Old
 Testament), tokenized with the engine's tokenizer and cut into windows of --window tokens, each scored from its
-own start. The reference: transformers' LlamaForCausalLM in float32 on the GPU with the same weights (the
-preset's, e.g. SmolLM2's dequantized GGUF), full causal attention per window. The engine is scored twice:
+own start. The reference: transformers' model of the family (LlamaForCausalLM, Gemma3ForCausalLM...) in float32
+on the engine's device with the same weights (the preset's, e.g. SmolLM2's dequantized GGUF), per window. The
+engine is scored twice:
   prefill  each window in one prompt pass (the prefill attention, logits of every position)
   decode   the windows decoded token by token, teacher-forced, --batch windows at a time (the decode attention,
            its CUDA graphs and the per-sequence lengths)
 Fallback rate: rows that took the exact fallback (the library's counters) over the attention rows computed
 (layers x query heads x query positions).
+The peer (--peer-dtype, default the engine's dtype when it is not float32): the same transformers model in that
+dtype, each window in one forward pass, scored like the engine's prefill: what rounding to that dtype costs any
+runtime, beside what it costs ours.
 """
 
 import argparse
@@ -57,6 +61,23 @@ class Scores:
                 "top1_agreement": self.agree / self.count}
 
 
+def score_peer(preset: str, dtype: str, device: str, windows: list, ref_argmax: list) -> Scores:
+    """transformers' model in `dtype`, each window in one forward pass, against the float32 reference's argmax."""
+    import torch
+
+    from bench_hf import hf_model
+
+    model, _ = hf_model(preset, None, dtype, device)
+    scores = Scores()
+    with torch.inference_mode():
+        for ids, argmax in zip(windows, ref_argmax):
+            x = torch.tensor([ids], device=device)
+            scores.add(model(input_ids=x).logits[0, :-1], x[0, 1:], argmax)
+    del model
+    torch.cuda.empty_cache()
+    return scores
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("engine", type=Path)
@@ -64,6 +85,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8, help="windows decoded together in the decode pass")
+    parser.add_argument("--peer-dtype", choices=["float16", "bfloat16", "none"],
+                        help="also score transformers' model in this dtype against the float32 reference (default: "
+                             "the engine's dtype, none for a float32 engine)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -87,6 +111,7 @@ def main(argv=None) -> int:
     device = engine.device.type  # the cpu backend runs this too (no fallback counters there: reported as None)
     counters = read_library_counters if device == "cuda" else (lambda reset: (None, None))
     reference, origin = hf_model(args.reference, None, "float32", device)
+    reference_class = type(reference).__name__
     rows_per_token = engine.num_layers * reference.config.num_attention_heads
     ref_scores, ref_argmax = Scores(), []
     with torch.inference_mode():
@@ -97,6 +122,8 @@ def main(argv=None) -> int:
             ref_argmax.append(logits.argmax(-1))
     del reference
     torch.cuda.empty_cache()
+    peer_dtype = args.peer_dtype or (engine.manifest["dtype"] if engine.manifest["dtype"] != "float32" else "none")
+    peer = None if peer_dtype == "none" else score_peer(args.reference, peer_dtype, device, windows, ref_argmax)
 
     # engine, prefill: one prompt pass per window, every position's logits
     counters(reset=True)
@@ -130,12 +157,13 @@ def main(argv=None) -> int:
 
     report = {"command": "python " + " ".join([f"scripts/{Path(__file__).name}", *(argv or sys.argv[1:])]),
               "engine": str(args.engine), "gpu": engine.manifest.get("gpu"), "dtype": engine.manifest["dtype"],
-              "reference": f"{args.reference}, transformers LlamaForCausalLM float32 ({origin})",
+              "reference": f"{args.reference}, transformers {reference_class} float32 ({origin})",
               "text": "KJV New Testament (fdpp_rewrite.text 'heldout'; calibration used the Old Testament)",
               "tokens": args.tokens, "window": args.window,
               "reference_perplexity": ref_scores.report()["perplexity"],
               "prefill": {**prefill.report(), "fallback_rows": prefill_fallback, "attention_rows": prefill_rows},
               "decode": {**decode.report(), "fallback_rows": decode_fallback, "attention_rows": decode_rows},
+              "peer": None if peer is None else {"model": f"transformers {peer_dtype}", **peer.report()},
               "seconds": time.perf_counter() - started}
     for mode in ("prefill", "decode"):
         part = report[mode]
@@ -145,6 +173,11 @@ def main(argv=None) -> int:
         print(f"{mode:>7}: perplexity {part['perplexity']:.4f} (reference {report['reference_perplexity']:.4f}, "
               f"{part['perplexity_vs_reference_pct']:+.3f}%), top-1 agreement {100 * part['top1_agreement']:.2f}%, "
               f"fallback rows {part['fallback_rows']} of {part['attention_rows']}")
+    if peer is not None:
+        part = report["peer"]
+        part["perplexity_vs_reference_pct"] = 100 * (part["perplexity"] / report["reference_perplexity"] - 1)
+        print(f"   peer: {part['model']}: perplexity {part['perplexity']:.4f} "
+              f"({part['perplexity_vs_reference_pct']:+.3f}%), top-1 agreement {100 * part['top1_agreement']:.2f}%")
     tmp = Path(f"{args.out}.tmp")
     tmp.write_text(json.dumps(report, indent=1) + "\n")
     os.replace(tmp, args.out)

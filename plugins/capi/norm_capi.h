@@ -21,7 +21,7 @@ typedef struct fdpp_rms_norm_args {
   const void* x;
   int64_t x_row_stride;
   const void* weight;  // [hidden], x's dtype; constant while kernels run (read before the PDL wait, so no
-                      // kernel still running may write it)
+                       // kernel still running may write it)
   void* y;
   int64_t y_row_stride;
 } fdpp_rms_norm_args;
