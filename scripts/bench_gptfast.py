@@ -52,7 +52,8 @@ def main(argv=None) -> int:
 
     from fdpp_rewrite.engine.gptfast_peer import run_points
 
-    report = {"command": shlex.join([sys.executable, *sys.argv]), "peer": "gpt-fast recipe, torch.compile "
+    argv = sys.argv[1:] if argv is None else argv  # the arguments this run took, also when called from Python
+    report = {"command": shlex.join([sys.executable, __file__, *argv]), "peer": "gpt-fast recipe, torch.compile "
               "reduce-overhead", "preset": args.preset, "layers": config.num_layers, "dtype": "float16",
               "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "points": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -62,8 +62,8 @@
 #             bench run of the paged engine with --kernels fdpp torch --torch-engine it at batch 16/64/128/256 x
 #             context 128/512, 64 new tokens: roofline and 1.15x at 64-256 x 512, first token at 16 x 128, from one
 #             run -> paged_peer.json (est. 4 min)
-#   serve_paged  bench of the paged engine at batch 256 over the decode-heavy mix's contexts (its mean prompt, its
-#             output as new tokens) -> serve_bench_decode_heavy.json; then the engine served (--warmup all, one
+#   serve_paged  bench of the paged engine at batch 256 at the decode-heavy mix's mean context (64 new tokens around
+#             it: report_serve.decode_heavy_bench_args) -> serve_bench_decode_heavy.json; then served (--warmup all, one
 #             server): loadgen levels of the issue's mixes, chosen by SERVE_MIXES (default "today decode-heavy
 #             prefix"): today's mix at 16/64/256 clients (480/640/1024 requests), the decode-heavy mix at 16/256
 #             (256/512), the shared-prefix mix at 64 (384) with prefix caching on, then off (a second server)
@@ -499,9 +499,9 @@ stage_serve_paged() {  # one server (prefix caching on) for the mixes, a second 
   need_lib || return 1
   [ -f "$PAGED/engine/manifest.json" ] || { echo "run the paged_build stage first (it builds the engine)"; return 1; }
   local rc=0 mixes=" ${SERVE_MIXES:-today decode-heavy prefix} "
-  if [[ $mixes == *" decode-heavy "* ]]; then  # bench at batch 256 over the decode-heavy mix's contexts, first
-    local mix; mix=$($PY -c "import sys; sys.path.insert(0, 'scripts'); import loadgen; p, o, _ = \
-loadgen.MIXES['decode-heavy']; print(round(sum(p) / len(p)), round(sum(o) / len(o)))")
+  if [[ $mixes == *" decode-heavy "* ]]; then  # bench at batch 256 at the decode-heavy mix's mean context, first
+    local mix; mix=$($PY -c "import sys; sys.path.insert(0, 'scripts'); import loadgen, report_serve as r; \
+p, o, _ = loadgen.MIXES['decode-heavy']; print(*r.decode_heavy_bench_args({'prompt_lengths': p, 'output_lengths': o}))")
     $ENGINE bench "$PAGED/engine" --batch 256 --context ${mix% *} --new-tokens ${mix#* } \
       --out "$OUT/serve_bench_decode_heavy.json" || rc=1
   fi

@@ -321,7 +321,8 @@ def main(argv=None) -> int:
     import torch
 
     model = (engine.manifest.get("model") or {}).get("source") or args.engine.name
-    report = {"command": shlex.join([sys.executable, *sys.argv]), "engine": str(args.engine),
+    argv = sys.argv[1:] if argv is None else argv  # the arguments this run took, also when called from Python
+    report = {"command": shlex.join([sys.executable, __file__, *argv]), "engine": str(args.engine),
               "gpu": torch.cuda.get_device_name(), "model": model, "dtype": engine.plan["dtype"], "points": points}
     text = markdown(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

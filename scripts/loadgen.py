@@ -50,6 +50,7 @@ import random
 import socket
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -199,15 +200,16 @@ async def one_request(client, url: str, model: str, request: dict) -> dict:
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
             if response.status_code != 200:
-                await response.aread()
+                body = await response.aread()
                 refused = response.status_code < 500 or response.status_code == 503
-                return {"outcome": "refused" if refused else "failed"}
+                return {"outcome": "refused" if refused else "failed",
+                        "reason": f"HTTP {response.status_code}: {error_message(body)}"}
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
-                    return {"outcome": "failed"}
+                    return {"outcome": "failed", "reason": f"stream error: {chunk['error'].get('message', '?')}"}
                 if chunk["choices"] and chunk["choices"][0]["text"]:
                     stamps.append(time.perf_counter())
                     text.append(chunk["choices"][0]["text"])
@@ -215,8 +217,8 @@ async def one_request(client, url: str, model: str, request: dict) -> dict:
                         return {"outcome": "cancelled"}  # leaving the block closes the connection
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
-    except Exception:  # noqa: BLE001 - a broken connection is a failed request, counted, not a crash
-        return {"outcome": "failed"}
+    except Exception as exc:  # noqa: BLE001 - a broken connection is a failed request, counted, not a crash
+        return {"outcome": "failed", "reason": f"{type(exc).__name__}: {exc}"[:200]}
     return {"outcome": "answered", "tokens": tokens, "text": "".join(text),
             "ttft": stamps[0] - sent if stamps else None,
             "itl": [b - a for a, b in zip(stamps, stamps[1:])]}
@@ -298,6 +300,14 @@ def percentile(values: list, q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]  # nearest rank
 
 
+def error_message(body: bytes) -> str:
+    """The message of an OpenAI-shaped error body, else the body's start."""
+    try:
+        return str(json.loads(body)["error"]["message"])[:200]
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode(errors="replace")
+
+
 def summarize(concurrency: int, results: list, wall: float) -> dict:
     answered = [r for r in results if r["outcome"] == "answered"]
     ttft = [r["ttft"] for r in answered if r["ttft"] is not None]
@@ -313,7 +323,14 @@ def summarize(concurrency: int, results: list, wall: float) -> dict:
             "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
             "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
             "itl_p50_ms": ms(percentile(itl, 50)), "itl_p99_ms": ms(percentile(itl, 99)),
-            "outputs_sha256": outputs_digest(answered)}
+            "outputs_sha256": outputs_digest(answered),
+            "output_digests": {str(r["index"]): text_digest(r["text"]) for r in answered},
+            "failure_reasons": dict(Counter(r["reason"] for r in results if r.get("reason")).most_common())}
+
+
+def text_digest(text: str) -> str:
+    """A request's output, short: two runs' outputs are compared request by request (prefix caching on and off)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def outputs_digest(answered: list) -> str:
@@ -392,6 +409,8 @@ def print_table(points: list) -> None:
               f"{cell(p['itl_p50_ms'])} {cell(p['itl_p99_ms'])} {p['answered']:>8} {p['cancelled']:>9} "
               f"{p['refused']:>7} {p['failed']:>6} {held:>20} {'-' if preempted is None else f'{preempted:.0f}':>9} "
               f"{'-' if hits is None else f'{hits:.1%}':>11}")
+        for reason, count in p.get("failure_reasons", {}).items():  # why requests were refused or failed
+            print(f"{'':>7} {count} x {reason}")
         if "busy_metrics" in p:
             busy = p["busy_metrics"]
             print(f"{'':>7} peaks over {busy['samples']} reads of /metrics: "

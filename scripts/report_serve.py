@@ -111,6 +111,7 @@ ATTENTION_FLOOR = 0.97
 CAPACITY_TOKENS, CAPACITY_TOLERANCE = 8192, 0.05
 MEMORY_FLAT_PCT = 1.0  # GPU memory growth from the first sample after warm-up to the last, at most
 BENCH_CONTEXT_TOLERANCE = 0.1  # a bench point stands for a mix whose mean context is within this share of its own
+BENCH_NEW_TOKENS = 64  # decode steps of the bench point a mix is compared with
 SCALE_RUNS = ("today", "decode_heavy", "prefix_on", "prefix_off")
 # scripts/engine_job.sh's names under its results folder (report_serve.py scale --results FOLDER)
 SCALE_RESULTS = {"today": "serve_today", "decode_heavy": "serve_decode_heavy", "prefix_on": "serve_prefix_on",
@@ -188,6 +189,12 @@ def mean_context(report: dict) -> float:
     return report.get("shared_prefix", 0) + sum(prompts) / len(prompts) + sum(outputs) / len(outputs) / 2
 
 
+def decode_heavy_bench_args(report: dict) -> tuple[int, int]:
+    """bench's --context and --new-tokens for batch 256 at a mix's mean context: BENCH_NEW_TOKENS new tokens around
+    it (the mix's whole output, 512 new tokens on 256 rows, would not fit the pool that serves the mix)."""
+    return round(mean_context(report) - BENCH_NEW_TOKENS / 2), BENCH_NEW_TOKENS
+
+
 def bench_at(path: Path, batch: int, context: float) -> dict | None:
     """The fdpp point at `batch` whose mean decode context (context + new_tokens / 2) is nearest `context`, if
     within BENCH_CONTEXT_TOLERANCE of it."""
@@ -208,8 +215,7 @@ def decode_heavy_bars(report: dict, points: dict, bench_path: Path | None) -> di
     point = bench_at(bench_path, 256, context) if bench_path is not None and bench_path.is_file() else None
     if point is None:
         why = (f"no bench at batch 256 near the mix's mean context {context:.0f} (bench --batch 256 --context "
-               f"{context - sum(report['output_lengths']) / len(report['output_lengths']) / 2:.0f} --new-tokens "
-               f"{max(report['output_lengths'])})")
+               "{} --new-tokens {})".format(*decode_heavy_bench_args(report)))
         return {**bars, "decode_heavy_256_vs_bench": not_measured(titles[0], why),
                 "decode_heavy_256_itl_p99_ms": not_measured(titles[1], why)}
     shown = f"bench batch 256, context {point['context']} + {point.get('new_tokens', 0)} new"
@@ -237,10 +243,20 @@ def prefix_bars(on_points: dict, off_points: dict) -> dict:
                                                ours=f"{tps(on)} (on)", peer=f"{tps(off)} (off)"),
         "prefix_cache_identical_outputs": {"title": "prefix caching: greedy outputs identical (outputs_sha256)",
                                            "met": same, "answered": [on["answered"], off["answered"]],
-                                           "ours": f"{on['outputs_sha256'][:12]} ({on['answered']} answered)",
+                                           "ours": f"{on['outputs_sha256'][:12]} ({on['answered']} answered"
+                                                   f"{differing(on, off)})",
                                            "peer": f"{off['outputs_sha256'][:12]} ({off['answered']} answered)",
                                            "bar": "equal"},
     }
+
+
+def differing(on: dict, off: dict) -> str:
+    """', N of them differ' from the per-request digests both runs have (loadgen's output_digests), else ''."""
+    a, b = on.get("output_digests"), off.get("output_digests")
+    if not a or not b:
+        return ""
+    both = set(a) & set(b)
+    return f", {sum(a[i] != b[i] for i in both)} of {len(both)} answered by both differ"
 
 
 def peer_bars(path: Path) -> dict:

@@ -220,8 +220,9 @@ fdpp_status portable_params(const fdpp_attention_args* args, fdpp::AttentionPara
                        "the portable kernels take contiguous caches; pass block_table NULL or use "
                        "fdpp_attention_forward");
   if (p->head_dim != 64 && p->head_dim != 128)
-    return unsupported(fn, "the portable kernels are built for head_dim 64 and 128 (got " +
-                               str(static_cast<long long>(p->head_dim)) + "); use fdpp_attention_forward");
+    return unsupported(fn, "head_dim " + str(static_cast<long long>(p->head_dim)) +
+                               " is not supported by the portable kernels (built for 64 and 128); use "
+                               "fdpp_attention_forward");
   if (p->softcap != 0.f || p->window != 0)
     return unsupported(fn,
                        "the portable kernels have no softcap or window; pass 0 for both or use "

@@ -23,11 +23,13 @@ def attention_api():
 
 def prefill_shape_built(dim, config, softcap=0.0, window=0):
     """The prefill tile shapes built for a case (attention_params.h, prefill_shape_takes): head_dim 256 only the
-    64-row shape 2; the 128-row shape 1 no soft cap, window or zero-filled dims (80, 96); shape 4 not at 256."""
+    64-row shape 2; the 128-row shape 1 no soft cap, window or zero-filled dims (80, 96); shape 5 no 80, 96."""
     if dim == 256:
         return config in (0, 2)
     if config == 1:
         return softcap == 0.0 and window == 0 and dim in (64, 128)
+    if config == 5:
+        return dim in (64, 128)
     return True
 
 

@@ -167,11 +167,14 @@ struct RopeAppendParams {
 // Whether prefill tile shape `config` (1, 2, 4; attention_prefill_impl.cuh; 5, attention_prefill_sm90_tma.cuh) is
 // built for these parameters: head_dim 256 has the 64-row shape 2 only; shape 1 (128 rows, at 255 registers) is
 // compiled without soft-capping, the sliding window and the zero-filled head dims 80 and 96 (their code made it
-// spill), which shapes 2, 4 and 5 have.
+// spill), which shapes 2 and 4 have. Shape 5 (forced only) runs 64 and 128 alone: at 80 and 96 the H200 gave
+// non-finite and wrong rows from NaN-padded caches (docs/notes-attention.md, "Open").
 // Example: head_dim 96, config 1 -> false; head_dim 128 with softcap 50, config 2 -> true.
 inline bool prefill_shape_takes(const AttentionParams& p, int config) {
   if (kernel_head_dim(p.head_dim) == 256) return config == 2;
-  if (config == 1) return p.softcap == 0.f && p.window == 0 && p.head_dim == kernel_head_dim(p.head_dim);
+  const bool padded = p.head_dim != kernel_head_dim(p.head_dim);  // 80, 96: zero-filled inside the 128 kernels
+  if (config == 1) return p.softcap == 0.f && p.window == 0 && !padded;
+  if (config == 5) return !padded;
   return true;
 }
 

@@ -7,9 +7,10 @@
 //   (head dims, row, KV head, outer) with outer = the sequence (contiguous caches) or the block (paged pools; a
 //   tile is one KV block, so kv_locate gives the box's coordinates in both modes). They are encoded per call on
 //   the host (no allocation, no synchronization) and passed as __grid_constant__ parameters. Head dims past the
-//   real ones (80, 96 in the 128 kernel) and rows past the cache are out of the map: the TMA zero-fills them. A
-//   tile that ends past its block's last visible key (at most one per CTA) is copied with zero-filling cp.async
-//   as in shape 4, since cache rows past a sequence's end may hold NaN, and 0 * NaN in P.V would poison a row.
+//   real ones (80, 96 in the 128 kernel; refused for now, notes "Open") and rows past the cache are out of the
+//   map: the TMA zero-fills them. A tile that ends past its block's last visible key (at most one per CTA) is
+//   copied with zero-filling cp.async as in shape 4, since cache rows past a sequence's end may hold NaN, and
+//   0 * NaN in P.V would poison a row.
 // - setmaxnreg. The producer is a whole warpgroup (setmaxnreg acts per warpgroup) that keeps kProducerRegs
 //   registers and hands the rest to the two consumer warpgroups (kConsumerRegs each).
 // - Ping-pong between the consumer warpgroups, with the next tile's S issued beside this tile's P.V. Each

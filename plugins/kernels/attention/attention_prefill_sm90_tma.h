@@ -9,8 +9,8 @@ namespace attn {
 
 struct AttnArgs;
 
-// Runs shape 5 for head_dim 64, 80, 96 or 128 (cudaErrorNotSupported for 256, off sm_90a code, or for K/V
-// layouts the tensor maps cannot describe).
+// Runs shape 5 for head_dim 64 or 128 (cudaErrorNotSupported for 256, off sm_90a code, or for K/V layouts the
+// tensor maps cannot describe; 80 and 96 are refused by the argument checks: prefill_shape_takes).
 template <typename T>
 cudaError_t launch_prefill_tma(const AttnArgs& a, bool unified, cudaStream_t stream);
 

@@ -119,6 +119,23 @@ def test_loadgen_lengths_mix_digest_is_repeatable(server, loadgen, tmp_path):
     assert loadgen.main(argv[:-1] + [str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "loadgen.json").read_text())["points"][0]
     assert again["outputs_sha256"] == point["outputs_sha256"]
+    assert sorted(point["output_digests"]) == ["0", "1", "2", "3"]
+    assert again["output_digests"] == point["output_digests"]
+    assert point["failure_reasons"] == {}
+
+
+def test_failed_requests_say_why(loadgen):
+    """A failed request's reason (HTTP status and the server's message, a stream error, or a broken connection)
+    is counted per level and printed, so a lost request in a 1,000-request run can be explained."""
+    results = [{"outcome": "failed", "reason": "stream error: the engine failed"},
+               {"outcome": "failed", "reason": "stream error: the engine failed"},
+               {"outcome": "refused", "reason": "HTTP 429: the queue is full"},
+               {"outcome": "answered", "index": 3, "text": "hi", "tokens": 1, "ttft": 0.1, "itl": []}]
+    point = loadgen.summarize(4, results, 1.0)
+    assert point["failure_reasons"] == {"stream error: the engine failed": 2, "HTTP 429: the queue is full": 1}
+    assert (point["failed"], point["refused"]) == (2, 1) and list(point["output_digests"]) == ["3"]
+    assert loadgen.error_message(b'{"error": {"message": "too long"}}') == "too long"
+    assert loadgen.error_message(b"<html>bad gateway") == "<html>bad gateway"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -72,6 +72,7 @@ def test_new_head_sizes_with_a_cap_and_a_window_are_accepted(dim):
     (256, {"prefill_config": 1}, FDPP_ERR_UNSUPPORTED, "prefill_config 1 is not built for head_dim 256"),
     (256, {"prefill_config": 4}, FDPP_ERR_UNSUPPORTED, "prefill_config 4 is not built for head_dim 256"),
     (256, {"prefill_config": 5}, FDPP_ERR_UNSUPPORTED, "prefill_config 5 is not built for head_dim 256"),
+    (96, {"prefill_config": 5}, FDPP_ERR_UNSUPPORTED, "prefill_config 5 is not built for head_dim 96"),
     (128, {"prefill_config": 6}, FDPP_ERR_INVALID_ARGUMENT, "unknown prefill_config 6"),
     (80, {"prefill_config": 1}, FDPP_ERR_UNSUPPORTED, "prefill_config 1 is not built for head_dim 80"),
     (128, {"prefill_config": 1, "window": 64}, FDPP_ERR_UNSUPPORTED, "with softcap or window"),
@@ -89,7 +90,7 @@ def test_a_plain_128_prefill_keeps_every_tile_shape():
 @pytest.mark.parametrize("changes,message", [
     ({"softcap": 50.0}, "the portable kernels have no softcap or window"),
     ({"window": 16}, "the portable kernels have no softcap or window"),
-    ({"head_dim": 96}, "the portable kernels are built for head_dim 64 and 128 (got 96)"),
+    ({"head_dim": 96}, "head_dim 96 is not supported by the portable kernels (built for 64 and 128)"),
 ])
 def test_the_portable_kernels_refuse_what_they_lack(changes, message):
     a = args(96 if "head_dim" in changes else 128, **changes)
