@@ -26,8 +26,10 @@ demo: setup $(if $(HAVE_CUDA_GPU),lib)
 # Two pytest processes at once (the suite is mostly single-threaded exports and subprocesses, and CI has two
 # cores): the top-level files of tests/fdpp_rewrite in one, everything else in the other, each with its own temp
 # folder; the first's report is printed after the second's, and either failing fails the target.
-# test_install.py (a wheel built into a fresh venv) runs in the second process: it balances the two
-SHARD_A := $(filter-out tests/fdpp_rewrite/test_install.py,$(wildcard tests/fdpp_rewrite/test_*.py))
+# test_install.py (a wheel built into a fresh venv) runs in the second process: it balances the two, and so does
+# test_rewrite_hf_exporters.py, whose transformers exports the engine tests there reuse (one session, one export)
+SHARD_A := $(filter-out tests/fdpp_rewrite/test_install.py tests/fdpp_rewrite/test_rewrite_hf_exporters.py,\
+             $(wildcard tests/fdpp_rewrite/test_*.py))
 test: setup lib
 	@tmp=$$(mktemp -d); \
 	( $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$tmp/a $(SHARD_A) >$$tmp/a.log 2>&1; echo $$? >$$tmp/a.rc ) & \

@@ -55,13 +55,19 @@ class DecoderGraph:
         """A weight (a torch tensor, already rounded to the model dtype by Weights) as numpy, bits unchanged."""
         return torch_to_numpy(tensor).astype(self.np_dtype, copy=False)
 
+    def _transposed(self, name: str, *, counted: bool = True) -> np.ndarray:
+        """weight `name` transposed into a contiguous [K, N] array (torch's copy: a few times numpy's on big tables)."""
+        tensor = self.weights[name]
+        self.num_params += tensor.numel() if counted else 0
+        return self._array(tensor.t().contiguous())
+
     def param(self, name: str) -> str:
         """An initializer holding weight `name` as is (norm scales, biases, embedding tables)."""
         return self.g.weight(name, self._tensor(name))
 
     def linear(self, x: str, name: str, bias: bool) -> str:
         """MatMul(x, W_t) (+ Add(bias)), with W_t = weight.T stored as a [K, N] initializer."""
-        w_t = self.g.weight(name + ".weight_t", np.ascontiguousarray(self._tensor(name + ".weight").T))
+        w_t = self.g.weight(name + ".weight_t", self._transposed(name + ".weight"))
         y = self.g.op("MatMul", [x, w_t])
         return self.g.op("Add", [y, self.param(name + ".bias")]) if bias else y
 
@@ -283,10 +289,9 @@ class DecoderGraph:
         x = self.norm(x, "final_norm")
         if c.tie_embeddings:
             # the lm_head is a MatMul like every linear: a transposed copy of the embedding table
-            table = self._array(self.weights["embed.weight"])
-            head = g.weight("lm_head.weight_t", np.ascontiguousarray(table.T))
+            head = g.weight("lm_head.weight_t", self._transposed("embed.weight", counted=False))
         else:
-            head = g.weight("lm_head.weight_t", np.ascontiguousarray(self._tensor("lm_head.weight").T))
+            head = g.weight("lm_head.weight_t", self._transposed("lm_head.weight"))
         if c.final_softcap:
             self.soft_cap(g.op("MatMul", [x, head]), c.final_softcap, outputs=["logits"])
         else:

@@ -272,10 +272,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--max-cache" in capsys.readouterr().out
 
 
-# One preset per graph family at real dimensions (llama2-13b, llama3-8b and qwen2.5-7b repeat the llama and mistral
-# graphs at larger sizes; their families run at tiny sizes in test_export_families.py).
+# Real dimensions for the llama graph, the largest other one (chatglm2: 65K vocabulary, 13,696-wide MLP) and gpt2;
+# the other families (opt, mistral, qwen2...) run at tiny sizes in test_export_families.py: each real one-layer
+# export costs ~45 s of the CPU suite and their graphs have no shape-dependent code the three here lack.
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["llama2-7b", "opt-6.7b", "chatglm2-6b", "mistral-7b", "gpt2"])
+@pytest.mark.parametrize("preset", ["llama2-7b", "chatglm2-6b", "gpt2"])
 def test_real_dimensions_one_layer_float16(real_preset_export, preset):
     """The real presets' shapes (one layer, the GPU dtype) export and run in onnxruntime like the reference.
     The export is the session's (tests/conftest.py, shared with test_rewrite_presets.py): these presets have no
