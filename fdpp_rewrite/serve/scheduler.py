@@ -395,6 +395,9 @@ class Scheduler:
         self.metrics.request_done("answered")
 
     def _timeout(self, request: Request) -> None:
+        # one line in the server's log: a client's lost request is otherwise explained only to that client
+        print(f"warning: a request ({len(request.prompt)} prompt tokens, {len(request.tokens)} generated) ran past "
+              f"the request timeout of {request.timeout_s:g} s", file=sys.stderr)
         self._emit(request, Failure("timeout", f"the request ran past the server's request timeout of "
                                                f"{request.timeout_s:g} s"))
         self.metrics.request_done("timed_out")

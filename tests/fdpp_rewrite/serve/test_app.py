@@ -191,7 +191,7 @@ def test_a_full_queue_is_503_with_retry_after(server):
     assert opened == [200] * 8 and idle(server)
 
 
-def test_request_timeout(engine_dir):
+def test_request_timeout(engine_dir, capfd):
     from serve_server import RunningServer
 
     strict = RunningServer(engine_dir, request_timeout=0.05)
@@ -204,5 +204,6 @@ def test_request_timeout(engine_dir):
             lines = [line for line in streamed.iter_lines() if line]
         assert '"code": "request_timeout"' in lines[-2] and lines[-1] == "data: [DONE]"  # an error event, then DONE
         assert strict.metrics()['fdpp_requests_total{outcome="timed_out"}'] == 2
+        assert capfd.readouterr().err.count("ran past the request timeout of 0.05 s") == 2  # in the server's log
     finally:
         strict.close()
